@@ -1,0 +1,241 @@
+"""What one training iteration of a model costs: layers, tensors, compute times.
+
+A :class:`Workload` is the per-worker view of data-parallel training: the
+layers in forward order, each with its parameter tensors and its forward and
+backward compute time, plus (optionally) the measured moment each gradient
+became ready. Schedulers plan communication from it and the simulator replays
+it. It never imports torch.
+
+Conventions:
+
+* ``layers`` are in forward (execution) order; backward runs in reverse.
+* A tensor shared by several layers (tied weights) appears once, in the first
+  layer that uses it, so ``num_params`` counts it once.
+* ``grad_ready_ms[i]`` is the time from the start of backward until tensor ``i``
+  of the layer has its final gradient. When absent it is derived: every tensor
+  of a layer becomes ready when that layer's backward ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import cached_property
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from commsched.errors import SpecError, spec_error_from_pydantic
+
+SCHEMA_VERSION = 1
+
+DType = Literal["fp32", "fp16", "bf16", "fp64", "int64"]
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "int64": 8}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Tensor(_Frozen):
+    """One parameter tensor (its gradient is what gets communicated)."""
+
+    name: str = Field(min_length=1)
+    numel: int = Field(gt=0)
+    dtype: DType = "fp32"
+    shape: tuple[int, ...] | None = None
+
+    @model_validator(mode="after")
+    def _shape_matches_numel(self) -> Tensor:
+        if self.shape is not None:
+            if any(d <= 0 for d in self.shape):
+                raise ValueError(f"shape must have positive dimensions, got {list(self.shape)}")
+            if math.prod(self.shape) != self.numel:
+                raise ValueError(
+                    f"shape {list(self.shape)} has {math.prod(self.shape)} elements but numel is {self.numel}"
+                )
+        return self
+
+    @property
+    def bytes(self) -> int:
+        return self.numel * DTYPE_BYTES[self.dtype]
+
+
+class Layer(_Frozen):
+    """A module that owns parameters directly, with its compute times in ms."""
+
+    name: str = Field(min_length=1)
+    tensors: tuple[Tensor, ...] = ()
+    forward_ms: float = Field(ge=0, allow_inf_nan=False)
+    backward_ms: float = Field(ge=0, allow_inf_nan=False)
+    grad_ready_ms: tuple[float, ...] | None = None
+
+    @field_validator("grad_ready_ms")
+    @classmethod
+    def _ready_non_negative(cls, value: tuple[float, ...] | None) -> tuple[float, ...] | None:
+        if value is not None:
+            for i, t in enumerate(value):
+                if not math.isfinite(t) or t < 0:
+                    raise ValueError(f"grad_ready_ms[{i}] must be a finite number >= 0, got {t}")
+        return value
+
+    @model_validator(mode="after")
+    def _ready_per_tensor(self) -> Layer:
+        if self.grad_ready_ms is not None and len(self.grad_ready_ms) != len(self.tensors):
+            raise ValueError(
+                f"grad_ready_ms has {len(self.grad_ready_ms)} entries but the layer has {len(self.tensors)} tensors"
+            )
+        return self
+
+    @property
+    def numel(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.bytes for t in self.tensors)
+
+
+class Provenance(_Frozen):
+    """Where the numbers came from, so a reader can judge them."""
+
+    kind: Literal["measured", "estimated"]
+    source: str = Field(min_length=1, description="device or method, e.g. 'H100 CUDA events'")
+    method: str = ""
+    torch_version: str | None = None
+    date: str | None = None
+    command: str | None = None
+    notes: str = ""
+
+
+class Workload(_Frozen):
+    """One model, one batch size, one device: everything a scheduler plans from."""
+
+    schema_version: int = SCHEMA_VERSION
+    model: str = Field(min_length=1)
+    batch_size: int = Field(gt=0)
+    device: str = Field(min_length=1)
+    dtype: DType = "fp32"
+    layers: tuple[Layer, ...]
+    provenance: Provenance
+    extra: dict[str, float | int | str] = Field(default_factory=dict)
+
+    @field_validator("schema_version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value != SCHEMA_VERSION:
+            raise ValueError(f"unsupported schema version (this commsched reads {SCHEMA_VERSION})")
+        return value
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Workload:
+        seen: set[str] = set()
+        for li, layer in enumerate(self.layers):
+            for ti, t in enumerate(layer.tensors):
+                if t.name in seen:
+                    raise ValueError(f"layers[{li}].tensors[{ti}].name {t.name!r} appears twice")
+                seen.add(t.name)
+        if not seen:
+            raise ValueError("the workload has no parameter tensors")
+        return self
+
+    # ---- derived quantities (cached: the model is frozen) ----
+
+    @cached_property
+    def tensors(self) -> tuple[Tensor, ...]:
+        """All tensors, in forward order."""
+        return tuple(t for layer in self.layers for t in layer.tensors)
+
+    @cached_property
+    def tensor_layer(self) -> tuple[int, ...]:
+        """For each tensor (forward order), the index of its layer."""
+        return tuple(li for li, layer in enumerate(self.layers) for _ in layer.tensors)
+
+    @property
+    def num_params(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.bytes for t in self.tensors)
+
+    @property
+    def forward_ms(self) -> float:
+        return sum(layer.forward_ms for layer in self.layers)
+
+    @property
+    def backward_ms(self) -> float:
+        return sum(layer.backward_ms for layer in self.layers)
+
+    @cached_property
+    def grad_ready_ms(self) -> tuple[float, ...]:
+        """Per tensor (forward order): ms from backward start until its gradient is final."""
+        out: list[float] = []
+        end_of_layer: list[float] = [0.0] * len(self.layers)
+        elapsed = 0.0
+        for li in range(len(self.layers) - 1, -1, -1):
+            elapsed += self.layers[li].backward_ms
+            end_of_layer[li] = elapsed
+        for li, layer in enumerate(self.layers):
+            if layer.grad_ready_ms is not None:
+                out.extend(layer.grad_ready_ms)
+            else:
+                out.extend([end_of_layer[li]] * len(layer.tensors))
+        return tuple(out)
+
+    # ---- transformations ----
+
+    def scaled(self, compute_factor: float, device: str | None = None) -> Workload:
+        """The same workload with every compute time divided by ``compute_factor``.
+
+        ``compute_factor`` is the speed of the target device relative to this
+        profile's device (2.0 = twice as fast).
+        """
+        if not (compute_factor > 0 and math.isfinite(compute_factor)):
+            raise SpecError("workload scaling", [f"compute_factor: must be > 0, got {compute_factor!r}"])
+        layers = tuple(
+            layer.model_copy(
+                update={
+                    "forward_ms": layer.forward_ms / compute_factor,
+                    "backward_ms": layer.backward_ms / compute_factor,
+                    "grad_ready_ms": None
+                    if layer.grad_ready_ms is None
+                    else tuple(t / compute_factor for t in layer.grad_ready_ms),
+                }
+            )
+            for layer in self.layers
+        )
+        return self.model_copy(update={"layers": layers, "device": device or self.device})
+
+    # ---- (de)serialisation ----
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return self.model_dump_json(indent=indent, exclude_none=True)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, data: object, source: str = "workload") -> Workload:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise spec_error_from_pydantic(source, exc) from None
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "workload") -> Workload:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(source, [f"<root>: not valid JSON ({exc})"]) from None
+        return cls.from_dict(data, source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Workload:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise SpecError(str(path), [f"<file>: cannot read ({exc.strerror})"]) from None
+        return cls.from_json(text, source=str(path))
