@@ -56,7 +56,13 @@ _PHRASES = {
     "string_too_short": "must not be empty",
     "too_short": "must have at least {min_length} item(s)",
     "literal_error": "must be one of {expected}",
+    "finite_number": "must be a finite number",
 }
+
+
+def _plain_number(value: Any) -> Any:
+    """``0.0`` -> ``0`` so a bound on a float field reads like the one on an int field."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def spec_error_from_pydantic(source: str, exc: Any) -> SpecError:
@@ -65,7 +71,7 @@ def spec_error_from_pydantic(source: str, exc: Any) -> SpecError:
     for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         template = _PHRASES.get(err["type"])
-        ctx = err.get("ctx") or {}
+        ctx = {key: _plain_number(value) for key, value in (err.get("ctx") or {}).items()}
         if template is not None:
             try:
                 message = template.format(**ctx)

@@ -1,0 +1,90 @@
+"""Communication policies: one file each, all driven through the :mod:`base` contract.
+
+``build_scheduler(name, workload, network, **knobs)`` builds a policy's plan and
+its online state machine; unknown names and knobs raise a clear error.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from commsched.errors import ScheduleError
+from commsched.schedule.base import (
+    Action,
+    CommTask,
+    Launch,
+    NetworkEstimate,
+    Plan,
+    Scheduler,
+    Segment,
+    Wait,
+)
+from commsched.schedule.bytescheduler import ByteSchedulerScheduler
+from commsched.schedule.ddp import DDPScheduler
+from commsched.schedule.dear import DeARScheduler
+from commsched.schedule.horovod import HorovodScheduler
+from commsched.schedule.no_overlap import NoOverlapScheduler
+from commsched.schedule.prophet import ProphetScheduler
+from commsched.schedule.wfbp import WFBPScheduler
+from commsched.workload import Workload
+
+POLICIES: dict[str, type[Scheduler]] = {
+    cls.name: cls
+    for cls in (
+        DDPScheduler,
+        WFBPScheduler,
+        HorovodScheduler,
+        ByteSchedulerScheduler,
+        ProphetScheduler,
+        DeARScheduler,
+        NoOverlapScheduler,
+    )
+}
+
+#: Policies that never lose or change a gradient (all of them, for now).
+LOSSLESS = frozenset(POLICIES)
+
+
+def policy_class(name: str) -> type[Scheduler]:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ScheduleError(f"policy: unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+
+
+def knobs(name: str) -> dict[str, Any]:
+    """A policy's tunable knobs and their defaults."""
+    sig = inspect.signature(policy_class(name).build_plan)  # type: ignore[attr-defined]
+    return {p.name: p.default for p in list(sig.parameters.values())[2:]}
+
+
+def build_plan(name: str, workload: Workload, network: NetworkEstimate, **options: Any) -> Plan:
+    cls = policy_class(name)
+    allowed = knobs(name)
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ScheduleError(f"{name}: unknown option(s) {', '.join(unknown)}; known: {', '.join(allowed) or 'none'}")
+    return cls.build_plan(workload, network, **options)  # type: ignore[attr-defined, no-any-return]
+
+
+def build_scheduler(name: str, workload: Workload, network: NetworkEstimate, **options: Any) -> Scheduler:
+    return policy_class(name)(build_plan(name, workload, network, **options))
+
+
+__all__ = [
+    "LOSSLESS",
+    "POLICIES",
+    "Action",
+    "CommTask",
+    "Launch",
+    "NetworkEstimate",
+    "Plan",
+    "Scheduler",
+    "Segment",
+    "Wait",
+    "build_plan",
+    "build_scheduler",
+    "knobs",
+    "policy_class",
+]

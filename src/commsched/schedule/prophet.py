@@ -1,0 +1,157 @@
+"""Prophet: gradients sent in blocks sized to fill the profiled gaps of backward.
+
+Zhang, Zhang, et al., "Prophet: Speeding up Distributed DNN Training with
+Predictable Communication Scheduling", ICPP 2021.
+
+Backward releases gradients in bursts ("stages") separated by idle gaps. From
+the profiled gradient-ready times, consecutive ready events further apart
+than ``gap_factor`` × the mean gap mark a stage boundary; the gap that follows
+stage k is Δ_k. When the last gradient of stage k is ready, Prophet launches
+the highest-priority pending partitions (layer nearest the input first) while
+their estimated transfer time fits in Δ_k (+ ``slack_ms``), stopping at the
+first that does not fit; the rest waits for the next stage. After the last
+stage, the remainder drains in priority order under a ``credit_mb`` window.
+Updates are applied per layer before its next forward, as with ByteScheduler.
+
+The original is a BytePS parameter-server scheduler; here blocks are
+all-reduced, so a partition's transfer time is the ring all-reduce estimate
+2(p-1)·α + 2(p-1)/p · n / B from the plan's network estimate (the runtime
+measures B and α; ``bandwidth_gbps`` overrides B).
+
+Guarantee: lossless. Knobs: ``partition_mb`` (4, BytePS's partition),
+``credit_mb`` (16), ``gap_factor`` (2.0), ``slack_ms`` (0; v27 of the code uses 1),
+``bandwidth_gbps`` (None: use the estimate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import ClassVar
+
+from commsched.errors import ScheduleError
+from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, Scheduler
+from commsched.schedule.bytescheduler import CreditQueue, partition_tasks
+from commsched.schedule.fusion import ready_order
+from commsched.workload import Workload
+
+MiB = 1024 * 1024
+
+
+def find_stages(workload: Workload, gap_factor: float) -> list[tuple[list[int], float]]:
+    """Split tensors (in ready order) into bursts; return (tensors, gap after the burst in ms)."""
+    order = ready_order(workload)
+    ready = workload.grad_ready_ms
+    gaps = [ready[b] - ready[a] for a, b in zip(order, order[1:], strict=False)]
+    mean_gap = sum(gaps) / len(gaps) if gaps else 0.0
+    stages: list[tuple[list[int], float]] = []
+    current = [order[0]]
+    for gap, t in zip(gaps, order[1:], strict=True):
+        if mean_gap > 0 and gap > gap_factor * mean_gap:
+            stages.append((current, gap))
+            current = []
+        current.append(t)
+    stages.append((current, 0.0))
+    return stages
+
+
+class ProphetScheduler(Scheduler):
+    name: ClassVar[str] = "prophet"
+    uses_completions: ClassVar[bool] = True
+
+    @classmethod
+    def build_plan(
+        cls,
+        workload: Workload,
+        network: NetworkEstimate,
+        partition_mb: float = 4.0,
+        credit_mb: float = 16.0,
+        gap_factor: float = 2.0,
+        slack_ms: float = 0.0,
+        bandwidth_gbps: float | None = None,
+    ) -> Plan:
+        for knob, value in (("partition_mb", partition_mb), ("credit_mb", credit_mb), ("gap_factor", gap_factor)):
+            if not value > 0:
+                raise ScheduleError(f"prophet: {knob} must be > 0, got {value}")
+        if bandwidth_gbps is not None:
+            if not bandwidth_gbps > 0:
+                raise ScheduleError(f"prophet: bandwidth_gbps must be > 0, got {bandwidth_gbps}")
+            network = replace(network, bandwidth_bytes_per_s=bandwidth_gbps * 1e9 / 8)
+        tasks, _ = partition_tasks(workload, int(partition_mb * MiB))
+        stages = find_stages(workload, gap_factor)
+        options: dict[str, object] = {
+            "partition_mb": partition_mb,
+            "credit_mb": credit_mb,
+            "gap_factor": gap_factor,
+            "slack_ms": slack_ms,
+            "bandwidth_gbps": network.bandwidth_bytes_per_s * 8 / 1e9,
+            "latency_us": network.latency_s * 1e6,
+            "world_size": network.world_size,
+            "stages": [[len(s), gap] for s, gap in stages],
+        }
+        return Plan(cls.name, workload, tuple(tasks), "forward", options)
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(plan)
+        opts = plan.options
+        self._network = NetworkEstimate(
+            int(opts["world_size"]),  # type: ignore[call-overload]
+            float(opts["bandwidth_gbps"]) * 1e9 / 8,  # type: ignore[arg-type]
+            float(opts["latency_us"]) / 1e6,  # type: ignore[arg-type]
+        )
+        self._slack_s = float(opts["slack_ms"]) / 1e3  # type: ignore[arg-type]
+        self._queue = CreditQueue(plan, int(float(opts["credit_mb"]) * MiB))  # type: ignore[arg-type]
+        self._stages = find_stages(plan.workload, float(opts["gap_factor"]))  # type: ignore[arg-type]
+        self._stage_of_tensor = [0] * len(plan.workload.tensors)
+        for k, (tensors, _) in enumerate(self._stages):
+            for t in tensors:
+                self._stage_of_tensor[t] = k
+        self._of_tensor: list[list[int]] = [[] for _ in plan.workload.tensors]
+        for task in plan.tasks:
+            self._of_tensor[task.segments[0].tensor].append(task.id)
+        self._missing = [len(s) for s, _ in self._stages]
+        self._stages_done = 0
+        self._draining = False
+
+    def _send_block(self, gap_ms: float) -> list[Action]:
+        budget_s = gap_ms / 1e3 + self._slack_s
+        out: list[Action] = []
+        while len(self._queue):
+            cost = self._network.allreduce_s(self._queue.top_bytes())
+            if cost > budget_s:
+                break
+            budget_s -= cost
+            out.append(Launch(self._queue.pop_top()))
+        return out
+
+    def on_grad_ready(self, tensor: int) -> Sequence[Action]:
+        for task in self._of_tensor[tensor]:
+            self._queue.push(task)
+        k = self._stage_of_tensor[tensor]
+        self._missing[k] -= 1
+        out: list[Action] = []
+        # Stages normally complete in order; a late one releases the blocks of all completed ones.
+        while self._stages_done < len(self._stages) and self._missing[self._stages_done] == 0:
+            gap_ms = self._stages[self._stages_done][1]
+            self._stages_done += 1
+            if self._stages_done == len(self._stages):
+                self._draining = True
+                out += self._queue.drain()
+            else:
+                out += self._send_block(gap_ms)
+        return out
+
+    def on_backward_done(self) -> Sequence[Action]:
+        if not self._draining:
+            raise ScheduleError("prophet: backward done before every stage completed")
+        return self._queue.drain()
+
+    def on_comm_done(self, task: int) -> Sequence[Action]:
+        self._queue.done(task)
+        return self._queue.drain() if self._draining else ()
+
+    def on_step(self) -> Sequence[Action]:
+        self._missing = [len(s) for s, _ in self._stages]
+        self._stages_done = 0
+        self._draining = False
+        return ()
