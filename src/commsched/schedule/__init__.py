@@ -65,7 +65,7 @@ def build_plan(name: str, workload: Workload, network: NetworkEstimate, **option
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ScheduleError(f"{name}: unknown option(s) {', '.join(unknown)}; known: {', '.join(allowed) or 'none'}")
-    return cls.build_plan(workload, network, **options)  # type: ignore[attr-defined, no-any-return]
+    return cls.build_plan(workload, network, **options)  # type: ignore[attr-defined]
 
 
 def build_scheduler(name: str, workload: Workload, network: NetworkEstimate, **options: Any) -> Scheduler:

@@ -52,10 +52,10 @@ from __future__ import annotations
 
 import math
 from abc import ABC
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from commsched.errors import ScheduleError
 from commsched.workload import Workload
@@ -156,7 +156,7 @@ class Plan:
     workload: Workload = field(repr=False)
     tasks: tuple[CommTask, ...]
     update: UpdateMode
-    options: dict[str, object] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.check()

@@ -28,16 +28,16 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from commsched.errors import ScheduleError
-from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, Scheduler
+from commsched.schedule.base import Action, CommTask, Launch, NetworkEstimate, Plan, Scheduler
 from commsched.schedule.fusion import layer_priority, make_task, partition
 from commsched.workload import Workload
 
 MiB = 1024 * 1024
 
 
-def partition_tasks(workload: Workload, partition_bytes: int) -> tuple[list, list[list[int]]]:
+def partition_tasks(workload: Workload, partition_bytes: int) -> tuple[list[CommTask], list[list[int]]]:
     """One all-reduce task per partition; also returns the task ids of each tensor."""
-    tasks = []
+    tasks: list[CommTask] = []
     of_tensor: list[list[int]] = []
     for t, tensor in enumerate(workload.tensors):
         ids = []
@@ -103,7 +103,7 @@ class ByteSchedulerScheduler(Scheduler):
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
-        self._queue = CreditQueue(plan, int(float(plan.options["credit_mb"]) * MiB))  # type: ignore[arg-type]
+        self._queue = CreditQueue(plan, int(float(plan.options["credit_mb"]) * MiB))
         self._of_tensor: list[list[int]] = [[] for _ in plan.workload.tensors]
         for task in plan.tasks:
             self._of_tensor[task.segments[0].tensor].append(task.id)

@@ -25,6 +25,7 @@ Guarantee: lossless. Knobs: ``partition_mb`` (4, BytePS's partition),
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import ClassVar
@@ -42,7 +43,7 @@ def find_stages(workload: Workload, gap_factor: float) -> list[tuple[list[int], 
     """Split tensors (in ready order) into bursts; return (tensors, gap after the burst in ms)."""
     order = ready_order(workload)
     ready = workload.grad_ready_ms
-    gaps = [ready[b] - ready[a] for a, b in zip(order, order[1:], strict=False)]
+    gaps = [ready[b] - ready[a] for a, b in itertools.pairwise(order)]
     mean_gap = sum(gaps) / len(gaps) if gaps else 0.0
     stages: list[tuple[list[int], float]] = []
     current = [order[0]]
@@ -95,13 +96,13 @@ class ProphetScheduler(Scheduler):
         super().__init__(plan)
         opts = plan.options
         self._network = NetworkEstimate(
-            int(opts["world_size"]),  # type: ignore[call-overload]
-            float(opts["bandwidth_gbps"]) * 1e9 / 8,  # type: ignore[arg-type]
-            float(opts["latency_us"]) / 1e6,  # type: ignore[arg-type]
+            int(opts["world_size"]),
+            float(opts["bandwidth_gbps"]) * 1e9 / 8,
+            float(opts["latency_us"]) / 1e6,
         )
-        self._slack_s = float(opts["slack_ms"]) / 1e3  # type: ignore[arg-type]
-        self._queue = CreditQueue(plan, int(float(opts["credit_mb"]) * MiB))  # type: ignore[arg-type]
-        self._stages = find_stages(plan.workload, float(opts["gap_factor"]))  # type: ignore[arg-type]
+        self._slack_s = float(opts["slack_ms"]) / 1e3
+        self._queue = CreditQueue(plan, int(float(opts["credit_mb"]) * MiB))
+        self._stages = find_stages(plan.workload, float(opts["gap_factor"]))
         self._stage_of_tensor = [0] * len(plan.workload.tensors)
         for k, (tensors, _) in enumerate(self._stages):
             for t in tensors:
