@@ -57,6 +57,19 @@ _PHRASES = {
     "too_short": "must have at least {min_length} item(s)",
     "literal_error": "must be one of {expected}",
     "finite_number": "must be a finite number",
+    # type errors: pydantic's own wording ends in a clause that clashes with the appended ", got ..."
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be a whole number",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "dict_type": "must be a mapping",
+    "model_type": "must be a mapping",
+    "tuple_type": "must be a list",
+    "list_type": "must be a list",
 }
 
 

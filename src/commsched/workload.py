@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -125,7 +126,16 @@ class Workload(_Frozen):
     @classmethod
     def _known_version(cls, value: int) -> int:
         if value != SCHEMA_VERSION:
-            raise ValueError(f"unsupported schema version (this commsched reads {SCHEMA_VERSION})")
+            raise ValueError(f"unsupported schema version {value!r} (this commsched reads {SCHEMA_VERSION})")
+        return value
+
+    @field_validator("extra")
+    @classmethod
+    def _extra_finite(cls, value: dict[str, float | int | str]) -> dict[str, float | int | str]:
+        # JSON has no NaN or infinity: to_json would write null, which does not load back
+        for key, v in value.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"extra[{key!r}] must be a finite number, got {v}")
         return value
 
     @model_validator(mode="after")
@@ -141,6 +151,14 @@ class Workload(_Frozen):
         return self
 
     # ---- derived quantities (cached: the model is frozen) ----
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Workload:
+        """pydantic's copy, minus the cached derived values, which ``update`` may have made stale."""
+        copy = super().model_copy(update=update, deep=deep)
+        for name, attr in vars(Workload).items():
+            if isinstance(attr, cached_property):
+                copy.__dict__.pop(name, None)
+        return copy
 
     @cached_property
     def tensors(self) -> tuple[Tensor, ...]:
