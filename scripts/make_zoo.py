@@ -1,0 +1,492 @@
+"""Generate the built-in model zoo: ``src/commsched/zoo/data/*.json`` and ``tests/data/zoo_reference.json``.
+
+The reference implementations (torchvision, timm, transformers) are needed
+only here, never by commsched at run time. Run this in a throwaway virtual
+environment, from the repository root::
+
+    python -m venv /tmp/zoovenv
+    /tmp/zoovenv/bin/pip install torch==2.14.1 torchvision==0.29.1 timm transformers pydantic
+    PYTHONPATH=src /tmp/zoovenv/bin/python scripts/make_zoo.py
+
+Nothing is downloaded: every model is built from its constructor or config
+with random weights.
+
+What is recorded, per model:
+
+* **Layers**: the modules that own trainable parameters directly
+  (``named_parameters(recurse=False)``), in forward execution order, found by
+  one forward pass in train mode (so auxiliary heads such as inception_v3's
+  ``AuxLogits`` run) with a forward pre-hook on each; a module called twice
+  counts at its first call. A layer's tensors are its direct parameters in
+  ``named_parameters`` order, named as in ``model.named_parameters()``. A tied
+  parameter appears once, in the first layer that uses it; a later layer whose
+  parameters are all tied (GPT-2's ``lm_head``, BERT's ``cls.predictions.decoder``)
+  is kept with no tensors so that its compute time stays in the profile.
+  Modules with parameters that the forward never calls would be appended at
+  the end with a note; none of the shipped models has one.
+* **Forward FLOPs per layer**: ``torch.utils.flop_counter.FlopCounterMode`` on
+  the meta device at the profile's batch size. Each counted operator is charged
+  to the layer whose pre-hook fired last, so an operator of a parameter-free
+  module (ReLU, pooling, the attention matmuls / SDPA) is charged to the
+  nearest layer before it, whose gradient cannot be final before that
+  operator's backward has run; operators before the first layer go to the
+  first layer. Nothing is counted twice: the per-layer sum equals the counter's
+  global total (asserted).
+* **Times** (estimated, no GPU involved)::
+
+      forward_ms  = fwd_flops     / (PEAK * efficiency) * 1e3 + LAUNCH_FLOOR_MS
+      backward_ms = 2 * fwd_flops / (PEAK * efficiency) * 1e3 + LAUNCH_FLOOR_MS
+
+  with PEAK = 15.7e12 FLOP/s (V100 fp32) and one efficiency for all models,
+  solved so that resnet50 at batch 64 takes ANCHOR_MS = 64 / 367 s forward
+  plus backward (NVIDIA DeepLearningExamples, PyTorch ResNet-50 v1.5, 367 img/s
+  FP32 training on one V100 16GB; NVIDIA measured it at batch 112 per GPU, and
+  the same throughput is assumed at batch 64).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from commsched.workload import Layer, Provenance, Tensor, Workload
+
+REPO = Path(__file__).resolve().parent.parent
+DATA_DIR = REPO / "src" / "commsched" / "zoo" / "data"
+REFERENCE_PATH = REPO / "tests" / "data" / "zoo_reference.json"
+
+DEVICE = "V100"
+PEAK_FLOPS = 15.7e12  # V100 (SXM2) fp32 peak, FLOP/s
+LAUNCH_FLOOR_MS = 0.010  # added to every layer's forward and backward
+ANCHOR_MODEL = "resnet50"
+ANCHOR_BATCH = 64
+ANCHOR_IMG_PER_S = 367.0
+ANCHOR_MS = ANCHOR_BATCH / ANCHOR_IMG_PER_S * 1e3
+ANCHOR_SOURCE = (
+    "NVIDIA DeepLearningExamples, PyTorch/Classification/ConvNets/resnet50v1.5/README.md, "
+    "'Training performance: NVIDIA DGX-1 16GB (8x V100 16GB)', 1 GPU, FP32: 367 img/s "
+    "(measured at that repo's DGX1V FP32 batch of 112 per GPU, configs.yml; assumed unchanged at batch 64)"
+)
+COMMAND = "PYTHONPATH=src python scripts/make_zoo.py"
+
+# Small inputs for the CPU pass that checks the forward order on real tensors.
+CHECK_BATCH = 2
+CHECK_SEQ_LEN = 16
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    package: str
+    constructor: str
+    build: Callable[[], nn.Module]
+    batch_size: int
+    image_size: int | None = None  # vision models: square input side
+    seq_len: int | None = None  # language models: tokens per sample
+    vocab_size: int = 0
+
+
+def _torchvision(fn: str, **kwargs: Any) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import torchvision
+
+        model: nn.Module = getattr(torchvision.models, fn)(weights=None, **kwargs)
+        return model
+
+    return build
+
+
+def _timm(fn: str) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        import timm
+
+        model: nn.Module = timm.create_model(fn, pretrained=False)
+        return model
+
+    return build
+
+
+BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
+BERT_COMMON = {"vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2}
+GPT2_SMALL = {"n_embd": 768, "n_layer": 12, "n_head": 12}
+GPT2_MEDIUM = {"n_embd": 1024, "n_layer": 24, "n_head": 16}
+GPT2_COMMON = {"vocab_size": 50257, "n_positions": 1024}
+
+
+def _bert(values: dict[str, int]) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        from transformers import BertConfig, BertForPreTraining
+
+        return BertForPreTraining(BertConfig(**BERT_COMMON, **values))
+
+    return build
+
+
+def _gpt2(values: dict[str, int]) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        return GPT2LMHeadModel(GPT2Config(**GPT2_COMMON, **values))
+
+    return build
+
+
+def _kwargs(values: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+SPECS: tuple[ModelSpec, ...] = (
+    ModelSpec(
+        "resnet18", "torchvision", "torchvision.models.resnet18(weights=None)", _torchvision("resnet18"), 64, 224
+    ),
+    ModelSpec(
+        "resnet50", "torchvision", "torchvision.models.resnet50(weights=None)", _torchvision("resnet50"), 64, 224
+    ),
+    ModelSpec(
+        "resnet152", "torchvision", "torchvision.models.resnet152(weights=None)", _torchvision("resnet152"), 32, 224
+    ),
+    ModelSpec("vgg16", "torchvision", "torchvision.models.vgg16(weights=None)", _torchvision("vgg16"), 64, 224),
+    ModelSpec("vgg19", "torchvision", "torchvision.models.vgg19(weights=None)", _torchvision("vgg19"), 64, 224),
+    ModelSpec(
+        "densenet201",
+        "torchvision",
+        "torchvision.models.densenet201(weights=None)",
+        _torchvision("densenet201"),
+        32,
+        224,
+    ),
+    ModelSpec(
+        "inception_v3",
+        "torchvision",
+        "torchvision.models.inception_v3(weights=None, aux_logits=True, init_weights=True)",
+        _torchvision("inception_v3", aux_logits=True, init_weights=True),
+        64,
+        299,
+    ),
+    ModelSpec(
+        "inception_v4", "timm", "timm.create_model('inception_v4', pretrained=False)", _timm("inception_v4"), 64, 299
+    ),
+    ModelSpec(
+        "bert_base",
+        "transformers",
+        f"transformers.BertForPreTraining(BertConfig({_kwargs(BERT_COMMON)}, {_kwargs(BERT_BASE)}))",
+        _bert(BERT_BASE),
+        64,
+        seq_len=64,
+        vocab_size=30522,
+    ),
+    ModelSpec(
+        "bert_large",
+        "transformers",
+        f"transformers.BertForPreTraining(BertConfig({_kwargs(BERT_COMMON)}, {_kwargs(BERT_LARGE)}))",
+        _bert(BERT_LARGE),
+        32,
+        seq_len=64,
+        vocab_size=30522,
+    ),
+    ModelSpec(
+        "gpt2",
+        "transformers",
+        f"transformers.GPT2LMHeadModel(GPT2Config({_kwargs(GPT2_COMMON)}, {_kwargs(GPT2_SMALL)}))",
+        _gpt2(GPT2_SMALL),
+        8,
+        seq_len=1024,
+        vocab_size=50257,
+    ),
+    ModelSpec(
+        "gpt2_medium",
+        "transformers",
+        f"transformers.GPT2LMHeadModel(GPT2Config({_kwargs(GPT2_COMMON)}, {_kwargs(GPT2_MEDIUM)}))",
+        _gpt2(GPT2_MEDIUM),
+        8,
+        seq_len=1024,
+        vocab_size=50257,
+    ),
+)
+
+
+def example_inputs(spec: ModelSpec, batch_size: int, seq_len: int | None, device: str) -> dict[str, torch.Tensor]:
+    """Keyword arguments for one forward pass of ``spec``'s model."""
+    if spec.image_size is not None:
+        return {"x": torch.randn(batch_size, 3, spec.image_size, spec.image_size, device=device)}
+    assert seq_len is not None
+    ids = torch.randint(0, spec.vocab_size, (batch_size, seq_len), device=device)
+    if spec.package == "transformers" and spec.name.startswith("bert"):
+        return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids)}
+    return {"input_ids": ids}
+
+
+def run_forward(model: nn.Module, spec: ModelSpec, inputs: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        if spec.image_size is not None:
+            model(inputs["x"])
+        else:
+            model(**inputs)
+
+
+@dataclass
+class LayerTrace:
+    name: str
+    tensors: list[tuple[str, tuple[int, ...]]]
+    fwd_flops: int = 0
+
+
+@dataclass
+class ModelTrace:
+    layers: list[LayerTrace]
+    uncalled: list[str] = field(default_factory=list)
+    total_flops: int = 0
+
+
+def param_owners(model: nn.Module) -> dict[str, nn.Module]:
+    """Modules that own at least one trainable parameter directly, by qualified name."""
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if any(p.requires_grad for _, p in module.named_parameters(recurse=False))
+    }
+
+
+class _LayerFlopCounter(FlopCounterMode):
+    """FlopCounterMode that also charges every counted operator to the current layer."""
+
+    def __init__(self) -> None:
+        super().__init__(display=False)
+        self.current: str | None = None
+        self.per_layer: defaultdict[str | None, int] = defaultdict(int)
+
+    def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+        before = self.flop_counts["Global"][func_packet]
+        result = super()._count_flops(func_packet, out, args, kwargs)
+        self.per_layer[self.current] += self.flop_counts["Global"][func_packet] - before
+        return result
+
+
+def trace(model: nn.Module, spec: ModelSpec, inputs: dict[str, torch.Tensor]) -> ModelTrace:
+    """Layers in forward order with their tensors and forward FLOPs (one forward pass)."""
+    owners = param_owners(model)
+    counter = _LayerFlopCounter()
+    order: list[str] = []
+
+    def make_hook(name: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            if name not in order:
+                order.append(name)
+            counter.current = name
+
+        return hook
+
+    handles = [module.register_forward_pre_hook(make_hook(name)) for name, module in owners.items()]
+    model.train()  # auxiliary heads (inception_v3 AuxLogits) run only in training
+    try:
+        with counter:
+            run_forward(model, spec, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+    uncalled = [name for name in owners if name not in order]
+    global_name = {id(p): n for n, p in model.named_parameters()}
+    seen: set[int] = set()
+    layers: list[LayerTrace] = []
+    for name in order + uncalled:
+        tensors = []
+        for _, p in owners[name].named_parameters(recurse=False):
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                tensors.append((global_name[id(p)], tuple(p.shape)))
+        layers.append(LayerTrace(name, tensors, counter.per_layer.get(name, 0)))
+    if layers:
+        layers[0].fwd_flops += counter.per_layer.get(None, 0)  # operators before the first layer
+    total = counter.get_total_flops()
+    assert sum(layer.fwd_flops for layer in layers) == total, "per-layer FLOPs do not add up to the total"
+    return ModelTrace(layers, uncalled, total)
+
+
+def reference_tensors(model: nn.Module) -> list[tuple[str, tuple[int, ...]]]:
+    return [(n, tuple(p.shape)) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def trace_model(spec: ModelSpec) -> tuple[ModelTrace, list[tuple[str, tuple[int, ...]]]]:
+    """Trace on the meta device at full size; check the layer order on CPU with real tensors."""
+    torch.manual_seed(0)
+    cpu_model = spec.build()
+    check = trace(cpu_model, spec, example_inputs(spec, CHECK_BATCH, CHECK_SEQ_LEN if spec.seq_len else None, "cpu"))
+    ref = reference_tensors(cpu_model)
+    del cpu_model
+
+    with torch.device("meta"):
+        meta_model = spec.build()
+    full = trace(meta_model, spec, example_inputs(spec, spec.batch_size, spec.seq_len, "meta"))
+
+    assert [(lt.name, lt.tensors) for lt in full.layers] == [(lt.name, lt.tensors) for lt in check.layers], (
+        f"{spec.name}: the meta-device forward order differs from the CPU one"
+    )
+    assert reference_tensors(meta_model) == ref, f"{spec.name}: meta model parameters differ from the CPU model"
+    traced = [t for lt in full.layers for t in lt.tensors]
+    assert sorted(traced) == sorted(ref), f"{spec.name}: traced tensors differ from named_parameters()"
+    num_params = sum(math.prod(s) for _, s in traced)
+    expected = sum(p.numel() for p in meta_model.parameters())
+    assert num_params == expected, f"{spec.name}: traced {num_params} parameters, model has {expected}"
+    return full, ref
+
+
+def efficiency_from_anchor(anchor: ModelTrace) -> float:
+    """Solve ANCHOR_MS = 3 * F / (PEAK * eff) * 1e3 + 2 * L * LAUNCH_FLOOR_MS for eff."""
+    compute_ms = ANCHOR_MS - 2 * len(anchor.layers) * LAUNCH_FLOOR_MS
+    return 3 * anchor.total_flops / (PEAK_FLOPS * compute_ms / 1e3)
+
+
+def layer_ms(flops: int, efficiency: float) -> float:
+    return round(flops / (PEAK_FLOPS * efficiency) * 1e3 + LAUNCH_FLOOR_MS, 6)
+
+
+def build_workload(
+    spec: ModelSpec, model_trace: ModelTrace, efficiency: float, versions: dict[str, str], date: str
+) -> Workload:
+    layers = tuple(
+        Layer(
+            name=lt.name,
+            tensors=tuple(Tensor(name=n, numel=math.prod(s), shape=s) for n, s in lt.tensors),
+            forward_ms=layer_ms(lt.fwd_flops, efficiency),
+            backward_ms=layer_ms(2 * lt.fwd_flops, efficiency),
+        )
+        for lt in model_trace.layers
+    )
+    inputs = f"{spec.image_size}x{spec.image_size} images" if spec.image_size is not None else f"{spec.seq_len} tokens"
+    method = (
+        f"forward FLOPs per layer from torch.utils.flop_counter.FlopCounterMode (meta device, batch {spec.batch_size}, "
+        f"{inputs} per sample, train mode); backward FLOPs = 2 x forward; "
+        f"time_ms = flops / ({PEAK_FLOPS / 1e12:g} TFLOP/s x efficiency {efficiency:.4f}) x 1e3 "
+        f"+ {LAUNCH_FLOOR_MS} ms per layer and pass"
+    )
+    notes = [
+        f"Estimate, not a measurement. Efficiency {efficiency:.4f} is solved once so that {ANCHOR_MODEL} at batch "
+        f"{ANCHOR_BATCH} takes {ANCHOR_MS:.1f} ms forward+backward ({ANCHOR_SOURCE}) and used for every model.",
+        f"Reference: {spec.constructor} ({spec.package} {versions[spec.package]}), random weights.",
+        "Layers: modules owning parameters directly, in forward order (pre-hooks, one forward pass in train mode). "
+        "Operators of parameter-free modules are charged to the nearest layer before them.",
+    ]
+    tied = [lt.name for lt in model_trace.layers if not lt.tensors]
+    if tied:
+        notes.append(f"Layers whose parameters are tied to an earlier layer (kept with no tensors): {', '.join(tied)}.")
+    if model_trace.uncalled:
+        notes.append(f"Never called in the forward, appended at the end: {', '.join(model_trace.uncalled)}.")
+    extra: dict[str, float | int | str] = {
+        "fwd_gflops": round(model_trace.total_flops / 1e9, 3),
+        "efficiency": round(efficiency, 6),
+        "peak_tflops": PEAK_FLOPS / 1e12,
+        "launch_floor_ms": LAUNCH_FLOOR_MS,
+        "reference": spec.constructor,
+    }
+    if spec.seq_len is not None:
+        extra["seq_len"] = spec.seq_len
+    if spec.image_size is not None:
+        extra["image_size"] = spec.image_size
+    return Workload(
+        model=spec.name,
+        batch_size=spec.batch_size,
+        device=DEVICE,
+        dtype="fp32",
+        layers=layers,
+        provenance=Provenance(
+            kind="estimated",
+            source=f"{DEVICE} (FLOP-based estimate)",
+            method=method,
+            torch_version=torch.__version__,
+            date=date,
+            command=COMMAND,
+            notes=" ".join(notes),
+        ),
+        extra=extra,
+    )
+
+
+def _json_entry(key: str, value: Any) -> str:
+    if isinstance(value, list):
+        items = ",\n".join(f"    {json.dumps(item)}" for item in value)
+        return f"   {json.dumps(key)}: [\n{items}\n   ]"
+    return f"   {json.dumps(key)}: {json.dumps(value)}"
+
+
+def reference_json(torch_version: str, references: dict[str, dict[str, Any]]) -> str:
+    """The reference file, one tensor per line so that a diff shows which tensor changed."""
+    models = ",\n".join(
+        f"  {json.dumps(name)}: {{\n" + ",\n".join(_json_entry(k, v) for k, v in ref.items()) + "\n  }"
+        for name, ref in references.items()
+    )
+    return f'{{\n "torch": {json.dumps(torch_version)},\n "models": {{\n{models}\n }}\n}}\n'
+
+
+def check_flops_against_torchvision(spec: ModelSpec, model_trace: ModelTrace) -> None:
+    """Forward FLOPs per sample must be twice the GMACs torchvision publishes in its weights metadata."""
+    if spec.package != "torchvision":
+        return
+    from torchvision.models import get_model_weights
+
+    published_gflops = 2 * next(iter(get_model_weights(spec.name))).meta["_ops"]
+    counted = model_trace.total_flops / spec.batch_size / 1e9
+    assert abs(counted / published_gflops - 1) < 0.02, f"{spec.name}: {counted:.3f} GFLOP vs {published_gflops:.3f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--date", default=datetime.date.today().isoformat(), help="date written into provenance")
+    args = parser.parse_args(argv)
+
+    versions = {pkg: importlib.metadata.version(pkg) for pkg in ("torch", "torchvision", "timm", "transformers")}
+    traces: dict[str, ModelTrace] = {}
+    references: dict[str, Any] = {}
+    for spec in SPECS:
+        model_trace, ref = trace_model(spec)
+        check_flops_against_torchvision(spec, model_trace)
+        traces[spec.name] = model_trace
+        forward_order = [n for lt in model_trace.layers for n, _ in lt.tensors]
+        references[spec.name] = {
+            "reference": f"{spec.package} {versions[spec.package]}: {spec.constructor}",
+            "package": spec.package,
+            "version": versions[spec.package],
+            "constructor": spec.constructor,
+            "num_params": sum(math.prod(s) for _, s in ref),
+            "num_tensors": len(ref),
+            "tensors": [[n, list(s)] for n, s in ref],
+        }
+        if forward_order != [n for n, _ in ref]:
+            references[spec.name]["forward_order"] = forward_order
+        print(f"traced {spec.name}: {len(model_trace.layers)} layers, {model_trace.total_flops / 1e9:.1f} GFLOP fwd")
+
+    efficiency = efficiency_from_anchor(traces[ANCHOR_MODEL])
+    print(f"efficiency = {efficiency:.4f} ({ANCHOR_MODEL} bs{ANCHOR_BATCH} anchored at {ANCHOR_MS:.2f} ms)")
+
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    REFERENCE_PATH.parent.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for spec in SPECS:
+        workload = build_workload(spec, traces[spec.name], efficiency, versions, args.date)
+        workload.save(DATA_DIR / f"{spec.name}.{DEVICE}.json")
+        rows.append(
+            f"{spec.name:<12} {spec.batch_size:>5} {workload.num_params:>12,} {len(workload.tensors):>7} "
+            f"{len(workload.layers):>6} {workload.forward_ms:>9.1f} {workload.backward_ms:>9.1f}"
+        )
+    REFERENCE_PATH.write_text(reference_json(versions["torch"], references))
+    print(f"{'model':<12} {'batch':>5} {'params':>12} {'tensors':>7} {'layers':>6} {'fwd_ms':>9} {'bwd_ms':>9}")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
