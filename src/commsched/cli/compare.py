@@ -1,0 +1,176 @@
+"""``commsched compare``: every policy on one model and cluster, beside the ideal lower bound."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from commsched.cluster import load_cluster
+from commsched.errors import CommschedError, ScheduleError
+from commsched.schedule import POLICIES
+from commsched.sim import SimResult, simulate
+from commsched.sim.ideal import ideal
+from commsched.sim.inputs import load_workload, parse_pairs, split_options
+from commsched.sim.plot import plot_bars
+from commsched.sim.simulator import SimOptions
+
+#: Table order: the baselines first, then the schedulers.
+ORDER = ("no_overlap", "ddp", "wfbp", "horovod", "bytescheduler", "prophet", "dear")
+
+
+def _policies(given: tuple[str, ...]) -> list[str]:
+    names = [p.strip() for item in given for p in item.split(",") if p.strip()]
+    if not names:
+        return [p for p in ORDER if p in POLICIES] + sorted(set(POLICIES) - set(ORDER))
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        raise ScheduleError(f"policy: unknown policy {unknown[0]!r}; known: {', '.join(sorted(POLICIES))}")
+    return list(dict.fromkeys(names))
+
+
+def _split(policies: list[str], options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``key=v`` are simulator options; ``policy.knob=v`` a knob of one policy."""
+    sim: dict[str, Any] = {}
+    per_policy: dict[str, dict[str, Any]] = {p: {} for p in policies}
+    for key, value in options.items():
+        policy, dot, knob = key.partition(".")
+        if dot:
+            if policy not in per_policy:
+                raise ScheduleError(f"option {key!r}: policy {policy!r} is not being compared")
+            per_policy[policy][knob] = value
+        elif key in SimOptions.names():
+            sim[key] = value
+        else:
+            raise ScheduleError(
+                f"option {key!r}: simulator options are {', '.join(SimOptions.names())}; "
+                "give a policy knob as POLICY.KNOB=VALUE"
+            )
+    knobs = {}
+    for policy, values in per_policy.items():
+        k, s = split_options(policy, {**values, **sim})
+        knobs[policy] = k
+        sim = s
+    return sim, knobs
+
+
+@click.command(name="compare", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "-m", required=True, help="Zoo model name (e.g. resnet50) or a Workload JSON file.")
+@click.option("--cluster", "-c", required=True, help="Cluster preset (e.g. 64xV100-10GbE) or a YAML file.")
+@click.option(
+    "--policies",
+    "-p",
+    multiple=True,
+    metavar="P[,P...]",
+    help="Policies to compare (repeatable or comma-separated; default all).",
+)
+@click.option("--iterations", "-n", default=20, show_default=True, type=click.IntRange(1), help="Measured iterations.")
+@click.option(
+    "--warmup", default=3, show_default=True, type=click.IntRange(0), help="Iterations simulated first, not measured."
+)
+@click.option(
+    "--option",
+    "-o",
+    "option_pairs",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Simulator option for every policy (algorithm=..., max_concurrent=N, update_ms=X) or POLICY.KNOB=VALUE.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a bar chart PNG of iteration times here."
+)
+def command(
+    model: str,
+    cluster: str,
+    policies: tuple[str, ...],
+    iterations: int,
+    warmup: int,
+    option_pairs: tuple[str, ...],
+    as_json: bool,
+    plot_path: str | None,
+) -> None:
+    """Simulate every policy on MODEL and CLUSTER; print iteration time, throughput, speed-up vs ddp.
+
+    The `ideal` row is a lower bound no schedule beats under the same cost
+    model (fluid preemptive priority, see docs/simulator.md).
+
+    \b
+    Example:
+      commsched compare -m resnet50 -c 64xV100-10GbE --plot bars.png
+      commsched compare -m bert_large -c 64xV100-100GbIB -p ddp,dear -o dear.threshold_mb=50
+    """
+    workload = load_workload(model)
+    spec = load_cluster(cluster)
+    names = _policies(policies)
+    sim_options, knobs = _split(names, parse_pairs(option_pairs))
+    results: dict[str, SimResult | str] = {}
+    for policy in names:
+        try:
+            results[policy] = simulate(
+                workload, spec, policy, iterations, warmup, options=sim_options, trace=False, **knobs[policy]
+            )
+        except CommschedError as exc:
+            results[policy] = str(exc)
+    bound = ideal(workload, spec, sim_options)
+    ok = {p: r for p, r in results.items() if isinstance(r, SimResult)}
+    base = ok["ddp"].iteration_ms if "ddp" in ok else None
+    if plot_path:
+        rows = [(p, r.iteration_ms) for p, r in ok.items()]
+        plot_bars(rows, plot_path, f"{workload.model} on {spec.name}", ideal_ms=bound.iteration_ms)
+    if as_json:
+        data = {
+            "model": workload.model,
+            "cluster": spec.name,
+            "results": {p: (r.to_dict() if isinstance(r, SimResult) else {"error": r}) for p, r in results.items()},
+            "ideal": bound.to_dict(),
+        }
+        click.echo(json.dumps(data, indent=1, default=str))
+        return
+    table = Table(title=f"{workload.model} (batch {workload.batch_size}) on {spec.name}, {spec.num_workers} workers")
+    table.caption = "exposed: iteration minus compute; tasks: collectives per iteration"
+    table.add_column("policy", no_wrap=True)
+    for name in ("iter ms", "samples/s", "vs ddp", "exposed ms", "GPU busy", "tasks"):
+        table.add_column(name, justify="right", no_wrap=True)
+    for policy, r in results.items():
+        if isinstance(r, str):
+            table.add_row(policy, "[red]failed[/red]", "", "", "", "", "")
+            continue
+        speedup = f"{base / r.iteration_ms:.2f}x" if base else "-"
+        table.add_row(
+            policy,
+            f"{r.iteration_ms:.1f}",
+            f"{r.samples_per_s:,.0f}",
+            speedup,
+            f"{r.exposed_comm_ms:.1f}",
+            f"{r.gpu_busy:.0%}",
+            str(r.num_tasks),
+        )
+    speedup = f"{base / bound.iteration_ms:.2f}x" if base else "-"
+    table.add_row(
+        "[italic]ideal[/italic]",
+        f"{bound.iteration_ms:.1f}",
+        f"{bound.samples_per_s:,.0f}",
+        speedup,
+        f"{bound.exposed_comm_ms:.1f}",
+        f"{bound.compute_ms / bound.iteration_ms:.0%}",
+        "",
+        style="dim",
+    )
+    console = Console()
+    console.print(table)
+    opts = SimOptions.from_mapping(sim_options)
+    console.print(
+        f"compute {bound.compute_ms:.1f} ms/iteration (slowest worker), "
+        f"all-reduce transfer {bound.transfer_ms:.1f} ms; "
+        f"simulator: algorithm={opts.algorithm}, max_concurrent={opts.max_concurrent}; "
+        f"median of {iterations} iterations after {warmup} warm-up"
+    )
+    for policy, r in results.items():
+        if isinstance(r, str):
+            console.print(f"[red]{policy} failed:[/red] {r}", soft_wrap=True)
+    if plot_path:
+        console.print(f"bar chart written to {plot_path}")

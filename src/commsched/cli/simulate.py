@@ -1,0 +1,136 @@
+"""``commsched simulate``: predict one policy's iteration time on a cluster, optionally tune its knobs."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from commsched.cluster import load_cluster
+from commsched.schedule import POLICIES
+from commsched.sim import SimResult, simulate
+from commsched.sim.inputs import load_workload, parse_pairs, split_options
+from commsched.sim.plot import plot_timeline
+
+OPTION_HELP = (
+    "KEY=VALUE, repeatable: a policy knob (the result's `knobs` row lists them with their values, "
+    "e.g. bucket_cap_mb=50) or a simulator option: algorithm=ring|tree|hierarchical|ps, "
+    "max_concurrent=N (default 1), update_ms=X (default 0)."
+)
+
+
+def format_bytes(nbytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def result_table(result: SimResult, title: str) -> Table:
+    table = Table(title=title, show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    each = result.iteration_ms_each
+    table.add_row("iteration", f"{result.iteration_ms:.2f} ms (min {min(each):.2f}, max {max(each):.2f})")
+    table.add_row("throughput", f"{result.samples_per_s:,.0f} samples/s")
+    table.add_row("compute (slowest worker)", f"{result.compute_ms:.2f} ms")
+    table.add_row("exposed communication", f"{result.exposed_comm_ms:.2f} ms")
+    table.add_row("GPU busy", f"{result.gpu_busy:.1%}")
+    for name, util in result.link_utilisation.items():
+        table.add_row(f"link busy ({name})", f"{util:.1%}")
+    table.add_row("gradient bytes / iteration", format_bytes(result.gradient_bytes))
+    table.add_row("sent per worker / iteration", format_bytes(result.sent_bytes_per_worker))
+    table.add_row("collectives / iteration", str(result.num_tasks))
+    knobs = ", ".join(f"{k}={_fmt(v)}" for k, v in result.knobs.items()) or "-"
+    table.add_row("knobs", knobs)
+    opts = result.options
+    table.add_row(
+        "simulator", f"algorithm={opts.algorithm}, max_concurrent={opts.max_concurrent}, update_ms={opts.update_ms:g}"
+    )
+    classes = ", ".join(f"{len(c.ranks)} x speed {c.speed:g}" for c in result.classes)
+    table.add_row("workers", f"{result.num_workers} ({classes})")
+    table.add_row("events", f"{result.events:,} in {result.wall_s:.3f} s")
+    return table
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+@click.command(name="simulate", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--model", "-m", required=True, help="Zoo model name (e.g. resnet50) or a Workload JSON file.")
+@click.option("--cluster", "-c", required=True, help="Cluster preset (e.g. 64xV100-10GbE) or a YAML file.")
+@click.option("--policy", "-p", required=True, type=click.Choice(sorted(POLICIES)), help="Communication policy.")
+@click.option("--iterations", "-n", default=20, show_default=True, type=click.IntRange(1), help="Measured iterations.")
+@click.option(
+    "--warmup", default=3, show_default=True, type=click.IntRange(0), help="Iterations simulated first, not measured."
+)
+@click.option("--option", "-o", "option_pairs", multiple=True, metavar="KEY=VALUE", help=OPTION_HELP)
+@click.option(
+    "--trace", "trace_path", type=click.Path(dir_okay=False), help="Write the Chrome/Perfetto trace JSON here."
+)
+@click.option(
+    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a timeline PNG of two iterations here."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
+@click.option("--tune", "do_tune", is_flag=True, help="Search the policy's numeric knobs by simulation (optuna).")
+@click.option("--trials", default=30, show_default=True, type=click.IntRange(1), help="Trials for --tune.")
+@click.option("--seed", default=0, show_default=True, help="Random seed for --tune.")
+def command(
+    model: str,
+    cluster: str,
+    policy: str,
+    iterations: int,
+    warmup: int,
+    option_pairs: tuple[str, ...],
+    trace_path: str | None,
+    plot_path: str | None,
+    as_json: bool,
+    do_tune: bool,
+    trials: int,
+    seed: int,
+) -> None:
+    """Simulate POLICY training MODEL on CLUSTER and report iteration time, throughput and utilisation.
+
+    \b
+    Example:
+      commsched simulate -m resnet50 -c 64xV100-10GbE -p dear --plot dear.png
+      commsched simulate -m bert_large -c 64xV100-100GbIB -p bytescheduler --tune
+      commsched simulate -m vgg16 -c 8xV100-10GbE -p ddp -o bucket_cap_mb=50 -o max_concurrent=2
+    """
+    workload = load_workload(model)
+    spec = load_cluster(cluster)
+    knobs, sim_options = split_options(policy, parse_pairs(option_pairs))
+    tuned = None
+    if do_tune:
+        from commsched.sim.tune import tune
+
+        tuned = tune(workload, spec, policy, trials, iterations, warmup, seed, sim_options, **knobs)
+        result = tuned.best
+    else:
+        result = simulate(workload, spec, policy, iterations, warmup, options=sim_options, **knobs)
+    if trace_path and result.trace is not None:
+        result.trace.save_chrome(trace_path)
+    if plot_path and result.trace is not None:
+        plot_timeline(result.trace, plot_path)
+    if as_json:
+        data: dict[str, Any] = {"result": result.to_dict()}
+        if tuned is not None:
+            data["tune"] = tuned.to_dict()
+        click.echo(json.dumps(data, indent=1, default=str))
+        return
+    console = Console()
+    if tuned is not None:
+        best = ", ".join(f"{k}={_fmt(v)}" for k, v in tuned.best_knobs.items()) or "the defaults"
+        console.print(
+            f"[bold]{policy}[/bold]: best of {tuned.trials} trials: {best}: "
+            f"{tuned.best.iteration_ms:.2f} ms vs {tuned.default.iteration_ms:.2f} ms with the defaults "
+            f"([bold]{tuned.gain:.2f}x[/bold])"
+        )
+    console.print(result_table(result, f"{policy} · {workload.model} · {spec.name}"))
+    for path, what in ((trace_path, "trace"), (plot_path, "timeline")):
+        if path:
+            console.print(f"{what} written to {path}")

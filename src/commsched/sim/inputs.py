@@ -1,0 +1,98 @@
+"""Resolving what a user typed: a model name or file, option strings, knob values."""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from commsched.errors import CommschedError, ScheduleError, SpecError
+from commsched.schedule import knobs as policy_knobs
+from commsched.sim.simulator import SimOptions
+from commsched.workload import Workload
+
+
+def load_workload(spec: str | Path) -> Workload:
+    """A Workload JSON file by path, else a model of the built-in zoo by name."""
+    path = Path(spec)
+    if path.is_file():
+        return Workload.load(path)
+    if path.suffix == ".json" or "/" in str(spec):
+        raise SpecError(str(spec), ["<file>: no such file"])
+    try:
+        zoo: Any = importlib.import_module("commsched.zoo")
+    except ImportError:
+        raise SpecError("model", [f"{str(spec)!r} is not a file, and the model zoo is not available"]) from None
+    try:
+        workload: Workload = zoo.load(str(spec))
+    except CommschedError:
+        raise
+    except (KeyError, ValueError, OSError) as exc:
+        raise SpecError("model", [f"{str(spec)!r} is neither a Workload JSON file nor a zoo model ({exc})"]) from None
+    return workload
+
+
+def parse_value(text: str) -> Any:
+    """``"none"`` -> None, ``"true"``/``"false"`` -> bool, numbers -> int/float, else the string."""
+    lowered = text.strip().lower()
+    if lowered in ("none", "null"):
+        return None
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_pairs(pairs: Iterable[str]) -> dict[str, Any]:
+    """``["a=1", "b=x"]`` -> ``{"a": 1, "b": "x"}``; a malformed pair raises ScheduleError."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ScheduleError(f"option {pair!r}: expected key=value")
+        out[key.strip()] = parse_value(value)
+    return out
+
+
+def coerce_knob(policy: str, name: str, value: Any, default: Any) -> Any:
+    """Check ``value`` against the type of the knob's default (numbers for numbers, None allowed if default)."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ScheduleError(f"{policy}: {name} must be true or false, got {value!r}")
+        return value
+    if default is None or isinstance(default, int | float):
+        if value is None:
+            if default is None:
+                return None
+            raise ScheduleError(f"{policy}: {name} must be a number, got none")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ScheduleError(f"{policy}: {name} must be a number, got {value!r}")
+        return value
+    return value
+
+
+def split_options(policy: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split ``key=value`` options into (policy knobs, simulator options), checking names and types."""
+    known = policy_knobs(policy)
+    sim_names = SimOptions.names()
+    knob_values: dict[str, Any] = {}
+    sim_values: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in sim_names:
+            sim_values[key] = value
+        elif key in known:
+            knob_values[key] = coerce_knob(policy, key, value, known[key])
+        else:
+            names = ", ".join([*known, *sim_names])
+            raise ScheduleError(f"{policy}: unknown option {key!r}; known: {names}")
+    if "max_concurrent" in sim_values and not isinstance(sim_values["max_concurrent"], int):
+        raise ScheduleError(f"sim: max_concurrent must be an integer >= 1, got {sim_values['max_concurrent']!r}")
+    if "update_ms" in sim_values:
+        sim_values["update_ms"] = coerce_knob("sim", "update_ms", sim_values["update_ms"], 0.0)
+    return knob_values, sim_values

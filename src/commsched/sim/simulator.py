@@ -1,0 +1,712 @@
+"""Driver #1 of the Scheduler contract: a discrete-event simulation of data-parallel training.
+
+``simulate(workload, cluster, policy)`` builds the policy's scheduler with
+``schedule.build_scheduler`` and replays training iterations around it. The
+simulator holds no policy logic: every collective it runs was launched by the
+scheduler, in the order the scheduler chose.
+
+What one iteration is, on every worker (the runtime does the same):
+
+* **Forward**, layers ``0..L-1``, each taking ``forward_ms / speed``. Just
+  before layer ``l`` the leader (rank 0) delivers ``on_forward_pre(l)``. With
+  ``plan.update == "forward"`` the layer then waits until the tasks of
+  ``plan.final_tasks_of_layer[l]`` launched for the previous iteration's
+  gradients have completed (not in the first iteration), and applies its
+  update (``update_ms`` spread over layers by bytes).
+* **Backward**: gradient ``t`` is ready ``grad_ready_ms[t] / speed`` after
+  backward starts; ``on_grad_ready(t)`` in ready order, then
+  ``on_backward_done()`` at the end of backward.
+* ``plan.update == "step"``: the worker waits until every task of the
+  iteration has completed (DDP: ``backward()`` returns averaged gradients),
+  then ``on_step()``, the whole update, the next forward. ``"forward"``:
+  ``on_step()`` right after backward, then the next forward.
+
+The scheduler is one agent per job (the leader's): it processes events
+strictly in order; ``Wait(task)`` blocks it (never the compute) until the
+task completes, and later events queue up. ``Launch(task)`` actions are issued
+in order on every worker; a launch is held, with everything behind it, until
+its inputs are ready *on that worker* (its gradients, for the iteration the
+launch belongs to, and its ``deps``). The n-th launch of a task belongs to
+iteration n. A collective is ready when every worker has issued it; the
+network (:mod:`commsched.sim.network`) starts ready collectives in order, at
+most ``max_concurrent`` at once, and shares link bandwidth between those in
+flight. ``on_comm_done`` is delivered only to schedulers with
+``uses_completions``.
+
+Symmetry: workers with the same compute speed behave identically, so the
+simulation keeps one timeline per *worker class* (distinct speed), and a
+homogeneous cluster of 1024 workers costs as much as one of 2. Trace events of
+a class carry the class's lowest rank as ``worker``.
+
+Clock and metrics: after ``warmup + iterations`` iterations the simulator runs
+one more forward (the one that consumes the last update) and then
+``on_flush``. Iteration ``k`` lasts from its forward start to the next one on
+the leader; the reported iteration time is the median over the
+``iterations`` steady-state iterations.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from statistics import median
+from typing import Any
+
+from commsched.cluster import Cluster
+from commsched.errors import CommschedError, ScheduleError
+from commsched.schedule import Launch, Scheduler, Wait, build_scheduler
+from commsched.schedule import knobs as policy_knobs
+from commsched.schedule.base import Plan
+from commsched.schedule.fusion import ready_order
+from commsched.sim.costs import ALGORITHMS, CommModel
+from commsched.sim.engine import EventLoop
+from commsched.sim.network import Collective, Network
+from commsched.trace import Trace, TraceEvent
+from commsched.workload import Workload
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Simulator settings (not policy knobs).
+
+    ``algorithm``: collective algorithm of the cost model, ``ring`` (NCCL's and
+    gloo's default), ``tree``, ``hierarchical`` or ``ps`` (see
+    :class:`~commsched.sim.costs.CommModel`).
+    ``max_concurrent``: collectives in flight at once. Default 1: NCCL runs
+    the collectives of one communicator one after another on one stream, and
+    PyTorch DDP, Horovod, ByteScheduler and this project's runtime use one
+    communicator. Set 2 for gloo (its default number of worker threads per
+    process group) or more to model several communicators; in-flight
+    collectives then share bandwidth fairly while their startup latencies
+    overlap.
+    ``update_ms``: optimizer time per iteration on the profiled device
+    (scaled by worker speed), spread over layers in proportion to their bytes.
+    0 by default because the shipped profiles fold it into backward.
+    """
+
+    algorithm: str = "ring"
+    max_concurrent: int = 1
+    update_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ScheduleError(f"sim: unknown algorithm {self.algorithm!r}; known: {', '.join(ALGORITHMS)}")
+        if isinstance(self.max_concurrent, bool) or not isinstance(self.max_concurrent, int):
+            raise ScheduleError(f"sim: max_concurrent must be an integer >= 1, got {self.max_concurrent!r}")
+        if self.max_concurrent < 1:
+            raise ScheduleError(f"sim: max_concurrent must be >= 1, got {self.max_concurrent}")
+        if not (self.update_ms >= 0 and math.isfinite(self.update_ms)):
+            raise ScheduleError(f"sim: update_ms must be a finite number >= 0, got {self.update_ms!r}")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_mapping(cls, options: SimOptions | Mapping[str, Any] | None) -> SimOptions:
+        if options is None:
+            return cls()
+        if isinstance(options, SimOptions):
+            return options
+        unknown = sorted(set(options) - set(cls.names()))
+        if unknown:
+            raise ScheduleError(f"sim: unknown option(s) {', '.join(unknown)}; known: {', '.join(cls.names())}")
+        return cls(**options)
+
+
+@dataclass(frozen=True)
+class WorkerClass:
+    """Workers that share one simulated timeline (same compute speed)."""
+
+    index: int
+    speed: float
+    ranks: tuple[int, ...]
+
+    @property
+    def rank(self) -> int:
+        """The representative rank (the lowest), used as ``worker`` in the trace."""
+        return self.ranks[0]
+
+
+def worker_classes(cluster: Cluster, model: str | None = None) -> tuple[WorkerClass, ...]:
+    """Group ranks by compute speed; the class of rank 0 (the leader) comes first."""
+    by_speed: dict[float, list[int]] = {}
+    for rank, speed in enumerate(cluster.worker_speeds(model)):
+        by_speed.setdefault(speed, []).append(rank)
+    return tuple(WorkerClass(i, speed, tuple(ranks)) for i, (speed, ranks) in enumerate(by_speed.items()))
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one simulated run predicts. Times are per iteration unless named otherwise.
+
+    ``iteration_ms``: median over the steady-state iterations (leader's
+    forward start to forward start). ``samples_per_s`` = batch × workers /
+    iteration. ``gpu_busy``: compute time / iteration time, averaged over
+    workers. ``link_utilisation``: per link resource, the fraction of the
+    steady-state window during which it carried data. ``exposed_comm_ms``:
+    iteration time minus the compute time of the slowest worker (what
+    communication adds to the critical path). ``gradient_bytes``: gradient
+    bytes reduced per iteration (an RS+AG pair counts once).
+    ``sent_bytes_per_worker``: bytes each worker sends per iteration under the
+    cost model. ``events``: event-loop events processed.
+    """
+
+    policy: str
+    model: str
+    cluster: str
+    num_workers: int
+    iterations: int
+    warmup: int
+    iteration_ms: float
+    iteration_ms_each: tuple[float, ...]
+    samples_per_s: float
+    compute_ms: float
+    gpu_busy: float
+    gpu_busy_by_class: tuple[float, ...]
+    link_utilisation: dict[str, float]
+    exposed_comm_ms: float
+    gradient_bytes: float
+    sent_bytes_per_worker: float
+    num_tasks: int
+    events: int
+    wall_s: float
+    knobs: dict[str, Any]
+    options: SimOptions
+    classes: tuple[WorkerClass, ...]
+    trace: Trace | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data, without the trace."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"}
+        out["options"] = asdict(self.options)
+        out["classes"] = [{"speed": c.speed, "workers": len(c.ranks), "first_rank": c.rank} for c in self.classes]
+        out["iteration_ms_each"] = list(self.iteration_ms_each)
+        out["gpu_busy_by_class"] = list(self.gpu_busy_by_class)
+        return out
+
+
+# ---- the simulation ----
+
+_GATE = 1  # blocked before a forward layer, on the previous iteration's final tasks
+_STEP = 2  # blocked after backward, on every task of the iteration
+
+
+class _Timeline:
+    """Mutable state of one worker class."""
+
+    __slots__ = (
+        "block_k",
+        "block_l",
+        "blocked",
+        "bstart",
+        "finished",
+        "fstart",
+        "gate_pos",
+        "leader",
+        "queue",
+        "ready_iter",
+        "ready_pos",
+        "stall_since",
+        "wc",
+    )
+
+    def __init__(self, wc: WorkerClass) -> None:
+        self.wc = wc
+        self.leader = wc.index == 0
+        self.ready_iter = -1  # iteration whose gradients are being produced
+        self.ready_pos = 0  # how many gradients (in ready order) of ready_iter are ready
+        self.bstart = 0.0
+        self.queue: deque[tuple[int, int]] = deque()  # launches not issued yet: (task, instance)
+        self.blocked = 0
+        self.block_k = 0
+        self.block_l = 0
+        self.stall_since = 0.0
+        self.gate_pos = 0
+        self.fstart: list[float] = []
+        self.finished = False
+
+
+class _Agent:
+    """The scheduler as an agent: events in order, actions in order, ``Wait`` blocks it."""
+
+    __slots__ = ("_actions", "_blocked", "_inbox", "_running", "_sim", "scheduler")
+
+    def __init__(self, sim: Simulation, scheduler: Scheduler) -> None:
+        self._sim = sim
+        self.scheduler = scheduler
+        self._inbox: deque[tuple[str, int | None]] = deque()
+        self._actions: deque[Any] = deque()
+        self._blocked: tuple[int, int] | None = None
+        self._running = False
+
+    def post(self, event: str, arg: int | None = None) -> None:
+        self._inbox.append((event, arg))
+        self.run()
+
+    @property
+    def idle(self) -> bool:
+        return not self._inbox and not self._actions and self._blocked is None
+
+    def describe(self) -> str:
+        if self._blocked is not None:
+            task, inst = self._blocked
+            return f"the scheduler waits on task {self._sim.plan.tasks[task].name!r} of iteration {inst}"
+        return f"the scheduler has {len(self._inbox)} event(s) and {len(self._actions)} action(s) queued"
+
+    def run(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        sim = self._sim
+        try:
+            while True:
+                if self._blocked is not None:
+                    task, inst = self._blocked
+                    if sim.done_count[task] <= inst:
+                        return
+                    self._blocked = None
+                if self._actions:
+                    action = self._actions.popleft()
+                    if type(action) is Launch:
+                        sim.launch(action.task)
+                    elif type(action) is Wait:
+                        self._blocked = sim.wait_target(action.task)
+                    else:
+                        raise ScheduleError(f"{sim.plan.policy}: unknown action {action!r}")
+                    continue
+                if self._inbox:
+                    event, arg = self._inbox.popleft()
+                    handler = getattr(self.scheduler, event)
+                    self._actions.extend(handler() if arg is None else handler(arg))
+                    continue
+                return
+        finally:
+            self._running = False
+
+
+class Simulation:
+    """One simulated training run. Build it, call :meth:`run` once."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        cluster: Cluster,
+        scheduler: Scheduler,
+        iterations: int,
+        warmup: int,
+        options: SimOptions,
+        comm: CommModel,
+        record_trace: bool = True,
+    ) -> None:
+        if iterations < 1:
+            raise ScheduleError(f"sim: iterations must be >= 1, got {iterations}")
+        if warmup < 0:
+            raise ScheduleError(f"sim: warmup must be >= 0, got {warmup}")
+        self.workload = workload
+        self.cluster = cluster
+        self.plan: Plan = scheduler.plan
+        self.options = options
+        self.comm = comm
+        self.iterations = iterations
+        self.warmup = warmup
+        self.total = warmup + iterations
+        self.loop = EventLoop()
+        self.network = Network(self.loop, options.max_concurrent, self._completed)
+        self.agent = _Agent(self, scheduler)
+        self.uses_completions = type(scheduler).uses_completions
+        self.trace: Trace | None = Trace() if record_trace else None
+        self.classes = worker_classes(cluster, workload.model)
+        self.timelines = [_Timeline(wc) for wc in self.classes]
+        self._prepare()
+
+    # ---- precomputation ----
+
+    def _prepare(self) -> None:
+        w, plan = self.workload, self.plan
+        self.gated = plan.update == "forward"
+        self.order = ready_order(w)
+        pos_of = [0] * len(w.tensors)
+        for pos, t in enumerate(self.order):
+            pos_of[t] = pos
+        tasks = plan.tasks
+        self.num_tasks = len(tasks)
+        self.last_pos = [-1 if task.kind == "all_gather" else max(pos_of[t] for t in task.tensors) for task in tasks]
+        self.deps = [task.deps for task in tasks]
+        self.phases = [self.comm.phases(task.kind, task.bytes) for task in tasks]
+        self.final_of_layer = plan.final_tasks_of_layer
+        self.done_count = [0] * self.num_tasks
+        self.launched = [0] * self.num_tasks
+        self.completed_in_iter = [0] * (self.total + 1)
+        self.issued: dict[tuple[int, int], int] = {}
+        self.reduced_bytes = 0.0
+        self.sent_bytes = 0.0
+
+        ready_ms = w.grad_ready_ms
+        backward_ms = max(w.backward_ms, max(ready_ms))
+        layer_bytes = [layer.bytes for layer in w.layers]
+        total_bytes = sum(layer_bytes)
+        update_ms = [self.options.update_ms * b / total_bytes for b in layer_bytes]
+        self.forward_s: list[list[float]] = []
+        self.update_s: list[list[float]] = []
+        self.backward_s: list[float] = []
+        self.batches: list[list[tuple[float, int, int]]] = []  # (offset, first pos, end pos) per ready time
+        self.backward_layers: list[list[tuple[float, float]]] = []  # per layer (offset, duration)
+        self.compute_s: list[float] = []
+        for wc in self.classes:
+            scale = 1e-3 / wc.speed
+            self.forward_s.append([layer.forward_ms * scale for layer in w.layers])
+            self.update_s.append([u * scale for u in update_ms])
+            self.backward_s.append(backward_ms * scale)
+            batches: list[tuple[float, int, int]] = []
+            for pos, t in enumerate(self.order):
+                offset = ready_ms[t] * scale
+                if batches and batches[-1][0] == offset:
+                    batches[-1] = (offset, batches[-1][1], pos + 1)
+                else:
+                    batches.append((offset, pos, pos + 1))
+            self.batches.append(batches)
+            layers: list[tuple[float, float]] = [(0.0, 0.0)] * len(w.layers)
+            elapsed = 0.0
+            for li in range(len(w.layers) - 1, -1, -1):
+                duration = w.layers[li].backward_ms * scale
+                layers[li] = (elapsed, duration)
+                elapsed += duration
+            self.backward_layers.append(layers)
+            self.compute_s.append((w.forward_ms + backward_ms + self.options.update_ms) * scale)
+
+    # ---- running ----
+
+    def run(self) -> None:
+        for tl in self.timelines:
+            self.loop.schedule(0.0, self._begin_iteration, tl, 0)
+        self.loop.run()
+        self._check_finished()
+
+    def _check_finished(self) -> None:
+        policy = self.plan.policy
+        for tl in self.timelines:
+            if not tl.finished:
+                what = self._describe_block(tl)
+                raise ScheduleError(
+                    f"{policy}: the simulation stalled: worker {tl.wc.rank} {what}; {self.agent.describe()}"
+                )
+        for tl in self.timelines:
+            if tl.queue and tl.queue[0][1] < self.total:
+                raise ScheduleError(f"{policy}: the simulation stalled: worker {tl.wc.rank} {self._describe_block(tl)}")
+        for task, count in enumerate(self.done_count):
+            if count < self.total:
+                name = self.plan.tasks[task].name
+                raise ScheduleError(
+                    f"{policy}: task {name!r} completed {count} time(s) in {self.total} iterations "
+                    "(never launched, or launched once too few)"
+                )
+        if not self.agent.idle:
+            raise ScheduleError(f"{policy}: the simulation ended but {self.agent.describe()}")
+
+    def _describe_block(self, tl: _Timeline) -> str:
+        if tl.blocked == _GATE:
+            layer = self.workload.layers[tl.block_l].name
+            missing = [
+                self.plan.tasks[t].name for t in self.final_of_layer[tl.block_l] if self.done_count[t] < tl.block_k
+            ]
+            return f"waits before layer {layer!r} of iteration {tl.block_k} for task(s) {missing[:5]}"
+        if tl.blocked == _STEP:
+            missing = [self.plan.tasks[t].name for t in range(self.num_tasks) if self.done_count[t] <= tl.block_k]
+            return f"waits at step {tl.block_k} for task(s) {missing[:5]}"
+        if tl.queue and tl.queue[0][1] < self.total:
+            task, inst = tl.queue[0]
+            name = self.plan.tasks[task].name
+            return f"holds the launch of task {name!r} (iteration {inst}): its inputs never became ready"
+        return "stopped"
+
+    # ---- scheduler actions ----
+
+    def launch(self, task: int) -> None:
+        if not 0 <= task < self.num_tasks:
+            raise ScheduleError(f"{self.plan.policy}: launch of unknown task {task}")
+        inst = self.launched[task]  # launches past the last iteration (from the trailing forward) stay held
+        self.launched[task] = inst + 1
+        for tl in self.timelines:
+            tl.queue.append((task, inst))
+            if len(tl.queue) == 1:
+                self._pump(tl)
+
+    def wait_target(self, task: int) -> tuple[int, int] | None:
+        if not 0 <= task < self.num_tasks:
+            raise ScheduleError(f"{self.plan.policy}: wait on unknown task {task}")
+        inst = self.launched[task] - 1
+        if inst < 0:
+            raise ScheduleError(f"{self.plan.policy}: wait on task {self.plan.tasks[task].name!r}, never launched")
+        return (task, inst) if self.done_count[task] <= inst else None
+
+    def _pump(self, tl: _Timeline) -> None:
+        """Issue the held launches of ``tl`` whose inputs are ready, in order."""
+        queue = tl.queue
+        while queue:
+            task, inst = queue[0]
+            last = self.last_pos[task]
+            if last >= 0 and not (tl.ready_iter > inst or (tl.ready_iter == inst and tl.ready_pos > last)):
+                return
+            for dep in self.deps[task]:
+                if self.done_count[dep] <= inst:
+                    return
+            queue.popleft()
+            if len(self.timelines) == 1:
+                self._ready(task, inst)
+            else:
+                key = (task, inst)
+                count = self.issued.get(key, 0) + 1
+                if count == len(self.timelines):
+                    del self.issued[key]
+                    self._ready(task, inst)
+                else:
+                    self.issued[key] = count
+
+    def _ready(self, task: int, inst: int) -> None:
+        self.network.ready(Collective(task, inst, self.phases[task], self.loop.now))
+
+    def _completed(self, coll: Collective) -> None:
+        task, inst = coll.task, coll.instance
+        if self.done_count[task] != inst:
+            raise ScheduleError(f"{self.plan.policy}: task {self.plan.tasks[task].name!r} completed out of order")
+        self.done_count[task] = inst + 1
+        self.completed_in_iter[inst] += 1
+        spec = self.plan.tasks[task]
+        if self.warmup <= inst < self.total:
+            if spec.kind != "all_gather":
+                self.reduced_bytes += spec.bytes
+            self.sent_bytes += self.comm.sent_bytes(spec.kind, spec.bytes)
+        if self.trace is not None:
+            for wc in self.classes:
+                self.trace.add(TraceEvent(spec.name, spec.kind, wc.rank, coll.start_s, coll.end_s, spec.bytes, inst))
+        if self.uses_completions:
+            self.agent.post("on_comm_done", task)
+        else:
+            self.agent.run()
+        for tl in self.timelines:
+            if tl.queue:
+                self._pump(tl)
+            if tl.blocked:
+                self._try_unblock(tl)
+
+    # ---- compute timeline ----
+
+    def _record(self, name: str, kind: str, tl: _Timeline, start_s: float, end_s: float, iteration: int) -> None:
+        if self.trace is not None and end_s > start_s:
+            self.trace.add(TraceEvent(name, kind, tl.wc.rank, start_s, end_s, 0, iteration))
+
+    def _begin_iteration(self, tl: _Timeline, k: int) -> None:
+        tl.fstart.append(self.loop.now)
+        self._forward_layer(tl, k, 0)
+
+    def _forward_layer(self, tl: _Timeline, k: int, layer: int) -> None:
+        if tl.leader:
+            self.agent.post("on_forward_pre", layer)
+        if self.gated and k > 0 and not self._gate_open(tl, k, layer):
+            tl.blocked, tl.block_k, tl.block_l, tl.stall_since = _GATE, k, layer, self.loop.now
+            return
+        self._run_layer(tl, k, layer)
+
+    def _gate_open(self, tl: _Timeline, k: int, layer: int) -> bool:
+        tasks = self.final_of_layer[layer]
+        i = tl.gate_pos
+        done = self.done_count
+        while i < len(tasks) and done[tasks[i]] >= k:
+            i += 1
+        if i == len(tasks):
+            tl.gate_pos = 0
+            return True
+        tl.gate_pos = i
+        return False
+
+    def _run_layer(self, tl: _Timeline, k: int, layer: int) -> None:
+        c = tl.wc.index
+        now = self.loop.now
+        name = self.workload.layers[layer].name
+        if self.gated and k > 0:
+            update = self.update_s[c][layer]
+            if update > 0:
+                self._record(name, "update", tl, now, now + update, k - 1)
+                now += update
+        end = now + self.forward_s[c][layer]
+        self._record(name, "forward", tl, now, end, k)
+        if layer + 1 < len(self.workload.layers):
+            self.loop.schedule(end, self._forward_layer, tl, k, layer + 1)
+        elif k < self.total:
+            self.loop.schedule(end, self._backward_start, tl, k)
+        else:
+            self.loop.schedule(end, self._finish, tl)
+
+    def _backward_start(self, tl: _Timeline, k: int) -> None:
+        c = tl.wc.index
+        now = self.loop.now
+        tl.bstart = now
+        tl.ready_iter = k
+        tl.ready_pos = 0
+        if self.trace is not None:
+            for layer, (offset, duration) in zip(self.workload.layers, self.backward_layers[c], strict=True):
+                self._record(layer.name, "backward", tl, now + offset, now + offset + duration, k)
+        self.loop.schedule(now + self.batches[c][0][0], self._grads_ready, tl, k, 0)
+
+    def _grads_ready(self, tl: _Timeline, k: int, batch: int) -> None:
+        c = tl.wc.index
+        batches = self.batches[c]
+        _, lo, hi = batches[batch]
+        order = self.order
+        for pos in range(lo, hi):
+            tl.ready_pos = pos + 1
+            if tl.leader:
+                self.agent.post("on_grad_ready", order[pos])
+            if tl.queue:
+                self._pump(tl)
+        if batch + 1 < len(batches):
+            self.loop.schedule(tl.bstart + batches[batch + 1][0], self._grads_ready, tl, k, batch + 1)
+        else:
+            end = max(self.loop.now, tl.bstart + self.backward_s[c])
+            self.loop.schedule(end, self._backward_end, tl, k)
+
+    def _backward_end(self, tl: _Timeline, k: int) -> None:
+        if tl.leader:
+            self.agent.post("on_backward_done")
+        if self.gated:
+            if tl.leader:
+                self.agent.post("on_step")
+            self._begin_iteration(tl, k + 1)
+        elif self.completed_in_iter[k] == self.num_tasks:
+            self._step(tl, k)
+        else:
+            tl.blocked, tl.block_k, tl.stall_since = _STEP, k, self.loop.now
+
+    def _step(self, tl: _Timeline, k: int) -> None:
+        if tl.leader:
+            self.agent.post("on_step")
+        update = sum(self.update_s[tl.wc.index])
+        if update > 0:
+            now = self.loop.now
+            self._record("step", "update", tl, now, now + update, k)
+            self.loop.schedule(now + update, self._begin_iteration, tl, k + 1)
+        else:
+            self._begin_iteration(tl, k + 1)
+
+    def _try_unblock(self, tl: _Timeline) -> None:
+        if tl.blocked == _GATE:
+            if not self._gate_open(tl, tl.block_k, tl.block_l):
+                return
+            tl.blocked = 0
+            name = f"wait:{self.workload.layers[tl.block_l].name}"
+            self._record(name, "wait", tl, tl.stall_since, self.loop.now, tl.block_k)
+            self._run_layer(tl, tl.block_k, tl.block_l)
+        elif tl.blocked == _STEP:
+            if self.completed_in_iter[tl.block_k] != self.num_tasks:
+                return
+            tl.blocked = 0
+            self._record("wait:step", "wait", tl, tl.stall_since, self.loop.now, tl.block_k)
+            self._step(tl, tl.block_k)
+
+    def _finish(self, tl: _Timeline) -> None:
+        if tl.leader:
+            self.agent.post("on_flush")
+        tl.finished = True
+
+    # ---- results ----
+
+    def result(self, knobs: Mapping[str, Any], wall_s: float) -> SimResult:
+        leader = self.timelines[0]
+        starts = leader.fstart
+        periods = [b - a for a, b in itertools.pairwise(starts)]
+        steady = periods[self.warmup : self.total]
+        iteration_s = median(steady)
+        window = (starts[self.warmup], starts[self.total])
+        span = window[1] - window[0]
+        mean_period = span / self.iterations
+        counts = [len(wc.ranks) for wc in self.classes]
+        busy = tuple(min(1.0, cs / mean_period) if mean_period > 0 else 1.0 for cs in self.compute_s)
+        gpu_busy = sum(b * n for b, n in zip(busy, counts, strict=True)) / sum(counts)
+        slowest = max(self.compute_s)
+        util = {
+            name: (link.busy_within(*window) / span if span > 0 else 0.0)
+            for name, link in sorted(self.network.links.items())
+        }
+        w = self.workload
+        num_workers = self.cluster.num_workers
+        if self.trace is not None:
+            self.trace.meta.update(
+                {
+                    "source": "simulated",
+                    "policy": self.plan.policy,
+                    "model": w.model,
+                    "cluster": self.cluster.name,
+                    "num_workers": num_workers,
+                    "update": self.plan.update,
+                    "options": asdict(self.options),
+                    "knobs": dict(knobs),
+                    "classes": [{"rank": wc.rank, "workers": len(wc.ranks), "speed": wc.speed} for wc in self.classes],
+                    "iteration_starts_s": list(starts),
+                }
+            )
+        return SimResult(
+            policy=self.plan.policy,
+            model=w.model,
+            cluster=self.cluster.name,
+            num_workers=num_workers,
+            iterations=self.iterations,
+            warmup=self.warmup,
+            iteration_ms=iteration_s * 1e3,
+            iteration_ms_each=tuple(p * 1e3 for p in steady),
+            samples_per_s=w.batch_size * num_workers / iteration_s if iteration_s > 0 else math.inf,
+            compute_ms=slowest * 1e3,
+            gpu_busy=gpu_busy,
+            gpu_busy_by_class=busy,
+            link_utilisation=util,
+            exposed_comm_ms=max(0.0, iteration_s - slowest) * 1e3,
+            gradient_bytes=self.reduced_bytes / self.iterations,
+            sent_bytes_per_worker=self.sent_bytes / self.iterations,
+            num_tasks=self.num_tasks,
+            events=self.loop.processed,
+            wall_s=wall_s,
+            knobs=dict(knobs),
+            options=self.options,
+            classes=self.classes,
+            trace=self.trace,
+        )
+
+
+def simulate(
+    workload: Workload,
+    cluster: Cluster,
+    policy: str,
+    iterations: int = 20,
+    warmup: int = 3,
+    *,
+    options: SimOptions | Mapping[str, Any] | None = None,
+    trace: bool = True,
+    **knobs: Any,
+) -> SimResult:
+    """Simulate ``warmup + iterations`` iterations of ``policy`` on ``cluster``.
+
+    ``knobs`` are the policy's (``schedule.knobs(policy)``); ``options`` the
+    simulator's (:class:`SimOptions`). ``trace=False`` skips recording the
+    Trace (faster, for searches). Raises ScheduleError for an unknown policy,
+    knob or option, a bad value, or a scheduler that breaks the contract
+    (a deadlock is reported with what was waiting on what).
+
+    >>> result = simulate(workload, load_cluster("64xV100-10GbE"), "dear")  # doctest: +SKIP
+    >>> result.iteration_ms, result.samples_per_s  # doctest: +SKIP
+    """
+    sim_options = SimOptions.from_mapping(options)
+    comm = CommModel.from_cluster(cluster, sim_options.algorithm)
+    try:
+        scheduler = build_scheduler(policy, workload, comm.estimate(), **knobs)
+    except CommschedError:
+        raise
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        raise ScheduleError(f"{policy}: bad option value ({exc})") from None
+    start = time.perf_counter()
+    sim = Simulation(workload, cluster, scheduler, iterations, warmup, sim_options, comm, record_trace=trace)
+    sim.run()
+    return sim.result({**policy_knobs(policy), **knobs}, time.perf_counter() - start)
