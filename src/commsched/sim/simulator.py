@@ -531,7 +531,7 @@ class Simulation:
         if self.gated and k > 0:
             update = self.update_s[c][layer]
             if update > 0:
-                self._record(name, "update", tl, now, now + update, k - 1)
+                self._record(name, "update", tl, now, now + update, k)
                 now += update
         end = now + self.forward_s[c][layer]
         self._record(name, "forward", tl, now, end, k)
