@@ -242,3 +242,17 @@ def test_update_time_is_paid_once_per_iteration_in_both_update_modes() -> None:
         base = simulate(workload, cluster, policy, 3, 1).iteration_ms
         slower = simulate(workload, cluster, policy, 3, 1, options={"update_ms": 2.0}).iteration_ms
         assert slower - base == pytest.approx(2.0, abs=0.05)
+
+
+def test_each_worker_class_runs_its_own_scheduler_unless_it_uses_completions() -> None:
+    """DeAR (no completions) launches an all-gather when *this* worker's forward reaches the group, as on a
+    real rank; so on a cluster with a slow worker the gather waits for the slow worker's forward."""
+    workload = make_workload([4.0] * 6, [4.0] * 6, [500_000] * 6)
+    cluster = make_cluster(2, 40.0, speeds=[1.0, 0.25])
+    result = simulate(workload, cluster, "dear", 3, 1, threshold_mb=1.0)  # one group per layer
+    trace = result.trace
+    k = 2
+    slow_forward = {e.task: e for e in _events(trace, "forward", worker=1, iteration=k)}
+    for g in range(1, 5):  # on_forward_pre(g) launches ag{g+1}; layer g starts when layer g-1 ends
+        gather = next(e for e in _events(trace, "all_gather", iteration=k - 1) if e.task == f"ag{g + 1}")
+        assert gather.start_s >= slow_forward[f"l{g - 1}"].end_s - 1e-12

@@ -21,15 +21,19 @@ What one iteration is, on every worker (the runtime does the same):
   then ``on_step()``, the whole update, the next forward. ``"forward"``:
   ``on_step()`` right after backward, then the next forward.
 
-The scheduler is one agent per job (the leader's): it processes events
-strictly in order; ``Wait(task)`` blocks it (never the compute) until the
-task completes, and later events queue up. ``Launch(task)`` actions are issued
-in order on every worker; a launch is held, with everything behind it, until
-its inputs are ready *on that worker* (its gradients, for the iteration the
-launch belongs to, and its ``deps``). The n-th launch of a task belongs to
-iteration n. A collective is ready when every worker has issued it; the
-network (:mod:`commsched.sim.network`) starts ready collectives in order, at
-most ``max_concurrent`` at once, and shares link bandwidth between those in
+The scheduler is an agent: it processes events strictly in order;
+``Wait(task)`` blocks it (never the compute) until the task completes, and
+later events queue up. As in the runtime, a scheduler with
+``uses_completions`` runs once, on the leader (rank 0), fed the leader's
+events, and its launches go to every worker; any other scheduler runs on
+every worker, fed that worker's own events (one copy per worker class), and
+its launches go to that worker only. ``Launch(task)`` actions are issued in
+order; a launch is held, with everything behind it, until its inputs are
+ready *on that worker* (its gradients, for the iteration the launch belongs
+to, and its ``deps``). The n-th launch of a task belongs to iteration n.
+A collective is ready when every worker has issued it; the network
+(:mod:`commsched.sim.network`) starts ready collectives in order, at most
+``max_concurrent`` at once, and shares link bandwidth between those in
 flight. ``on_comm_done`` is delivered only to schedulers with
 ``uses_completions``.
 
@@ -47,6 +51,7 @@ the leader; the reported iteration time is the median over the
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import time
@@ -200,6 +205,7 @@ class _Timeline:
     """Mutable state of one worker class."""
 
     __slots__ = (
+        "agent",
         "block_k",
         "block_l",
         "blocked",
@@ -229,16 +235,25 @@ class _Timeline:
         self.gate_pos = 0
         self.fstart: list[float] = []
         self.finished = False
+        #: The scheduler this class reports its events to (None: it follows the leader's decisions).
+        self.agent: _Agent | None = None
 
 
 class _Agent:
-    """The scheduler as an agent: events in order, actions in order, ``Wait`` blocks it."""
+    """The scheduler as an agent: events in order, actions in order, ``Wait`` blocks it.
 
-    __slots__ = ("_actions", "_blocked", "_inbox", "_running", "_sim", "scheduler")
+    Its launches go to the launch queues of ``targets`` (one worker class, or
+    all of them for a leader that decides for everyone).
+    """
 
-    def __init__(self, sim: Simulation, scheduler: Scheduler) -> None:
+    __slots__ = ("_actions", "_blocked", "_inbox", "_running", "_sim", "launched", "scheduler", "targets")
+
+    def __init__(self, sim: Simulation, scheduler: Scheduler, targets: list[_Timeline]) -> None:
         self._sim = sim
         self.scheduler = scheduler
+        self.targets = targets
+        #: Launches so far per task: the n-th launch of a task belongs to iteration n.
+        self.launched = [0] * len(scheduler.plan.tasks)
         self._inbox: deque[tuple[str, int | None]] = deque()
         self._actions: deque[Any] = deque()
         self._blocked: tuple[int, int] | None = None
@@ -273,9 +288,9 @@ class _Agent:
                 if self._actions:
                     action = self._actions.popleft()
                     if type(action) is Launch:
-                        sim.launch(action.task)
+                        sim.launch(self, action.task)
                     elif type(action) is Wait:
-                        self._blocked = sim.wait_target(action.task)
+                        self._blocked = sim.wait_target(self, action.task)
                     else:
                         raise ScheduleError(f"{sim.plan.policy}: unknown action {action!r}")
                     continue
@@ -317,11 +332,20 @@ class Simulation:
         self.total = warmup + iterations
         self.loop = EventLoop()
         self.network = Network(self.loop, options.max_concurrent, self._completed)
-        self.agent = _Agent(self, scheduler)
         self.uses_completions = type(scheduler).uses_completions
         self.trace: Trace | None = Trace() if record_trace else None
         self.classes = worker_classes(cluster, workload.model)
         self.timelines = [_Timeline(wc) for wc in self.classes]
+        if self.uses_completions:  # rank 0 decides for everyone
+            self.agents = [_Agent(self, scheduler, self.timelines)]
+            self.timelines[0].agent = self.agents[0]
+        else:  # every rank runs its own copy on its own events
+            self.agents = []
+            for tl in self.timelines:
+                own = scheduler if tl.leader else copy.deepcopy(scheduler, {id(scheduler.plan): scheduler.plan})
+                tl.agent = _Agent(self, own, [tl])
+                self.agents.append(tl.agent)
+        self.agent = self.agents[0]
         self._prepare()
 
     # ---- precomputation ----
@@ -340,7 +364,6 @@ class Simulation:
         self.phases = [self.comm.phases(task.kind, task.bytes) for task in tasks]
         self.final_of_layer = plan.final_tasks_of_layer
         self.done_count = [0] * self.num_tasks
-        self.launched = [0] * self.num_tasks
         self.completed_in_iter = [0] * (self.total + 1)
         self.issued: dict[tuple[int, int], int] = {}
         self.reduced_bytes = 0.0
@@ -392,9 +415,8 @@ class Simulation:
         for tl in self.timelines:
             if not tl.finished:
                 what = self._describe_block(tl)
-                raise ScheduleError(
-                    f"{policy}: the simulation stalled: worker {tl.wc.rank} {what}; {self.agent.describe()}"
-                )
+                agent = tl.agent or self.agent
+                raise ScheduleError(f"{policy}: the simulation stalled: worker {tl.wc.rank} {what}; {agent.describe()}")
         for tl in self.timelines:
             if tl.queue and tl.queue[0][1] < self.total:
                 raise ScheduleError(f"{policy}: the simulation stalled: worker {tl.wc.rank} {self._describe_block(tl)}")
@@ -405,8 +427,9 @@ class Simulation:
                     f"{policy}: task {name!r} completed {count} time(s) in {self.total} iterations "
                     "(never launched, or launched once too few)"
                 )
-        if not self.agent.idle:
-            raise ScheduleError(f"{policy}: the simulation ended but {self.agent.describe()}")
+        for agent in self.agents:
+            if not agent.idle:
+                raise ScheduleError(f"{policy}: the simulation ended but {agent.describe()}")
 
     def _describe_block(self, tl: _Timeline) -> str:
         if tl.blocked == _GATE:
@@ -426,20 +449,20 @@ class Simulation:
 
     # ---- scheduler actions ----
 
-    def launch(self, task: int) -> None:
+    def launch(self, agent: _Agent, task: int) -> None:
         if not 0 <= task < self.num_tasks:
             raise ScheduleError(f"{self.plan.policy}: launch of unknown task {task}")
-        inst = self.launched[task]  # launches past the last iteration (from the trailing forward) stay held
-        self.launched[task] = inst + 1
-        for tl in self.timelines:
+        inst = agent.launched[task]  # launches past the last iteration (from the trailing forward) stay held
+        agent.launched[task] = inst + 1
+        for tl in agent.targets:
             tl.queue.append((task, inst))
             if len(tl.queue) == 1:
                 self._pump(tl)
 
-    def wait_target(self, task: int) -> tuple[int, int] | None:
+    def wait_target(self, agent: _Agent, task: int) -> tuple[int, int] | None:
         if not 0 <= task < self.num_tasks:
             raise ScheduleError(f"{self.plan.policy}: wait on unknown task {task}")
-        inst = self.launched[task] - 1
+        inst = agent.launched[task] - 1
         if inst < 0:
             raise ScheduleError(f"{self.plan.policy}: wait on task {self.plan.tasks[task].name!r}, never launched")
         return (task, inst) if self.done_count[task] <= inst else None
@@ -487,7 +510,8 @@ class Simulation:
         if self.uses_completions:
             self.agent.post("on_comm_done", task)
         else:
-            self.agent.run()
+            for agent in self.agents:
+                agent.run()  # resumes an agent blocked in Wait
         for tl in self.timelines:
             if tl.queue:
                 self._pump(tl)
@@ -505,8 +529,8 @@ class Simulation:
         self._forward_layer(tl, k, 0)
 
     def _forward_layer(self, tl: _Timeline, k: int, layer: int) -> None:
-        if tl.leader:
-            self.agent.post("on_forward_pre", layer)
+        if tl.agent is not None:
+            tl.agent.post("on_forward_pre", layer)
         if self.gated and k > 0 and not self._gate_open(tl, k, layer):
             tl.blocked, tl.block_k, tl.block_l, tl.stall_since = _GATE, k, layer, self.loop.now
             return
@@ -560,8 +584,8 @@ class Simulation:
         order = self.order
         for pos in range(lo, hi):
             tl.ready_pos = pos + 1
-            if tl.leader:
-                self.agent.post("on_grad_ready", order[pos])
+            if tl.agent is not None:
+                tl.agent.post("on_grad_ready", order[pos])
             if tl.queue:
                 self._pump(tl)
         if batch + 1 < len(batches):
@@ -571,11 +595,11 @@ class Simulation:
             self.loop.schedule(end, self._backward_end, tl, k)
 
     def _backward_end(self, tl: _Timeline, k: int) -> None:
-        if tl.leader:
-            self.agent.post("on_backward_done")
+        if tl.agent is not None:
+            tl.agent.post("on_backward_done")
         if self.gated:
-            if tl.leader:
-                self.agent.post("on_step")
+            if tl.agent is not None:
+                tl.agent.post("on_step")
             self._begin_iteration(tl, k + 1)
         elif self.completed_in_iter[k] == self.num_tasks:
             self._step(tl, k)
@@ -583,8 +607,8 @@ class Simulation:
             tl.blocked, tl.block_k, tl.stall_since = _STEP, k, self.loop.now
 
     def _step(self, tl: _Timeline, k: int) -> None:
-        if tl.leader:
-            self.agent.post("on_step")
+        if tl.agent is not None:
+            tl.agent.post("on_step")
         update = sum(self.update_s[tl.wc.index])
         if update > 0:
             now = self.loop.now
@@ -609,8 +633,8 @@ class Simulation:
             self._step(tl, tl.block_k)
 
     def _finish(self, tl: _Timeline) -> None:
-        if tl.leader:
-            self.agent.post("on_flush")
+        if tl.agent is not None:
+            tl.agent.post("on_flush")
         tl.finished = True
 
     # ---- results ----
