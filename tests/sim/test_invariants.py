@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from sim_builders import make_cluster, make_workload
 
+from commsched.cluster import Cluster
 from commsched.schedule import LOSSLESS, POLICIES
 from commsched.sim import simulate
 from commsched.sim.costs import ring_all_reduce_s
@@ -33,25 +34,54 @@ def scenarios(draw: st.DrawFn) -> dict:
         "latency_us": draw(st.floats(0.0, 60.0)),
         "max_concurrent": draw(st.sampled_from([1, 2, 4])),
         "faster": draw(st.floats(1.05, 4.0)),
+        "algorithm": draw(st.sampled_from(["ring", "ring", "tree", "hierarchical", "ps"])),
     }
 
 
+def _cluster(s: dict, gbps: float) -> Cluster:
+    per_node = 2 if s["algorithm"] == "hierarchical" and s["workers"] % 2 == 0 else 1
+    servers = 2 if s["algorithm"] == "ps" else 0
+    return make_cluster(s["workers"], gbps, s["latency_us"], per_node=per_node, intra_gbps=4 * gbps, servers=servers)
+
+
 @pytest.mark.parametrize("policy", POLICY_PARAMS)
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Shrinking is left out (it costs seconds per failing policy); the example below is the shrunk scenario
+# that deadlocks prophet: 16 MiB + 4 bytes of gradients, one partition more than the 16 MiB credit.
+@settings(
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(s=scenarios())
+@example(
+    s={
+        "forward": [1.0] * 7,
+        "backward": [1.0] * 7,
+        "numel": [1000, 1000, 1000, 1000, 1000, 1043576, 3145729],
+        "tensors_per_layer": 1,
+        "workers": 2,
+        "gbps": 1.0,
+        "latency_us": 0.0,
+        "max_concurrent": 1,
+        "faster": 2.0,
+        "algorithm": "ring",
+    }
+)
 def test_bounds_bytes_and_bandwidth_monotonicity_hold_for_random_jobs(policy: str, s: dict) -> None:
     workload = make_workload(s["forward"], s["backward"], s["numel"], tensors_per_layer=s["tensors_per_layer"])
-    cluster = make_cluster(s["workers"], s["gbps"], s["latency_us"])
-    options = {"max_concurrent": s["max_concurrent"]}
+    cluster = _cluster(s, s["gbps"])
+    options = {"max_concurrent": s["max_concurrent"], "algorithm": s["algorithm"]}
     result = simulate(workload, cluster, policy, 3, 1, options=options, trace=False)
     tolerance = 1e-9 * result.iteration_ms
 
     # compute alone, and the ring's bytes through the bottleneck, are lower bounds
     assert result.iteration_ms >= workload.forward_ms + workload.backward_ms - tolerance
-    bandwidth = s["gbps"] * 1e9 / 8
-    assert (
-        result.iteration_ms >= ring_all_reduce_s(workload.total_bytes, s["workers"], 0.0, bandwidth) * 1e3 - tolerance
-    )
+    if s["algorithm"] == "ring":
+        bandwidth = s["gbps"] * 1e9 / 8
+        ring_s = ring_all_reduce_s(workload.total_bytes, s["workers"], 0.0, bandwidth)
+        assert result.iteration_ms >= ring_s * 1e3 - tolerance
     # ... and so is the fluid-priority ideal
     assert result.iteration_ms >= ideal(workload, cluster, options).iteration_ms - tolerance
 
@@ -60,7 +90,7 @@ def test_bounds_bytes_and_bandwidth_monotonicity_hold_for_random_jobs(policy: st
         assert result.gradient_bytes == workload.total_bytes
 
     # more bandwidth never makes an iteration slower
-    faster = make_cluster(s["workers"], s["gbps"] * s["faster"], s["latency_us"])
+    faster = _cluster(s, s["gbps"] * s["faster"])
     quicker = simulate(workload, faster, policy, 3, 1, options=options, trace=False)
     assert quicker.iteration_ms <= result.iteration_ms + tolerance
 

@@ -17,10 +17,13 @@ need at least ``Σ c_u`` more. Serving the lowest layers first reaches every
 before backward ends, ``B``). The communication of one iteration must end
 before the next iteration's forward reaches the layer, so the bound holds for
 the steady-state period. It implies the simpler bound ``max(F + B + c_0, Σ c)``
-of §5.3 and is tighter whenever compute and transfers interleave. With several link resources
-(``hierarchical``, ``ps``) each resource gives such a bound and the largest
-counts; ``c_t`` takes the cheaper of one all-reduce and a reduce-scatter plus
-all-gather. On a heterogeneous cluster the slowest worker's compute is used.
+of §5.3 and is tighter whenever compute and transfers interleave. With
+several link resources (``hierarchical``, ``ps``) each resource gives such a
+bound and the largest counts, unless collectives run one at a time
+(``max_concurrent=1``): then at most one resource transfers at any moment and
+their work adds up. ``c_t`` takes the cheaper of one all-reduce and a
+reduce-scatter plus all-gather. On a heterogeneous cluster the slowest
+worker's compute is used.
 
 Assumptions it shares with the simulator: ready times and compute times are
 fixed, compute is not slowed by communication, and every collective of the
@@ -101,15 +104,18 @@ def ideal(workload: Workload, cluster: Cluster, options: SimOptions | Mapping[st
     layer_of = list(w.tensor_layer)
     startup = min(comm.first_startup_s("all_reduce"), comm.first_startup_s("reduce_scatter"))
 
+    serial = opts.max_concurrent == 1  # one collective at a time, its phases in turn: one link busy at a time
+
     def per_resource(nbytes: int) -> dict[str, float]:
-        def work(kinds: tuple[str, ...]) -> dict[str, float]:
-            out: dict[str, float] = {}
+        options = []
+        for kinds in (("all_reduce",), ("reduce_scatter", "all_gather")):
+            work: dict[str, float] = {}
             for kind in kinds:
                 for phase in comm.phases(kind, nbytes):
-                    out[phase.resource] = out.get(phase.resource, 0.0) + phase.work_s
-            return out
-
-        one, two = work(("all_reduce",)), work(("reduce_scatter", "all_gather"))
+                    resource = "serial" if serial else phase.resource
+                    work[resource] = work.get(resource, 0.0) + phase.work_s
+            options.append(work)
+        one, two = options
         return {r: min(one.get(r, 0.0), two.get(r, 0.0)) for r in set(one) | set(two)}
 
     works = [per_resource(t.bytes) for t in w.tensors]
