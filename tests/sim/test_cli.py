@@ -94,3 +94,12 @@ def test_every_command_has_help() -> None:
     for command in ("simulate", "compare"):
         code, out = _invoke(command, "--help")
         assert code == 0 and "--model" in out and "--cluster" in out
+
+
+def test_none_is_accepted_only_by_knobs_that_take_it() -> None:
+    code, out = _invoke(
+        "simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-n", "2", "-o", "first_bucket_mb=none"
+    )
+    assert code == 0 and "first_bucket_mb=None" in out, out
+    code, out = _invoke("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-o", "bucket_cap_mb=none")
+    assert code != 0 and "bucket_cap_mb must be a number" in out, out
