@@ -342,7 +342,8 @@ class Simulation:
         else:  # every rank runs its own copy on its own events
             self.agents = []
             for tl in self.timelines:
-                own = scheduler if tl.leader else copy.deepcopy(scheduler, {id(scheduler.plan): scheduler.plan})
+                memo: dict[int, Any] = {id(scheduler.plan): scheduler.plan, id(workload): workload}
+                own = scheduler if tl.leader else copy.deepcopy(scheduler, memo)
                 tl.agent = _Agent(self, own, [tl])
                 self.agents.append(tl.agent)
         self.agent = self.agents[0]
