@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -122,11 +123,12 @@ def _torch_ddp(
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     ddp = nn.parallel.DistributedDataParallel(model, process_group=process_group, find_unused_parameters=True)
     if max_grad_norm is not None:
-        step = optimizer.step
+        step = type(optimizer).step
 
-        def clipped_step(*args: Any, **kwargs: Any) -> Any:
+        def clipped_step(opt: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
             torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            return step(*args, **kwargs)
+            return step(opt, *args, **kwargs)
 
-        optimizer.step = clipped_step  # type: ignore[method-assign]
+        # A method of the optimizer, so LR schedulers can wrap it.
+        optimizer.step = types.MethodType(clipped_step, optimizer)  # type: ignore[method-assign]
     return ddp, optimizer

@@ -113,6 +113,7 @@ class ProphetScheduler(Scheduler):
         self._missing = [len(s) for s, _ in self._stages]
         self._stages_done = 0
         self._draining = False
+        self._new_iteration = False
 
     def _send_block(self, gap_ms: float) -> list[Action]:
         budget_s = gap_ms / 1e3 + self._slack_s
@@ -126,6 +127,10 @@ class ProphetScheduler(Scheduler):
         return out
 
     def on_grad_ready(self, tensor: int) -> Sequence[Action]:
+        if self._new_iteration:
+            # Last iteration's remainder kept draining on completions until now.
+            self._new_iteration = False
+            self._draining = False
         for task in self._of_tensor[tensor]:
             self._queue.push(task)
         k = self._stage_of_tensor[tensor]
@@ -152,7 +157,9 @@ class ProphetScheduler(Scheduler):
         return self._queue.drain() if self._draining else ()
 
     def on_step(self) -> Sequence[Action]:
+        # Keep draining: the iteration's remaining partitions are released by completions
+        # until the next backward begins.
         self._missing = [len(s) for s, _ in self._stages]
         self._stages_done = 0
-        self._draining = False
+        self._new_iteration = True
         return ()

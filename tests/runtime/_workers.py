@@ -1,0 +1,198 @@
+"""Functions run inside spawned gloo ranks by the runtime tests. Results go back through files."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _models as M  # noqa: E402
+
+import commsched  # noqa: E402
+from commsched.runtime.api import parallelize  # noqa: E402
+
+LOSSLESS = ("ddp", "wfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap")
+# Small thresholds so the tiny test model is split into several buckets / groups / partitions.
+SMALL_KNOBS: dict[str, dict[str, Any]] = {
+    "ddp": {"bucket_cap_mb": 0.002, "first_bucket_mb": 0.0005},
+    "horovod": {"fusion_threshold_mb": 0.001, "cycle_time_ms": 0.05},
+    "bytescheduler": {"partition_mb": 0.0004, "credit_mb": 0.001},
+    "prophet": {"partition_mb": 0.0004, "credit_mb": 0.001},
+    "dear": {"threshold_mb": 0.0015},
+    "no_overlap": {"bucket_cap_mb": 0.002},
+    "wfbp": {},
+}
+
+
+def init(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
+    faulthandler.dump_traceback_later(float(os.environ.get("COMMSCHED_TEST_HANG_S", "240")), exit=True)  # a hang fails the test with a stack, never blocks CI
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
+
+
+def _opt_state(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    out = {}
+    for i, st in opt.state_dict()["state"].items():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                out[f"{i}.{k}"] = v.detach().clone()
+    return out
+
+
+def run_policy(policy: str, optname: str, rank: int, steps: int, base: torch.nn.Module, **kw: Any) -> Any:
+    model = M.clone(base)
+    opt = M.make_optimizer(optname, model)
+    knobs = {} if policy == "torch_ddp" else SMALL_KNOBS[policy]
+    wrapped, opt = parallelize(model, opt, policy=policy, **knobs, **kw)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    M.train(wrapped, opt, rank, steps, scheduler=sched, evaluate_every=3)
+    result = (M.snapshot(wrapped), _opt_state(opt))
+    if hasattr(wrapped, "close"):
+        wrapped.close()
+    return result
+
+
+def equivalence(rank: int, world: int, port: int, out: str, optimizers: list[str], steps: int) -> None:
+    """Every lossless policy vs torch_ddp: parameter/buffer and optimizer-state differences."""
+    init(rank, world, port)
+    base = M.fresh()
+    results: dict[str, Any] = {}
+    try:
+        for optname in optimizers:
+            ref, ref_state = run_policy("torch_ddp", optname, rank, steps, base)
+            for policy in LOSSLESS:
+                params, state = run_policy(policy, optname, rank, steps, base)
+                results[f"{policy}/{optname}"] = {
+                    "params": _diff(ref, params),
+                    "state": _diff(ref_state, state) if ref_state else 0.0,
+                    "moved": _diff(M.snapshot(base), params),
+                }
+        # Harness self-check: a run that differs on purpose (other learning rate) must be detected.
+        model = M.clone(base)
+        opt = M.make_optimizer("sgd", model)
+        for g in opt.param_groups:
+            g["lr"] *= 1.01
+        wrapped, opt = parallelize(model, opt, policy="dear")
+        M.train(wrapped, opt, rank, steps)
+        ref, _ = run_policy("torch_ddp", "sgd", rank, steps, base)
+        results["wrong_lr"] = {"params": _diff(ref, M.snapshot(wrapped))}
+        wrapped.close()
+    except Exception:
+        results["error"] = traceback.format_exc()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def features(rank: int, world: int, port: int, out: str) -> None:
+    """Checkpoint/restore, clipping, gradient accumulation, LBFGS refusal."""
+    init(rank, world, port)
+    base = M.fresh()
+    results: dict[str, Any] = {}
+    try:
+        # --- checkpoint after 4 steps, restore into a fresh model, 3 more steps == 7 uninterrupted steps
+        model = M.clone(base)
+        opt = M.make_optimizer("adamw", model)
+        wrapped, opt = parallelize(model, opt, policy="torch_ddp")
+        M.train(wrapped, opt, rank, 7)
+        ref = M.snapshot(wrapped)
+        model = M.clone(base)
+        opt = M.make_optimizer("adamw", model)
+        wrapped, opt = parallelize(model, opt, policy="dear", **SMALL_KNOBS["dear"])
+        M.train(wrapped, opt, rank, 4)
+        ckpt = {"model": wrapped.state_dict(), "opt": opt.state_dict()}
+        wrapped.close()
+        model2 = M.fresh(seed=123)  # different initial weights: everything must come from the checkpoint
+        model2.load_state_dict({k.removeprefix("module."): v for k, v in ckpt["model"].items()})
+        opt2 = M.make_optimizer("adamw", model2)
+        opt2.load_state_dict(ckpt["opt"])
+        wrapped2, opt2 = parallelize(model2, opt2, policy="dear", **SMALL_KNOBS["dear"])
+        M.train(wrapped2, opt2, rank, 3, start=4)
+        results["checkpoint"] = _diff(ref, M.snapshot(wrapped2))
+        wrapped2.close()
+
+        # --- global-norm clipping, every policy vs clip_grad_norm_ on DDP's averaged gradients
+        ref, _ = run_policy("torch_ddp", "sgd", rank, 5, base, max_grad_norm=0.05)
+        for policy in ("ddp", "dear", "bytescheduler"):
+            params, _ = run_policy(policy, "sgd", rank, 5, base, max_grad_norm=0.05)
+            results[f"clip/{policy}"] = _diff(ref, params)
+        unclipped, _ = run_policy("torch_ddp", "sgd", rank, 5, base)
+        results["clip/effect"] = _diff(ref, unclipped)
+
+        # --- gradient accumulation with no_sync(): 2 micro-batches per step
+        def accumulate(policy: str) -> dict[str, torch.Tensor]:
+            model = M.clone(base)
+            opt = M.make_optimizer("sgd", model)
+            knobs = {} if policy == "torch_ddp" else SMALL_KNOBS[policy]
+            wrapped, opt = parallelize(model, opt, policy=policy, **knobs)
+            loss_fn = torch.nn.CrossEntropyLoss()
+            for step in range(5):
+                for micro in range(2):
+                    x, y = M.batch(rank, 10 * step + micro)
+                    if micro == 0:
+                        with wrapped.no_sync():
+                            loss_fn(wrapped(x), y).backward()
+                    else:
+                        loss_fn(wrapped(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+            snap = M.snapshot(wrapped)
+            if hasattr(wrapped, "close"):
+                wrapped.close()
+            return snap
+
+        ref_acc = accumulate("torch_ddp")
+        for policy in ("ddp", "dear", "prophet"):
+            results[f"accumulate/{policy}"] = _diff(ref_acc, accumulate(policy))
+
+        # --- an optimizer that cannot be split per layer is refused clearly
+        model = M.clone(base)
+        try:
+            parallelize(model, torch.optim.LBFGS(model.parameters()), policy="dear")
+            results["lbfgs"] = "accepted"
+        except commsched.errors.UnsupportedError as exc:
+            results["lbfgs"] = str(exc)
+    except Exception:
+        results["error"] = traceback.format_exc()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def crash(rank: int, world: int, port: int, out: str, policy: str) -> None:
+    """Rank 1 dies in its 4th backward; the others must fail with a clear error, in bounded time."""
+    init(rank, world, port, timeout_s=20)
+    model = M.fresh()
+    opt = M.make_optimizer("sgd", model)
+    wrapped, opt = parallelize(model, opt, policy=policy, timeout_s=20, **SMALL_KNOBS[policy])
+    loss_fn = torch.nn.CrossEntropyLoss()
+    start = time.monotonic()
+    outcome = "finished"
+    try:
+        for step in range(8):
+            x, y = M.batch(rank, step)
+            loss = loss_fn(wrapped(x), y)
+            if rank == 1 and step == 3:
+                os._exit(17)  # a crashed peer: no clean-up, sockets just close
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        wrapped(x)  # flush the last deferred update
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"outcome": outcome, "seconds": time.monotonic() - start}))
+    os._exit(0)

@@ -1,0 +1,39 @@
+"""Spawning helpers for multi-process (gloo, CPU) runtime tests."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(fn: Callable[..., None], world: int, tmp_path: Path, *args: Any, timeout_s: float = 300) -> list[dict]:
+    """Run ``fn(rank, world, port, out_dir, *args)`` in ``world`` processes; return each rank's JSON result."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=fn, args=(r, world, port, str(tmp_path), *args)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout_s)
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    results = []
+    for r in range(world):
+        f = tmp_path / f"rank{r}.json"
+        results.append(json.loads(f.read_text()) if f.exists() else {"missing": f"rank {r} wrote no result"})
+    return results

@@ -1,0 +1,55 @@
+"""Checkpoint/restore, gradient clipping, gradient accumulation, unsupported optimizers, crashed peers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from conftest import spawn
+
+import _workers as W
+
+pytestmark = pytest.mark.multiproc
+TOL = 1e-5  # same reasoning as test_equivalence
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    res = spawn(W.features, 2, Path(tmp_path_factory.mktemp("features")))
+    for r in res:
+        assert "error" not in r, r.get("error")
+        assert "missing" not in r, r
+    return res
+
+
+def test_checkpoint_restore_continue_equals_uninterrupted_training(results: list[dict]) -> None:
+    for res in results:
+        assert res["checkpoint"] < TOL
+
+
+@pytest.mark.parametrize("policy", ["ddp", "dear", "bytescheduler"])
+def test_max_grad_norm_equals_clip_grad_norm_on_ddp_gradients(results: list[dict], policy: str) -> None:
+    for res in results:
+        assert res["clip/effect"] > 100 * TOL, "clipping must change the result, or the test proves nothing"
+        assert res[f"clip/{policy}"] < TOL
+
+
+@pytest.mark.parametrize("policy", ["ddp", "dear", "prophet"])
+def test_no_sync_gradient_accumulation_matches_ddp(results: list[dict], policy: str) -> None:
+    for res in results:
+        assert res[f"accumulate/{policy}"] < TOL
+
+
+def test_lbfgs_is_refused_with_a_clear_error(results: list[dict]) -> None:
+    for res in results:
+        assert "LBFGS" in res["lbfgs"] and "per layer" in res["lbfgs"]
+
+
+@pytest.mark.parametrize("policy", ["dear", "bytescheduler"])
+def test_killed_rank_ends_the_others_with_a_clear_error_in_bounded_time(tmp_path: Path, policy: str) -> None:
+    res = spawn(W.crash, 3, tmp_path, policy, timeout_s=120)
+    assert "missing" in res[1]  # the killed rank wrote nothing
+    for rank in (0, 2):
+        assert "missing" not in res[rank], f"rank {rank} hung"
+        assert res[rank]["outcome"].startswith("RuntimeCommError"), res[rank]["outcome"]
+        assert res[rank]["seconds"] < 90
