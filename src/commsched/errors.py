@@ -93,7 +93,7 @@ def spec_error_from_pydantic(source: str, exc: Any) -> SpecError:
         else:
             message = err["msg"]
             if message.startswith("Value error, "):
-                message = message[len("Value error, "):]
+                message = message[len("Value error, ") :]
         if err["type"] in ("missing", "value_error", "assertion_error"):
             # our own validators already name the offending value
             problems.append(f"{format_path(loc)}: {message}")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import spawn
 
 import _workers as W
+from conftest import spawn
 
 pytestmark = pytest.mark.multiproc
 TOL = 1e-5  # same reasoning as test_equivalence

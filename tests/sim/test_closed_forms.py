@@ -11,10 +11,11 @@ state both are the period, so the formulas compare directly.
 from __future__ import annotations
 
 import pytest
-from sim_builders import make_cluster, make_workload
 
 from commsched.sim import simulate
 from commsched.sim.ideal import fluid_priority_s, ideal
+
+from sim_builders import make_cluster, make_workload
 
 FWD = [3.0, 1.0, 4.0, 1.5, 5.0, 2.0]
 BWD = [2.0, 6.0, 1.0, 3.0, 2.5, 4.0]

@@ -3,7 +3,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from sim_builders import make_cluster
 
 from commsched.errors import SpecError
 from commsched.sim.costs import (
@@ -15,6 +14,8 @@ from commsched.sim.costs import (
     ring_reduce_scatter_s,
     tree_all_reduce_s,
 )
+
+from sim_builders import make_cluster
 
 MB = 1e6
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
-from sim_builders import make_cluster, make_workload
 
 from commsched.cluster import Cluster
 from commsched.schedule import LOSSLESS, POLICIES
@@ -13,11 +12,9 @@ from commsched.sim import simulate
 from commsched.sim.costs import ring_all_reduce_s
 from commsched.sim.ideal import ideal
 
-PROPHET_BUG = pytest.mark.xfail(
-    reason="prophet.on_step clears the drain flag while update='forward' partitions are still queued: deadlock",
-    strict=False,
-)
-POLICY_PARAMS = [pytest.param(p, marks=PROPHET_BUG) if p == "prophet" else p for p in sorted(POLICIES)]
+from sim_builders import make_cluster, make_workload
+
+POLICY_PARAMS = sorted(POLICIES)
 
 
 @st.composite
@@ -101,7 +98,7 @@ def test_every_lossless_policy_moves_the_same_gradient_bytes_on_a_zoo_model() ->
     workload = zoo.load("resnet18")
     cluster = make_cluster(8, 10.0, 20.0)
     moved = {}
-    for policy in sorted(LOSSLESS - {"prophet"}):
+    for policy in sorted(LOSSLESS):
         moved[policy] = simulate(workload, cluster, policy, 2, 1, trace=False).gradient_bytes
     assert set(moved.values()) == {workload.total_bytes}
 

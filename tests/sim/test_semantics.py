@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import pytest
-from sim_builders import make_cluster, make_workload
 
 from commsched.errors import ScheduleError
 from commsched.schedule import Action, Launch, NetworkEstimate, Plan, Scheduler, Wait, build_scheduler
@@ -17,6 +16,8 @@ from commsched.sim import SimOptions, Simulation, simulate
 from commsched.sim.costs import CommModel
 from commsched.trace import Trace, TraceEvent
 from commsched.workload import Workload
+
+from sim_builders import make_cluster, make_workload
 
 FWD = [2.0, 3.0, 1.0, 2.0]
 BWD = [4.0, 2.0, 3.0, 1.0]

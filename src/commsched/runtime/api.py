@@ -119,7 +119,10 @@ def parallelize(
 
 
 def _torch_ddp(
-    model: nn.Module, optimizer: torch.optim.Optimizer, process_group: dist.ProcessGroup | None, max_grad_norm: float | None
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    process_group: dist.ProcessGroup | None,
+    max_grad_norm: float | None,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     ddp = nn.parallel.DistributedDataParallel(model, process_group=process_group, find_unused_parameters=True)
     if max_grad_norm is not None:

@@ -119,20 +119,23 @@ class Engine:
         self._t0 = time.perf_counter()
 
         # ---- parameters: unique, trainable, grouped by their first owning module ----
-        owners: dict[int, nn.Module] = {}
+        # A shared (tied) parameter belongs to the first module that runs it in forward; until
+        # the order is recorded, to the first that holds it.
+        self._holders: dict[int, list[nn.Module]] = {}
         names: dict[int, str] = {}
-        for mname, mod in module.named_modules():
+        for mname, mod in module.named_modules(remove_duplicate=False):
             for pname, p in mod.named_parameters(recurse=False):
-                if p.requires_grad and id(p) not in owners:
-                    owners[id(p)] = mod
-                    names[id(p)] = f"{mname}.{pname}" if mname else pname
+                if p.requires_grad and mod not in self._holders.setdefault(id(p), []):
+                    self._holders[id(p)].append(mod)
+                    names.setdefault(id(p), f"{mname}.{pname}" if mname else pname)
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._param_name = names
-        self._modules = list(dict.fromkeys(owners[id(p)] for p in self._params))
-        self._params_of_module: dict[int, list[nn.Parameter]] = {id(m): [] for m in self._modules}
-        for p in self._params:
-            self._params_of_module[id(owners[id(p)])].append(p)
+        self._modules = list(dict.fromkeys(m for p in self._params for m in self._holders[id(p)]))
         self._module_names = {id(m): n for n, m in module.named_modules()}
+        # Every module with parameters below it gets a forward pre-hook: a module whose parameters
+        # are used by a parent without calling its forward (e.g. MultiheadAttention.out_proj)
+        # is updated when that parent starts.
+        self._hooked = [m for m in module.modules() if any(True for _ in m.parameters())]
 
         # ---- process groups: data collectives on the agent thread, control on its own ----
         timeout = timedelta(seconds=timeout_s)
@@ -144,8 +147,9 @@ class Engine:
         # Start from identical replicas, as DDP does.
         with torch.no_grad():
             for t in itertools.chain(module.parameters(), module.buffers()):
-                dist.broadcast(t.data, src=dist.get_global_rank(process_group, 0) if process_group else 0,
-                               group=process_group)
+                dist.broadcast(
+                    t.data, src=dist.get_global_rank(process_group, 0) if process_group else 0, group=process_group
+                )
 
         # ---- per-iteration state ----
         self._iteration = 0  # number of optimizer steps taken
@@ -162,7 +166,7 @@ class Engine:
         self._pending: dict[int, int] = {}  # layer -> gen of the gradients waiting to be applied
         self._hyper: list[dict[str, Any]] = []
         self._clip_coef = 1.0
-        self._forward_order: list[int] = []  # module positions, first call order (recorded)
+        self._forward_order: list[int] = []  # positions in self._hooked, first-call order (recorded)
         self._forward_times: dict[int, float] = {}
         self._ready_times: dict[int, float] = {}
         self._ar_seconds: list[float] = []
@@ -197,9 +201,22 @@ class Engine:
     def _provisional_workload(self) -> Workload:
         return self._workload(list(range(len(self._modules))), {}, {})
 
-    def _workload(self, order: list[int], fwd_ms: dict[int, float], ready_ms: dict[int, float]) -> Workload:
+    def _workload(
+        self,
+        order: list[int],
+        fwd_ms: dict[int, float],
+        ready_ms: dict[int, float],
+        triggers: dict[int, int] | None = None,
+    ) -> Workload:
         """A Workload of the live model: layers in ``order``, tensors as registered."""
         self._layer_modules = [self._modules[i] for i in order]
+        self._layers_of_hook: dict[int, list[int]] = {}
+        for li, pos in enumerate(order):
+            trigger = self._hooked.index(self._modules[pos]) if triggers is None else triggers[pos]
+            self._layers_of_hook.setdefault(trigger, []).append(li)
+        rank_of = {id(m): k for k, m in enumerate(self._layer_modules)}
+        first = {id(p): min(self._holders[id(p)], key=lambda m: rank_of[id(m)]) for p in self._params}
+        self._params_of_module = {id(m): [p for p in self._params if first[id(p)] is m] for m in self._modules}
         self._tensor_params: list[nn.Parameter] = []
         layers = []
         for pos in order:
@@ -212,7 +229,7 @@ class Engine:
                     Tensor(
                         name=self._param_name[id(p)],
                         numel=p.numel(),
-                        dtype=_DTYPE_NAMES.get(p.dtype, "fp32"),  # type: ignore[arg-type]
+                        dtype=_DTYPE_NAMES.get(p.dtype, "fp32"),
                         shape=tuple(p.shape),
                     )
                 )
@@ -227,7 +244,6 @@ class Engine:
                     grad_ready_ms=tuple(ready) if ready_ms else None,
                 )
             )
-        self._layer_of_module = {id(m): li for li, m in enumerate(self._layer_modules)}
         self._tensor_of_param = {id(p): ti for ti, p in enumerate(self._tensor_params)}
         return Workload(
             model=type(self.module).__name__,
@@ -271,18 +287,21 @@ class Engine:
         """After the warm-up: rank 0's measured order and timings, shared, define the real plan."""
         payload: list[Any] = [None]
         if self.rank == 0:
-            order = list(dict.fromkeys(self._forward_order))
-            order += [i for i in range(len(self._modules)) if i not in order]  # never called: at the end
+            called = {h: k for k, h in enumerate(dict.fromkeys(self._forward_order))}
+            triggers = {pos: self._trigger_of(mod, called) for pos, mod in enumerate(self._modules)}
+            never = len(self._hooked)  # modules used by nothing that ran: at the end
+            order = sorted(range(len(self._modules)), key=lambda pos: (called.get(triggers[pos], never), pos))
             ready = self._ready_by_index()
-            times = [self._forward_times[pos] for pos in order if pos in self._forward_times]
+            times = [self._forward_times[triggers[pos]] for pos in order if triggers[pos] in self._forward_times]
             fwd_ms = {pos: (b - a) * 1e3 for pos, a, b in zip(order, times, times[1:], strict=False)}
             bw = None
             if self._ar_seconds and self.world > 1:
                 nbytes = sum(p.numel() * p.element_size() for p in self._params)
                 bw = 2 * (self.world - 1) / self.world * nbytes / max(min(self._ar_seconds), 1e-9)
-            payload = [(order, fwd_ms, ready, bw)]
-        dist.broadcast_object_list(payload, src=0, group=self._ctrl_pg)
-        order, fwd, ready_idx, bw = payload[0]
+            payload = [(order, triggers, fwd_ms, ready, bw)]
+        with self._peers("sharing the warm-up profile"):
+            dist.broadcast_object_list(payload, src=0, group=self._ctrl_pg)
+        order, triggers, fwd, ready_idx, bw = payload[0]
         if self.network is None and bw is not None:
             self.network = NetworkEstimate(self.world, bw)
         ready = {id(self._params[i]): t for i, t in ready_idx.items()}
@@ -291,21 +310,36 @@ class Engine:
         self._events.put(("sync", 0, self._gen))
         if not self._synced.wait(self.timeout_s):
             raise RuntimeCommError(f"rank {self.rank}: communication thread did not reach the plan switch")
-        self._setup_plan(self._workload(order, fwd, ready), self.policy, self.options)
+        self._setup_plan(self._workload(order, fwd, ready, triggers), self.policy, self.options)
         self._events.put(("resume", 0, self._gen))
+
+    def _trigger_of(self, mod: nn.Module, called: dict[int, int]) -> int:
+        """The hooked module whose forward start applies ``mod``'s update: itself, else its nearest called ancestor."""
+        idx = self._hooked.index(mod)
+        if idx in called:
+            return idx
+        name = self._module_names.get(id(mod), "")
+        while "." in name:
+            name = name.rsplit(".", 1)[0]
+            parent = self.module.get_submodule(name)
+            if parent in self._hooked and self._hooked.index(parent) in called:
+                return self._hooked.index(parent)
+        return idx
 
     def _ready_by_index(self) -> dict[int, float]:
         """Measured gradient-ready offsets (ms from the first), keyed by position in ``self._params``."""
         if not self._ready_times:
             return {}
         t0 = min(self._ready_times.values())
-        return {i: (self._ready_times[id(p)] - t0) * 1e3 for i, p in enumerate(self._params) if id(p) in self._ready_times}
+        return {
+            i: (self._ready_times[id(p)] - t0) * 1e3 for i, p in enumerate(self._params) if id(p) in self._ready_times
+        }
 
     # ----------------------------------------------------------------- hooks
 
     def _install_hooks(self) -> None:
         self._handles = []
-        for pos, mod in enumerate(self._modules):
+        for pos, mod in enumerate(self._hooked):
             self._handles.append(mod.register_forward_pre_hook(self._make_pre_hook(pos)))
         for p in self._params:
             self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
@@ -317,6 +351,10 @@ class Engine:
 
         return hook
 
+    def _recording(self) -> bool:
+        """The last warm-up iteration records forward order and gradient-ready times."""
+        return self._iteration == self.warmup_iters - 1 and self._active_policy == "no_overlap"
+
     def begin_forward(self) -> None:
         """Called by the wrapper before every forward: flush for evaluation, sync buffers."""
         self._check_error()
@@ -327,7 +365,8 @@ class Engine:
             if bufs:
                 src = dist.get_global_rank(self.group, 0) if self.group else 0
                 flat = torch.cat([b.detach().reshape(-1).to(torch.float64) for b in bufs])
-                dist.broadcast(flat, src=src, group=self.group)
+                with self._peers("synchronising buffers"):
+                    dist.broadcast(flat, src=src, group=self.group)
                 with torch.no_grad():
                     offset = 0
                     for b in bufs:
@@ -342,14 +381,13 @@ class Engine:
         if not torch.is_grad_enabled():
             return
         now = time.perf_counter()
-        if self._iteration == self.warmup_iters - 1 and self._active_policy == "no_overlap":
-            if pos not in self._forward_times:
-                self._forward_order.append(pos)
-                self._forward_times[pos] = now
-        layer = self._layer_of_module[id(mod)]
-        self._post("forward_pre", layer)
-        if layer in self._pending:
-            self._apply_pending([layer])
+        if self._recording() and pos not in self._forward_times:
+            self._forward_order.append(pos)
+            self._forward_times[pos] = now
+        for layer in self._layers_of_hook.get(pos, ()):
+            self._post("forward_pre", layer)
+            if layer in self._pending:
+                self._apply_pending([layer])
 
     def _on_grad(self, p: torch.Tensor) -> None:
         if not self._sync:
@@ -358,7 +396,7 @@ class Engine:
         if not self._in_backward:
             self._begin_backward()
         t = self._tensor_of_param[id(p)]
-        if self._iteration == self.warmup_iters - 1 and self._active_policy == "no_overlap":
+        if self._recording():
             self._ready_times[id(p)] = time.perf_counter()
         self._fill(t, p.grad)
         self._got_grad_gen[t] = self._gen
@@ -371,7 +409,7 @@ class Engine:
             self._post("flush", 0)
             self._apply_pending(sorted(self._pending))
         self._gen += 1
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)  # type: ignore[attr-defined]
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
 
     def _end_backward(self) -> None:
         for t in range(len(self._tensor_params)):
@@ -454,7 +492,8 @@ class Engine:
                 shard = self._slots[task.id].shard
                 assert shard is not None
                 sq += shard.double().div(self.world).pow(2).sum()
-            dist.all_reduce(sq, group=self._ctrl_pg)
+            with self._peers("reducing the gradient norm"):
+                dist.all_reduce(sq, group=self._ctrl_pg)
         else:
             for t in range(len(self._tensor_params)):
                 if self._got_grad_gen[t] == self._gen:
@@ -470,7 +509,7 @@ class Engine:
         if not todo:
             return
         params: list[torch.Tensor] = []
-        saved: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        saved: list[tuple[nn.Parameter, torch.Tensor | None]] = []
         for li in todo:
             gen = self._pending.pop(li)
             for task_id in self.plan.final_tasks_of_layer[li]:
@@ -663,8 +702,15 @@ class Engine:
                 end = time.perf_counter()
                 if self.trace is not None:
                     self.trace.add(
-                        TraceEvent(task.name, task.kind, self.rank, launched.start_s - self._t0, end - self._t0,
-                                   task.bytes, launched.gen)
+                        TraceEvent(
+                            task.name,
+                            task.kind,
+                            self.rank,
+                            launched.start_s - self._t0,
+                            end - self._t0,
+                            task.bytes,
+                            launched.gen,
+                        )
                     )
                 with self._cond:
                     self._cond.notify_all()
@@ -692,6 +738,17 @@ class Engine:
             raise
         except Exception as exc:
             raise RuntimeCommError(f"rank {self.rank}: {self.plan.tasks[task_id].name} failed: {exc}") from exc
+
+    @contextmanager
+    def _peers(self, what: str) -> Iterator[None]:
+        """Collectives issued by the training thread: a failing peer becomes a RuntimeCommError."""
+        self._check_error()
+        try:
+            yield
+        except RuntimeCommError:
+            raise
+        except RuntimeError as exc:
+            raise RuntimeCommError(f"rank {self.rank}: {what} failed, a peer may have crashed: {exc}") from exc
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
