@@ -27,7 +27,8 @@ def small_cnn(num_classes: int = 10) -> nn.Module:
 
     return nn.Sequential(
         block(3, 32), block(32, 64), nn.MaxPool2d(2), block(64, 128), block(128, 128), nn.MaxPool2d(2),
-        block(128, 256), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, num_classes),
+        block(128, 256), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, num_classes),
     )  # fmt: skip
 
 
