@@ -1,0 +1,236 @@
+"""The policies as state machines: events in, actions out (no simulator, no torch)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from commsched.errors import ScheduleError
+from commsched.schedule import POLICIES, Launch, NetworkEstimate, Plan, Wait, build_scheduler, knobs
+from commsched.schedule.base import CommTask, Segment
+from commsched.schedule.prophet import find_stages
+from commsched.workload import Workload
+
+MiB = 1024 * 1024
+NET = NetworkEstimate(4, 1.25e8, 0.0)  # 1 Gbit/s, no latency
+
+
+def workload(sizes: list[int], backward_ms: list[float] | None = None, ready: list[float] | None = None) -> Workload:
+    """One tensor per layer; ``sizes`` in elements (fp32), forward order."""
+    layers = []
+    for i, n in enumerate(sizes):
+        layer = {
+            "name": f"l{i}",
+            "forward_ms": 1.0,
+            "backward_ms": (backward_ms or [1.0] * len(sizes))[i],
+            "tensors": [{"name": f"w{i}", "numel": n}],
+        }
+        if ready is not None:
+            layer["grad_ready_ms"] = [ready[i]]
+        layers.append(layer)
+    return Workload.from_dict(
+        {
+            "model": "t",
+            "batch_size": 1,
+            "device": "x",
+            "provenance": {"kind": "estimated", "source": "t"},
+            "layers": layers,
+        }
+    )
+
+
+def backward(scheduler, n: int) -> list:
+    """Deliver one backward (tensors ready last to first), backward_done and step; return all actions."""
+    out = []
+    for t in reversed(range(n)):
+        out += scheduler.on_grad_ready(t)
+    out += scheduler.on_backward_done()
+    out += scheduler.on_step()
+    return out
+
+
+def launched(actions: list) -> list[int]:
+    return [a.task for a in actions if isinstance(a, Launch)]
+
+
+def test_ddp_buckets_in_ready_order_with_a_small_first_bucket() -> None:
+    w = workload([MiB // 4] * 8)  # 1 MiB each
+    s = build_scheduler("ddp", w, NET, bucket_cap_mb=3, first_bucket_mb=1)
+    groups = [t.tensors for t in s.plan.tasks]
+    assert groups == [(7,), (6, 5, 4), (3, 2, 1), (0,)]
+    assert launched(backward(s, 8)) == [0, 1, 2, 3]
+    assert s.plan.update == "step"
+
+
+def test_ddp_launches_buckets_in_index_order_even_if_a_later_one_fills_first() -> None:
+    w = workload([10, 10, 10, 10])
+    s = build_scheduler("ddp", w, NET, bucket_cap_mb=40 / MiB, first_bucket_mb=None)
+    assert [t.tensors for t in s.plan.tasks] == [(3,), (2,), (1,), (0,)]
+    assert launched(s.on_grad_ready(2)) == []  # bucket 1 full, bucket 0 not yet: wait
+    assert launched(s.on_grad_ready(3)) == [0, 1]
+
+
+def test_wfbp_launches_one_all_reduce_per_tensor_when_ready() -> None:
+    s = build_scheduler("wfbp", workload([5, 6, 7]), NET)
+    assert launched(backward(s, 3)) == [2, 1, 0]
+
+
+def test_dear_reduce_scatters_in_backward_and_gathers_one_group_ahead_in_forward() -> None:
+    w = workload([MiB // 4] * 6)  # 1 MiB per layer
+    s = build_scheduler("dear", w, NET, threshold_mb=2.5)  # groups of 2 layers: [0,1] [2,3] [4,5]
+    kinds = [t.kind for t in s.plan.tasks]
+    assert kinds == ["reduce_scatter", "all_gather"] * 3
+    # backward: RS of the last group first; nothing gathered yet
+    acts = []
+    for t in reversed(range(6)):
+        acts += s.on_grad_ready(t)
+    assert launched(acts) == [4, 2, 0]
+    assert launched(s.on_step()) == [1]  # AG(0) at step
+    assert launched(s.on_forward_pre(0)) == [3]  # first layer of group 0: AG(1)
+    assert launched(s.on_forward_pre(1)) == []  # same group: nothing new
+    assert launched(s.on_forward_pre(2)) == [5]  # group 1: AG(2)
+    assert launched(s.on_forward_pre(4)) == []
+    assert s.plan.update == "forward"
+    assert s.plan.final_tasks_of_layer[3] == (3,)
+
+
+def test_dear_settles_gathers_the_forward_skipped_before_the_next_backward() -> None:
+    w = workload([MiB // 4] * 4)
+    s = build_scheduler("dear", w, NET, threshold_mb=1.5)  # one group per layer
+    backward(s, 4)
+    # the forward only reached layer 0, so AG(2), AG(3) are still owed when backward begins
+    s.on_forward_pre(0)
+    acts = s.on_grad_ready(3)
+    assert launched(acts)[:2] == [5, 7] and launched(acts)[2] == 6
+
+
+def test_dear_flush_launches_every_owed_gather() -> None:
+    s = build_scheduler("dear", workload([MiB // 4] * 3), NET, threshold_mb=1.5)
+    backward(s, 3)
+    assert launched(s.on_flush()) == [3, 5]
+
+
+def test_bytescheduler_front_layers_overtake_queued_partitions_but_not_in_flight_ones() -> None:
+    w = workload([MiB // 4] * 4)  # 1 MiB per tensor
+    s = build_scheduler("bytescheduler", w, NET, partition_mb=0.5, credit_mb=1)  # 2 partitions per tensor
+    assert s.uses_completions
+    assert launched(s.on_grad_ready(3)) == [6, 7]  # 1 MiB in flight: the window is full
+    assert launched(s.on_grad_ready(2)) == []  # queued behind the window
+    assert launched(s.on_grad_ready(1)) == []
+    assert launched(s.on_grad_ready(0)) == []
+    # as credit returns, tensor 0 (nearest the input) goes first, then 1, then 2
+    assert launched(s.on_comm_done(6)) == [0]
+    assert launched(s.on_comm_done(7)) == [1]
+    assert launched(s.on_comm_done(0)) == [2]
+    assert launched(s.on_comm_done(1)) == [3]
+    assert launched(s.on_comm_done(2)) == [4]
+
+
+def test_bytescheduler_drains_everything_through_completions() -> None:
+    w = workload([MiB // 4] * 3)
+    s = build_scheduler("bytescheduler", w, NET, partition_mb=0.25, credit_mb=0.5)
+    pending = launched(backward(s, 3))
+    seen = list(pending)
+    while pending:
+        nxt = launched(s.on_comm_done(pending.pop(0)))
+        pending += nxt
+        seen += nxt
+    assert sorted(seen) == list(range(len(s.plan.tasks)))
+
+
+def test_prophet_finds_stages_at_large_gaps() -> None:
+    # ready times: burst at 0-2 ms, gap, burst at 20-21 ms, gap, 40 ms
+    w = workload([10] * 6, ready=[40, 21, 20, 2, 1, 0])
+    stages = find_stages(w, 2.0)
+    assert [sorted(s) for s, _ in stages] == [[3, 4, 5], [1, 2], [0]]
+    assert [round(g) for _, g in stages] == [18, 19, 0]
+
+
+def test_prophet_sends_a_block_that_fits_the_gap_then_drains_with_credit() -> None:
+    # 3 stages; 1 Gbit/s and 4 workers: 1 MiB costs 2*(3/4)*1 MiB / 125 MB/s = 12.6 ms
+    w = workload([MiB // 4] * 4, ready=[40, 20, 20, 0])
+    s = build_scheduler("prophet", w, NET, partition_mb=1, credit_mb=3, gap_factor=1.0)
+    first = launched(s.on_grad_ready(3))  # stage 0 complete: gap 20 ms fits one 12.6 ms partition
+    assert first == [3]
+    assert launched(s.on_grad_ready(2)) == []  # stage 1 not complete yet
+    assert launched(s.on_grad_ready(1)) == [1]  # stage 1 complete: the front-most pending partition first
+    # last stage: credit window (3 MiB, 2 in flight), priority order, then completions release the rest
+    assert launched(s.on_grad_ready(0)) == [0]
+    assert launched(s.on_step()) == []
+    assert launched(s.on_comm_done(3)) == [2]  # still draining after step(): nothing is left behind
+
+
+def test_every_policy_rejects_unknown_knobs_with_the_known_ones() -> None:
+    w = workload([10])
+    for name in POLICIES:
+        with pytest.raises(ScheduleError, match="unknown option"):
+            build_scheduler(name, w, NET, bogus=1)
+    with pytest.raises(ScheduleError, match="known: "):
+        build_scheduler("nope", w, NET)
+    assert "threshold_mb" in knobs("dear")
+
+
+def test_plan_check_rejects_a_plan_that_loses_gradient_elements() -> None:
+    w = workload([10, 10])
+    task = CommTask(0, "all_reduce", (Segment(0, 0, 10), Segment(1, 0, 5)), 60, "bad")
+    with pytest.raises(ScheduleError, match="5 of 10 elements reduced"):
+        Plan("bad", w, (task,), "step")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 300_000), min_size=1, max_size=12),
+    policy=st.sampled_from(sorted(POLICIES)),
+    scale=st.floats(0.01, 4.0),
+)
+def test_every_policy_launches_every_task_exactly_once_per_iteration(
+    sizes: list[int], policy: str, scale: float
+) -> None:
+    """Over three iterations, with completions answered in launch order and Waits honoured."""
+    w = workload(sizes, backward_ms=[1.0 + (i % 3) for i in range(len(sizes))])
+    options = {
+        "ddp": {"bucket_cap_mb": scale},
+        "horovod": {"fusion_threshold_mb": scale},
+        "bytescheduler": {"partition_mb": scale / 4, "credit_mb": scale},
+        "prophet": {"partition_mb": scale / 4, "credit_mb": scale},
+        "dear": {"threshold_mb": scale},
+        "no_overlap": {},
+        "wfbp": {},
+    }[policy]
+    s = build_scheduler(policy, w, NET, **options)
+    n_tasks = len(s.plan.tasks)
+    in_flight: list[int] = []
+
+    def run(actions) -> list[int]:
+        out = []
+        queue = list(actions)
+        while queue:
+            a = queue.pop(0)
+            if isinstance(a, Launch):
+                out.append(a.task)
+                in_flight.append(a.task)
+            elif isinstance(a, Wait):
+                assert a.task in in_flight
+        if s.uses_completions:
+            while in_flight:
+                done = in_flight.pop(0)
+                out += run(s.on_comm_done(done))
+        else:
+            in_flight.clear()
+        return out
+
+    for _ in range(3):
+        seen = []
+        for li in range(len(w.layers)):
+            seen += run(s.on_forward_pre(li))
+        for t in reversed(range(len(w.tensors))):
+            seen += run(s.on_grad_ready(t))
+        seen += run(s.on_backward_done())
+        seen += run(s.on_step())
+        seen += run(s.on_flush())
+        if policy == "dear":
+            # gathers of this step are launched in the next forward / flush: count RS here, AG next
+            assert sorted(t for t in seen if s.plan.tasks[t].kind == "reduce_scatter") == list(range(0, n_tasks, 2))
+        else:
+            assert sorted(seen) == list(range(n_tasks)), (policy, seen)
