@@ -165,6 +165,23 @@ def features(rank: int, world: int, port: int, out: str) -> None:
         for policy in ("ddp", "dear", "prophet"):
             results[f"accumulate/{policy}"] = _diff(ref_acc, accumulate(policy))
 
+        # --- the measured trace has the simulator's schema and the plan's task names
+        model = M.clone(base)
+        opt = M.make_optimizer("sgd", model)
+        wrapped, opt = parallelize(model, opt, policy="dear", trace=True, **SMALL_KNOBS["dear"])
+        M.train(wrapped, opt, rank, 4)
+        wrapped.flush()
+        trace = wrapped.trace
+        plan_names = {t.name for t in wrapped.engine.plan.tasks}
+        comm = [e for e in trace.events if e.kind in ("reduce_scatter", "all_gather")]
+        results["trace"] = {
+            "kinds": sorted({e.kind for e in trace.events}),
+            "comm_names_in_plan": bool(comm) and all(e.task in plan_names for e in comm),
+            "ordered": all(e.end_s >= e.start_s for e in trace.events),
+            "layers": sorted({e.task for e in trace.events if e.kind == "forward"}),
+        }
+        wrapped.close()
+
         # --- an optimizer that cannot be split per layer is refused clearly
         model = M.clone(base)
         try:

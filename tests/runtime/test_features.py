@@ -40,6 +40,14 @@ def test_no_sync_gradient_accumulation_matches_ddp(results: list[dict], policy: 
         assert res[f"accumulate/{policy}"] < TOL
 
 
+def test_measured_trace_uses_the_simulator_schema_and_plan_task_names(results: list[dict]) -> None:
+    for res in results:
+        trace = res["trace"]
+        assert {"forward", "backward", "reduce_scatter", "all_gather"} <= set(trace["kinds"])
+        assert trace["comm_names_in_plan"] and trace["ordered"]
+        assert {"emb", "body", "bn", "head"} <= set(trace["layers"])
+
+
 def test_lbfgs_is_refused_with_a_clear_error(results: list[dict]) -> None:
     for res in results:
         assert "LBFGS" in res["lbfgs"] and "per layer" in res["lbfgs"]

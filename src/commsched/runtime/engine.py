@@ -166,6 +166,7 @@ class Engine:
         self._pending: dict[int, int] = {}  # layer -> gen of the gradients waiting to be applied
         self._hyper: list[dict[str, Any]] = []
         self._clip_coef = 1.0
+        self._open_compute: tuple[str, int, float] | None = None  # trace: (kind, layer, start)
         self._forward_order: list[int] = []  # positions in self._hooked, first-call order (recorded)
         self._forward_times: dict[int, float] = {}
         self._ready_times: dict[int, float] = {}
@@ -384,6 +385,8 @@ class Engine:
         if self._recording() and pos not in self._forward_times:
             self._forward_order.append(pos)
             self._forward_times[pos] = now
+        if self.trace is not None:
+            self._trace_compute("forward", self._layers_of_hook.get(pos, ()), now)
         for layer in self._layers_of_hook.get(pos, ()):
             self._post("forward_pre", layer)
             if layer in self._pending:
@@ -396,12 +399,29 @@ class Engine:
         if not self._in_backward:
             self._begin_backward()
         t = self._tensor_of_param[id(p)]
+        if self.trace is not None:
+            self._trace_compute("backward", (self.plan.workload.tensor_layer[t],), time.perf_counter())
         if self._recording():
             self._ready_times[id(p)] = time.perf_counter()
         self._fill(t, p.grad)
         self._got_grad_gen[t] = self._gen
         self._mark_ready(t)
         self._post("grad_ready", t)
+
+    def _trace_compute(self, kind: str, layers: Sequence[int], now: float) -> None:
+        """Close the open compute interval at ``now``; open one for the first of ``layers`` (if any)."""
+        if not layers or (self._open_compute is not None and self._open_compute[:2] == (kind, layers[0])):
+            return
+        assert self.trace is not None
+        if self._open_compute is not None:
+            open_kind, layer, start = self._open_compute
+            self.trace.add(
+                TraceEvent(
+                    self.plan.workload.layers[layer].name, open_kind, self.rank, start - self._t0, now - self._t0,
+                    0, self._iteration,
+                )
+            )  # fmt: skip
+        self._open_compute = (kind, layers[0], now)
 
     def _begin_backward(self) -> None:
         self._in_backward = True
@@ -419,6 +439,9 @@ class Engine:
                 self._post("grad_ready", t)
         self._post("backward_done", 0)
         self._in_backward = False
+        if self.trace is not None and self._open_compute is not None:
+            self._trace_compute("backward", (-1,), time.perf_counter())
+            self._open_compute = None
         if self.plan.update == "step":
             start = time.perf_counter()
             for task in self.plan.tasks:
@@ -703,15 +726,10 @@ class Engine:
                 if self.trace is not None:
                     self.trace.add(
                         TraceEvent(
-                            task.name,
-                            task.kind,
-                            self.rank,
-                            launched.start_s - self._t0,
-                            end - self._t0,
-                            task.bytes,
-                            launched.gen,
+                            task.name, task.kind, self.rank, launched.start_s - self._t0, end - self._t0,
+                            task.bytes, launched.gen - 1,
                         )
-                    )
+                    )  # fmt: skip
                 with self._cond:
                     self._cond.notify_all()
                 if self._leader_decides and self.rank == 0:
