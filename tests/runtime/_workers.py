@@ -182,6 +182,47 @@ def features(rank: int, world: int, port: int, out: str) -> None:
         }
         wrapped.close()
 
+        # --- fp16 GradScaler: works where updates happen at step(), a clear error where they are deferred
+        scaled = {}
+        for policy in ("torch_ddp", "ddp", "dear"):
+            model = M.clone(base)
+            opt = M.make_optimizer("sgd", model)
+            wrapped, opt = parallelize(model, opt, policy=policy, **SMALL_KNOBS.get(policy, {}))
+            scaler = torch.amp.GradScaler("cpu")
+            try:
+                for step in range(4):
+                    x, y = M.batch(rank, step)
+                    scaler.scale(torch.nn.functional.cross_entropy(wrapped(x), y)).backward()
+                    scaler.step(opt)
+                    scaler.update()
+                    opt.zero_grad()
+                results[f"scaler/{policy}"] = "ok"
+                scaled[policy] = M.snapshot(wrapped)
+            except commsched.errors.UnsupportedError as exc:
+                results[f"scaler/{policy}"] = str(exc)
+            if hasattr(wrapped, "close"):
+                wrapped.close()
+        results["scaler/ddp_diff"] = _diff(scaled["torch_ddp"], scaled["ddp"])
+
+        # --- bf16 autocast: same result as torch_ddp under the same autocast
+        autocast = {}
+        for policy in ("torch_ddp", "dear", "bytescheduler"):
+            model = M.clone(base)
+            opt = M.make_optimizer("adamw", model)
+            wrapped, opt = parallelize(model, opt, policy=policy, **SMALL_KNOBS.get(policy, {}))
+            for step in range(5):
+                x, y = M.batch(rank, step)
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = torch.nn.functional.cross_entropy(wrapped(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            autocast[policy] = M.snapshot(wrapped)
+            if hasattr(wrapped, "close"):
+                wrapped.close()
+        for policy in ("dear", "bytescheduler"):
+            results[f"bf16/{policy}"] = _diff(autocast["torch_ddp"], autocast[policy])
+
         # --- an optimizer that cannot be split per layer is refused clearly
         model = M.clone(base)
         try:

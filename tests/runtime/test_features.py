@@ -48,6 +48,18 @@ def test_measured_trace_uses_the_simulator_schema_and_plan_task_names(results: l
         assert {"emb", "body", "bn", "head"} <= set(trace["layers"])
 
 
+def test_grad_scaler_works_with_step_policies_and_is_refused_clearly_by_deferred_ones(results: list[dict]) -> None:
+    for res in results:
+        assert res["scaler/ddp"] == "ok" and res["scaler/ddp_diff"] < TOL
+        assert res["scaler/dear"].startswith("GradScaler: dear applies updates after step()")
+
+
+@pytest.mark.parametrize("policy", ["dear", "bytescheduler"])
+def test_bf16_autocast_training_matches_ddp_under_the_same_autocast(results: list[dict], policy: str) -> None:
+    for res in results:
+        assert res[f"bf16/{policy}"] < TOL
+
+
 def test_lbfgs_is_refused_with_a_clear_error(results: list[dict]) -> None:
     for res in results:
         assert "LBFGS" in res["lbfgs"] and "per layer" in res["lbfgs"]

@@ -178,7 +178,13 @@ class Engine:
         # Bound to the optimizer (not to the engine): LR schedulers re-bind ``step.__func__`` to it.
         engine = self
 
-        def step(opt: torch.optim.Optimizer, closure: Callable[[], float] | None = None) -> None:
+        def step(opt: torch.optim.Optimizer, closure: Callable[[], float] | None = None, **kwargs: Any) -> None:
+            if "grad_scaler" in kwargs or getattr(opt, "grad_scale", None) is not None:
+                raise UnsupportedError(
+                    f"GradScaler: {engine.policy} applies updates after step() returns, when the scaler has "
+                    "moved on; use bf16 autocast (no scaler needed) or a policy that updates at step() "
+                    "(ddp, wfbp, horovod, no_overlap)"
+                )
             engine._step(closure)
 
         def state_dict(opt: torch.optim.Optimizer) -> dict[str, Any]:
@@ -271,6 +277,8 @@ class Engine:
             if task.kind == "all_gather":
                 self._slots[task.id] = self._slots[task.deps[0]]
         self._active_policy = policy
+        # GradScaler hands itself to optimizers that claim to handle scaling: deferred updates refuse it.
+        self.optimizer._step_supports_amp_scaling = self.plan.update == "forward"  # type: ignore[attr-defined]
 
     def _make_slot(self, task: Any) -> _Slot:
         p0 = self._tensor_params[task.segments[0].tensor]
