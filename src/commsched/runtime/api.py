@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import types
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -115,7 +118,17 @@ def parallelize(
         trace=trace,
         options=options,
     )
+    atexit.register(_close_at_exit, weakref.ref(engine))
     return ParallelModule(model, engine), optimizer
+
+
+def _close_at_exit(ref: weakref.ref[Engine]) -> None:
+    """A script that never called ``close()`` still stops its threads (and tells its peers) at exit."""
+    engine = ref()
+    if engine is not None:
+        # The process is ending: a dead peer must not turn exit into a traceback.
+        with contextlib.suppress(Exception):
+            engine.close()
 
 
 def _torch_ddp(
