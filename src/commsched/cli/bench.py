@@ -1,0 +1,171 @@
+"""``commsched bench``: real training on an emulated cluster (network namespaces + tc), policies vs torch_ddp."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from commsched.models import MODELS
+from commsched.runtime import RUNTIME_POLICIES
+from commsched.testbed import LinkShape, parse_rate
+from commsched.testbed.bench import DEFAULT_POLICIES, BenchConfig, run_bench
+from commsched.testbed.report import plot, session_table
+
+
+def _knob(text: str) -> tuple[str, str, Any]:
+    try:
+        target, value = text.split("=", 1)
+        policy, key = target.split(".", 1)
+    except ValueError:
+        raise click.BadParameter(f"expected POLICY.KNOB=VALUE, e.g. dear.threshold_mb=8, got {text!r}") from None
+    try:
+        parsed: Any = float(value)
+    except ValueError:
+        parsed = None if value.lower() == "none" else value
+    return policy, key, parsed
+
+
+@click.command("bench")
+@click.option("--model", type=click.Choice(list(MODELS)), default="resnet5m", show_default=True)
+@click.option("--workers", type=click.IntRange(2, 64), default=4, show_default=True, help="ranks, one namespace each")
+@click.option(
+    "--bandwidth",
+    default="none",
+    show_default=True,
+    help="per-worker link rate, both directions (tbf): e.g. 1gbit, 300mbit, none; a comma list runs one session each",
+)
+@click.option("--delay", type=click.FloatRange(0), default=0.0, help="one-way delay between workers, ms (netem)")
+@click.option("--jitter", type=click.FloatRange(0), default=0.0, help="delay jitter, ms (netem)")
+@click.option("--loss", type=click.FloatRange(0, 100, max_open=True), default=0.0, help="packet loss, % (netem)")
+@click.option("--policies", default=",".join(DEFAULT_POLICIES), show_default=True, help="comma list")
+@click.option("--iters", type=click.IntRange(1), default=10, show_default=True, help="timed iterations per run")
+@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="untimed iterations first")
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="per-rank batch size")
+@click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch intra-op threads per rank")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--comm-timeout", type=click.FloatRange(1), default=60.0, show_default=True, help="s; a dead peer ends the run"
+)
+@click.option("--knob", "knobs", multiple=True, metavar="POLICY.KNOB=VALUE", help="policy knob, repeatable")
+@click.option("--no-references", is_flag=True, help="skip compute-alone and all-reduce-alone")
+@click.option("--no-probe", is_flag=True, help="skip the TCP throughput/RTT check of each shaping")
+@click.option(
+    "--isolation",
+    type=click.Choice(["auto", "netns", "loopback"]),
+    default="auto",
+    show_default=True,
+    help="auto: namespaces when root, else plain local processes (unshaped)",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("bench-results"),
+    show_default=True,
+)
+def command(
+    model: str,
+    workers: int,
+    bandwidth: str,
+    delay: float,
+    jitter: float,
+    loss: float,
+    policies: str,
+    iters: int,
+    warmup: int,
+    repeats: int,
+    batch: int,
+    threads: int,
+    seed: int,
+    comm_timeout: float,
+    knobs: tuple[str, ...],
+    no_references: bool,
+    no_probe: bool,
+    isolation: str,
+    out_dir: Path,
+) -> None:
+    """Train for real on an emulated cluster on this machine and compare policies with PyTorch DDP.
+
+    Each worker runs in its own network namespace, linked to a bridge by a veth
+    pair shaped with tc (needs root; without it, plain local processes, unshaped).
+    Prints one table per link shaping and writes bench.json (every iteration time),
+    bench.png and one Chrome trace per policy to --out.
+
+    \b
+        sudo commsched bench --model resnet5m --workers 4 --bandwidth none,1gbit,300mbit
+    """
+    try:
+        shapes = tuple(
+            LinkShape(rate_bps=parse_rate(b), delay_ms=delay, jitter_ms=jitter, loss_pct=loss)
+            for b in bandwidth.split(",")
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--bandwidth/--delay/--jitter/--loss") from None
+    chosen = tuple(p.strip() for p in policies.split(",") if p.strip())
+    unknown = [p for p in chosen if p not in RUNTIME_POLICIES]
+    if unknown:
+        raise click.BadParameter(
+            f"unknown {', '.join(unknown)}; known: {', '.join(RUNTIME_POLICIES)}", param_hint="--policies"
+        )
+    knob_map: dict[str, dict[str, Any]] = {}
+    for text in knobs:
+        policy, key, value = _knob(text)
+        knob_map.setdefault(policy, {})[key] = value
+    try:
+        config = BenchConfig(
+            model=model,
+            workers=workers,
+            shapes=shapes,
+            policies=chosen,
+            iters=iters,
+            warmup=warmup,
+            repeats=repeats,
+            batch=batch,
+            threads=threads,
+            seed=seed,
+            comm_timeout_s=comm_timeout,
+            references=not no_references,
+            probe=not no_probe,
+            isolation=isolation,  # type: ignore[arg-type]
+            knobs=knob_map,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    console = Console()
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    )
+    with progress:
+        report = run_bench(
+            config,
+            out_dir,
+            command_line=shlex.join(["commsched", *sys.argv[1:]]),
+            log=lambda message: console.print(message, markup=False, highlight=False),
+            progress=progress,
+        )
+    meta = report["meta"]
+    m = meta["machine"]
+    console.print(
+        f"{m['cpu_model']}, {m['cpus']} CPUs, torch {m['torch']}; {meta['testbed']['description']}; "
+        f"{meta['model_parameters']:,} parameters ({meta['gradient_mib']:.1f} MiB of gradients); "
+        f"iteration time = slowest rank per step, median over {iters} steps, median over {repeats} repeats",
+        highlight=False,
+    )
+    for session in report["sessions"]:
+        console.print(session_table(report, session))
+    plot(report, out_dir / "bench.png")
+    traces = sum(len(s["traces"]) for s in report["sessions"])
+    console.print(f"wrote {out_dir / 'bench.json'}, {out_dir / 'bench.png'} and {traces} traces")

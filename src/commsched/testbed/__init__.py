@@ -1,0 +1,47 @@
+"""``commsched.testbed``: an emulated cluster on one machine, for real measurements.
+
+N worker processes, each in its own network namespace, joined by veth pairs
+to a Linux bridge that lives in a namespace of its own; every link shaped with
+``tc`` (rate with ``tbf`` in both directions; delay, jitter and loss with
+``netem`` where the kernel has it). Workers rendezvous with gloo across the
+namespaces (``MASTER_ADDR`` = rank 0's address, ``GLOO_SOCKET_IFNAME`` = the
+worker's veth). Everything is removed on exit, error, Ctrl-C or SIGTERM;
+leftovers of killed runs are removed by the next run. Without root it falls
+back to plain processes on 127.0.0.1, unshaped, and says so.
+
+    with open_testbed(4, LinkShape(rate_bps=10**9)) as bed:
+        run_workers(bed, [sys.executable, "-m", "my.worker"], log_dir=Path("logs"), timeout_s=600)
+
+``commsched bench`` (:mod:`commsched.testbed.bench`) runs training on it.
+"""
+
+from commsched.testbed.commands import Layout, LinkShape, format_rate, parse_rate
+from commsched.testbed.launch import run_workers
+from commsched.testbed.netns import (
+    LoopbackTestbed,
+    NetnsTestbed,
+    Testbed,
+    TestbedError,
+    find_leftovers,
+    netns_unavailable_reason,
+    open_testbed,
+    project_objects,
+    remove_leftovers,
+)
+
+__all__ = [
+    "Layout",
+    "LinkShape",
+    "LoopbackTestbed",
+    "NetnsTestbed",
+    "Testbed",
+    "TestbedError",
+    "find_leftovers",
+    "format_rate",
+    "netns_unavailable_reason",
+    "open_testbed",
+    "parse_rate",
+    "project_objects",
+    "remove_leftovers",
+    "run_workers",
+]

@@ -1,0 +1,400 @@
+"""``commsched bench``: real data-parallel training on the testbed, every policy against ``torch_ddp``.
+
+For each link shaping (a *session*: one launch of the workers, one gloo group),
+every policy trains ``repeats`` times from the same seed on the same
+synthetic data, ``warmup + iters`` iterations each; policies alternate
+within a repeat so that slow drifts of the machine hit them alike.
+
+Definitions (also written into the JSON):
+
+* iteration time of step k = the slowest rank's wall time for step k
+  (forward + backward + ``optimizer.step()`` + ``zero_grad()``); a run's time
+  is the median over its timed steps (warm-up dropped); a policy's time is the
+  median over repeats, its spread the min and max over repeats;
+* samples/s = workers × per-rank batch / iteration time;
+* speed-up = ``torch_ddp``'s time / the policy's time, same session;
+* max |Δparam| = largest absolute difference of any parameter from the
+  ``torch_ddp`` run of the same repeat, on rank 0, after the last step;
+* references: ``compute (world 1)``: one rank alone in one namespace, no
+  communication; ``compute (N at once)``: every rank trains alone at the
+  same time (the CPU shared as in a real run); ``all-reduce alone``: one
+  gloo all-reduce of a buffer of all gradients; ideal overlap ≈
+  max(compute N at once, all-reduce alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from commsched.models import MODELS, build_model, parameter_count
+from commsched.runtime import RUNTIME_POLICIES
+from commsched.testbed.commands import LinkShape
+from commsched.testbed.launch import run_workers
+from commsched.testbed.netns import Isolation, NetnsTestbed, Testbed, TestbedError, open_testbed
+from commsched.testbed.probe import probe_link
+from commsched.trace import Trace
+
+DEFAULT_POLICIES = tuple(RUNTIME_POLICIES)
+REFERENCES = {
+    "compute_alone": "compute, world 1",
+    "compute": "compute, N at once",
+    "allreduce": "all-reduce alone",
+}
+DEFINITIONS = {
+    "iteration_time": "per step: the slowest rank's wall time (forward+backward+step+zero_grad); "
+    "per run: median over timed steps; per policy: median over repeats (spread: min-max over repeats)",
+    "samples_per_s": "workers * per-rank batch / iteration time",
+    "speedup": "torch_ddp iteration time / policy iteration time, same session",
+    "max_param_diff": "max |param - param of torch_ddp, same repeat| on rank 0 after the last step",
+    "min_param_moved": "min over repeats of max |final param - initial param| (training did change the model)",
+    "replica_spread": "max over repeats of the spread between ranks of the float64 sum of all parameters",
+    "compute_alone": "one rank, world size 1, alone in one namespace, no communication",
+    "compute": "every rank trains its own replica with no communication, all at the same time",
+    "allreduce": "one gloo all_reduce of a fp32 buffer with as many elements as the model has parameters",
+    "ideal_overlap": "max(compute (N at once), all-reduce alone)",
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    model: str = "resnet5m"
+    workers: int = 4
+    shapes: tuple[LinkShape, ...] = (LinkShape(),)
+    policies: tuple[str, ...] = DEFAULT_POLICIES
+    iters: int = 10
+    warmup: int = 3
+    repeats: int = 3
+    batch: int = 8
+    threads: int = 1
+    seed: int = 0
+    lr: float = 0.01
+    comm_timeout_s: float = 60.0
+    references: bool = True
+    probe: bool = True
+    isolation: Isolation = "auto"
+    knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    fail: Mapping[str, Any] | None = None  # make one rank die (tests of the failure path)
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"model: unknown model {self.model!r}; known: {', '.join(MODELS)}")
+        unknown = [p for p in self.policies if p not in RUNTIME_POLICIES]
+        if unknown or not self.policies:
+            raise ValueError(
+                f"policies: unknown {', '.join(unknown) or '(none given)'}; known: {', '.join(RUNTIME_POLICIES)}"
+            )
+        if self.workers < 2:
+            raise ValueError(f"workers: data parallelism needs at least 2, got {self.workers!r}")
+        for name, value in (
+            ("iters", self.iters),
+            ("repeats", self.repeats),
+            ("batch", self.batch),
+            ("threads", self.threads),
+        ):
+            if value < 1:
+                raise ValueError(f"{name}: must be >= 1, got {value!r}")
+        if self.warmup < 3 and any(p != "torch_ddp" for p in self.policies):
+            raise ValueError(
+                f"warmup: commsched policies profile for 2 iterations and switch plans; need >= 3, got {self.warmup}"
+            )
+        if not self.shapes:
+            raise ValueError("shapes: need at least one link shaping")
+
+
+# ------------------------------------------------------------------ reporting helpers
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu_model": cpu,
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "load_average": os.getloadavg(),
+    }
+
+
+def _steps_summary(per_rank: list[list[float]], warmup: int) -> list[float]:
+    """Slowest rank per timed step, in ms."""
+    return [max(col) * 1e3 for col in zip(*per_rank, strict=True)][warmup:]
+
+
+def _summarise(runs: list[dict[str, Any]], workers: int, batch: int) -> dict[str, Any]:
+    medians = [r["median_ms"] for r in runs]
+    median_ms = statistics.median(medians)
+    out: dict[str, Any] = {
+        "median_ms": median_ms,
+        "min_ms": min(medians),
+        "max_ms": max(medians),
+        "repeats": len(runs),
+        "samples_per_s": workers * batch / (median_ms / 1e3),
+    }
+    diffs = [r["max_param_diff"] for r in runs if r.get("max_param_diff") is not None]
+    if diffs:
+        out["max_param_diff"] = max(diffs)
+    moved = [r["max_param_moved"] for r in runs if r.get("max_param_moved") is not None]
+    if moved:
+        out["min_param_moved"] = min(moved)
+    spreads = [r["replica_spread"] for r in runs if r.get("replica_spread") is not None]
+    if spreads:
+        out["replica_spread"] = max(spreads)
+    return out
+
+
+def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str, Any]:
+    """Merge the ranks' files into runs (per name, per repeat) and summaries."""
+    ranks = [json.loads((session_dir / f"rank{r}.json").read_text()) for r in range(world)]
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for i, run0 in enumerate(ranks[0]["runs"]):
+        per_rank = [rk["runs"][i]["times_s"] for rk in ranks]
+        steps_ms = _steps_summary(per_rank, warmup)
+        run = {
+            "repeat": run0["repeat"],
+            "times_s": per_rank,
+            "steps_ms": steps_ms,
+            "median_ms": statistics.median(steps_ms),
+        }
+        for key in ("max_param_diff", "max_param_abs", "max_param_moved", "replica_spread"):
+            if key in run0:
+                run[key] = run0[key]
+        runs.setdefault(run0["name"], []).append(run)
+    summary = {name: _summarise(rs, world if name != "compute_alone" else 1, batch) for name, rs in runs.items()}
+    return {"runs": runs, "summary": summary, "threads": ranks[0].get("threads")}
+
+
+def _merge_traces(session_dir: Path, out_dir: Path, label: str, world: int, meta: dict[str, Any]) -> dict[str, str]:
+    """One Chrome/Perfetto file per policy with every rank (each rank's clock starts at its engine)."""
+    files: dict[str, str] = {}
+    trace_dir = session_dir / "traces"
+    if not trace_dir.is_dir():
+        return files
+    policies = sorted({p.name.split(".rank")[0] for p in trace_dir.glob("*.rank*.json")})
+    for policy in policies:
+        merged = Trace(meta={**meta, "policy": policy, "source": "measured", "shaping": label})
+        for r in range(world):
+            part = trace_dir / f"{policy}.rank{r}.json"
+            if part.exists():
+                merged.events.extend(Trace.load(part).events)
+                part.unlink()
+        path = out_dir / f"trace-{_slug(label)}-{policy}.json"
+        merged.save_chrome(path)
+        files[policy] = path.name
+    return files
+
+
+def _slug(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+
+
+# ------------------------------------------------------------------ the run
+
+
+class _ProgressTail:
+    """Reads the ``progress.jsonl`` rank 0 appends to; notices when it stops growing."""
+
+    def __init__(self, path: Path, on_step: Callable[[dict[str, Any]], None], stall_s: float) -> None:
+        self.path = path
+        self.on_step = on_step
+        self.stall_s = stall_s
+        self.offset = 0
+        self.last_change = time.monotonic()
+
+    def __call__(self) -> None:
+        if self.path.exists():
+            with open(self.path) as f:
+                f.seek(self.offset)
+                chunk = f.read()
+            complete = chunk[: chunk.rfind("\n") + 1]
+            self.offset += len(complete)
+            for line in complete.splitlines():
+                self.on_step(json.loads(line))
+                self.last_change = time.monotonic()
+        if time.monotonic() - self.last_change > self.stall_s:
+            raise TestbedError(
+                f"no iteration finished on rank 0 for {self.stall_s:g} s: a worker hung; logs in {self.path.parent}"
+            )
+
+
+def _launch(
+    bed: Testbed,
+    job: dict[str, Any],
+    session_dir: Path,
+    *,
+    ranks: Sequence[int] | None,
+    launch: int,
+    on_step: Callable[[dict[str, Any]], None],
+    config: BenchConfig,
+    steps: int,
+) -> None:
+    session_dir.mkdir(parents=True, exist_ok=True)
+    job_path = session_dir / "job.json"
+    job_path.write_text(json.dumps(job))
+    stall_s = config.comm_timeout_s + 120.0  # a first iteration includes start-up and profiling
+    tail = _ProgressTail(session_dir / "progress.jsonl", on_step, stall_s)
+    run_workers(
+        bed,
+        [sys.executable, "-m", "commsched.testbed.worker", str(job_path)],
+        log_dir=session_dir / "logs",
+        timeout_s=120.0 + steps * (config.comm_timeout_s + 5.0),
+        ranks=ranks,
+        name=job["task"],
+        launch=launch,
+        fail_grace_s=min(config.comm_timeout_s, 15.0) + 5.0,
+        poll=tail,
+        extra_env={"OMP_NUM_THREADS": str(config.threads)},
+    )
+
+
+def run_bench(
+    config: BenchConfig,
+    out_dir: Path,
+    *,
+    command_line: str = "",
+    log: Callable[[str], None] | None = None,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Run every session of ``config``; write ``bench.json`` (+ traces) under ``out_dir``; return the report.
+
+    ``progress`` is a ``rich.progress.Progress`` (or None); ``log`` prints messages.
+    """
+    say = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    machine = machine_info()
+    numel = parameter_count(build_model(config.model, config.seed))
+    report: dict[str, Any] = {
+        "meta": {
+            "command_line": command_line,
+            "machine": machine,
+            "config": {**asdict(config), "shapes": [asdict(s) for s in config.shapes]},
+            "model_parameters": numel,
+            "gradient_mib": numel * 4 / 2**20,
+            "definitions": DEFINITIONS,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+        },
+        "sessions": [],
+    }
+    shapes = list(config.shapes)
+    with open_testbed(config.workers, isolation=config.isolation, log=say) as bed:
+        report["meta"]["testbed"] = {"isolation": bed.isolation, "description": bed.describe()}
+        if not isinstance(bed, NetnsTestbed):
+            skipped = [s.label for s in shapes if s.shaped]
+            shapes = [s for s in shapes if not s.shaped]
+            if skipped:
+                say(f"bench: cannot shape links without namespaces; skipping {', '.join(skipped)}")
+            if not shapes:
+                raise TestbedError("bench: nothing left to run: every requested shaping needs the namespace testbed")
+        steps = config.warmup + config.iters
+        per_session = config.repeats * steps * (len(config.policies) + (2 if config.references else 0))
+        total = len(shapes) * per_session + (config.repeats * steps if config.references else 0)
+        task = progress.add_task("starting", total=total) if progress is not None else None
+
+        def advance(description: str) -> Callable[[dict[str, Any]], None]:
+            def on_step(step: dict[str, Any]) -> None:
+                if progress is not None:
+                    progress.update(
+                        task,
+                        advance=1,
+                        description=f"{description} {step['name']} r{step['repeat'] + 1}/{config.repeats}",
+                    )
+
+            return on_step
+
+        job_base = {
+            "model": config.model,
+            "batch": config.batch,
+            "iters": config.iters,
+            "warmup": config.warmup,
+            "repeats": config.repeats,
+            "seed": config.seed,
+            "lr": config.lr,
+            "threads": config.threads,
+            "comm_timeout_s": config.comm_timeout_s,
+        }
+        launch = 0
+        if config.references:
+            bed.set_shape(LinkShape())
+            alone_dir = out_dir / "compute_alone"
+            job = {**job_base, "task": "compute_alone", "out": str(alone_dir)}
+            _launch(
+                bed, job, alone_dir, ranks=[0], launch=launch, on_step=advance("world 1"), config=config, steps=steps
+            )
+            launch += 1
+            alone = _collect(alone_dir, 1, config.warmup, config.batch)
+            report["compute_alone"] = alone
+        for shape in shapes:
+            bed.set_shape(shape)
+            session: dict[str, Any] = {"shape": asdict(shape), "label": shape.label}
+            if isinstance(bed, NetnsTestbed):
+                session["qdiscs"] = bed.qdiscs()
+            session_dir = out_dir / f"session-{_slug(shape.label)}"
+            if config.probe:
+                session["link_check"] = probe_link(bed, session_dir / "logs", launch=launch)
+                launch += 1
+            job = {
+                **job_base,
+                "task": "session",
+                "out": str(session_dir),
+                "policies": list(config.policies),
+                "knobs": {k: dict(v) for k, v in config.knobs.items()},
+                "references": config.references,
+                "fail": dict(config.fail) if config.fail else None,
+            }
+            _launch(
+                bed,
+                job,
+                session_dir,
+                ranks=None,
+                launch=launch,
+                on_step=advance(shape.label),
+                config=config,
+                steps=steps,
+            )
+            launch += 1
+            session.update(_collect(session_dir, config.workers, config.warmup, config.batch))
+            _add_ratios(session, report.get("compute_alone"))
+            session["traces"] = _merge_traces(
+                session_dir, out_dir, shape.label, config.workers, {"model": config.model, "batch": config.batch}
+            )
+            report["sessions"].append(session)
+    report["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    report["meta"]["wall_s"] = time.time() - started
+    report["meta"]["load_average_end"] = os.getloadavg()
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
+def _add_ratios(session: dict[str, Any], alone: dict[str, Any] | None) -> None:
+    summary = session["summary"]
+    ddp = summary.get("torch_ddp")
+    for name, s in summary.items():
+        if ddp is not None and name in RUNTIME_POLICIES:
+            s["speedup_vs_torch_ddp"] = ddp["median_ms"] / s["median_ms"]
+    if "compute" in summary and "allreduce" in summary:
+        bound = max(summary["compute"]["median_ms"], summary["allreduce"]["median_ms"])
+        session["ideal_overlap_ms"] = bound
+        for name, s in summary.items():
+            if name in RUNTIME_POLICIES:
+                s["vs_ideal"] = s["median_ms"] / bound
+    if alone is not None:
+        session["compute_alone_ms"] = alone["summary"]["compute_alone"]["median_ms"]

@@ -1,0 +1,267 @@
+"""Pure builders of the ``ip`` / ``tc`` command lines of the testbed, and leftover detection rules.
+
+Nothing here runs a command, so every rule can be tested without root.
+
+Topology of one testbed with prefix ``P`` (e.g. ``csb-4242-0-``) and ``n`` workers::
+
+    namespace P+"br":  bridge "br0", ports b0 .. b(n-1)         (no address, no route anywhere else)
+    namespace P+"w<r>": veth "w<r>" (10.77.0.<r+1>/24) <-> "b<r>" in P+"br", plus "lo"
+
+Every link is created inside the run's own namespaces (never in the root
+namespace), so two runs cannot collide even though they use the same
+addresses, and deleting the namespaces removes every link and the bridge.
+
+Shaping (:class:`LinkShape`) is per worker link and direction:
+
+* rate: a ``tbf`` on ``w<r>`` (what worker r sends) and on ``b<r>`` (what
+  worker r receives), so each worker has a full-duplex link of that rate
+  to the bridge, like a host NIC on a non-blocking switch;
+* delay, jitter, loss: ``netem`` on ``w<r>`` only (under an ``htb`` class of
+  the rate when there is one), so a packet between two workers is delayed
+  once and dropped with the given probability once: ``delay`` is the
+  one-way latency between any two workers (RTT = 2 × delay).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "csb-"
+SUBNET = "10.77.0"  # private (RFC 1918), only ever configured inside a run's own namespaces
+BRIDGE_DEV = "br0"
+MAX_WORKERS = 250
+
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+_RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?bit)\s*$", re.IGNORECASE)
+_OWNER_RE = re.compile(r"^" + re.escape(PREFIX) + r"(\d+)-")
+
+# tbf: the bucket holds 2 ms at the rate, at least 64 KiB (one GSO segment) plus a frame;
+# the queue holds 50 ms of traffic before tail drop.
+TBF_BURST_S = 0.002
+TBF_MIN_BURST_BYTES = 64 * 1024 + 1514
+TBF_LATENCY_MS = 50
+NETEM_LIMIT_PACKETS = 100_000
+
+
+def parse_rate(text: str) -> int | None:
+    """``"1gbit"`` -> 1_000_000_000 bit/s; ``"none"`` (or empty) -> None (unshaped).
+
+    Units are tc's bit units with decimal prefixes: ``bit``, ``kbit``, ``mbit``,
+    ``gbit``, ``tbit``. Byte units (tc's ``mbps`` means megabytes/s) are refused
+    because they are too easy to misread.
+    """
+    if text.strip().lower() in ("", "none", "unshaped", "0"):
+        return None
+    m = _RATE_RE.match(text)
+    if not m:
+        raise ValueError(f"bandwidth: expected a rate like 1gbit, 300mbit, 50mbit or none, got {text!r}")
+    rate = round(float(m.group(1)) * _RATE_UNITS[m.group(2).lower()])
+    if rate < 8_000:
+        raise ValueError(f"bandwidth: must be at least 8kbit, got {text!r}")
+    return rate
+
+
+def format_rate(rate_bps: int | None) -> str:
+    """The shortest exact tc spelling: 1_000_000_000 -> ``1gbit``; None -> ``none``."""
+    if rate_bps is None:
+        return "none"
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        scale = _RATE_UNITS[unit]
+        if rate_bps % scale == 0:
+            return f"{rate_bps // scale}{unit}"
+    return f"{rate_bps}bit"
+
+
+@dataclass(frozen=True)
+class LinkShape:
+    """What every worker link looks like: rate (bit/s, None = unlimited), one-way delay, jitter, loss."""
+
+    rate_bps: int | None = None
+    delay_ms: float = 0.0
+    jitter_ms: float = 0.0
+    loss_pct: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.rate_bps is not None and self.rate_bps < 8_000:
+            raise ValueError(f"rate_bps: must be >= 8000 or None, got {self.rate_bps!r}")
+        if not 0.0 <= self.delay_ms <= 10_000:
+            raise ValueError(f"delay_ms: must be between 0 and 10000, got {self.delay_ms!r}")
+        if not 0.0 <= self.jitter_ms <= self.delay_ms:
+            raise ValueError(f"jitter_ms: must be between 0 and delay_ms ({self.delay_ms}), got {self.jitter_ms!r}")
+        if not 0.0 <= self.loss_pct < 100.0:
+            raise ValueError(f"loss_pct: must be in [0, 100), got {self.loss_pct!r}")
+
+    @property
+    def shaped(self) -> bool:
+        return self.rate_bps is not None or self.needs_netem
+
+    @property
+    def needs_netem(self) -> bool:
+        return self.delay_ms > 0 or self.loss_pct > 0
+
+    @property
+    def label(self) -> str:
+        """Short and unique: ``none``, ``1gbit``, ``300mbit+2ms±0.5ms+0.1%loss``."""
+        parts = [format_rate(self.rate_bps)] if self.rate_bps is not None else []
+        if self.delay_ms:
+            parts.append(f"{self.delay_ms:g}ms" + (f"±{self.jitter_ms:g}ms" if self.jitter_ms else ""))
+        if self.loss_pct:
+            parts.append(f"{self.loss_pct:g}%loss")
+        return "+".join(parts) or "none"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Names and addresses of one testbed."""
+
+    prefix: str
+    workers: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"workers: must be between 1 and {MAX_WORKERS}, got {self.workers!r}")
+        if not self.prefix.startswith(PREFIX) or owner_pid(self.prefix) is None:
+            raise ValueError(f"prefix: must look like {PREFIX}<pid>-<n>-, got {self.prefix!r}")
+
+    @property
+    def bridge_ns(self) -> str:
+        return f"{self.prefix}br"
+
+    def worker_ns(self, rank: int) -> str:
+        return f"{self.prefix}w{rank}"
+
+    @staticmethod
+    def worker_dev(rank: int) -> str:
+        return f"w{rank}"
+
+    @staticmethod
+    def bridge_port(rank: int) -> str:
+        return f"b{rank}"
+
+    @staticmethod
+    def address(rank: int) -> str:
+        return f"{SUBNET}.{rank + 1}"
+
+    @property
+    def namespaces(self) -> list[str]:
+        """Every namespace of the testbed, bridge last (deleting workers first frees their veths)."""
+        return [self.worker_ns(r) for r in range(self.workers)] + [self.bridge_ns]
+
+
+def create_commands(layout: Layout) -> list[list[str]]:
+    """Namespaces, bridge, one veth pair per worker, addresses; all links up."""
+    br = layout.bridge_ns
+    cmds = [
+        ["ip", "netns", "add", br],
+        ["ip", "-n", br, "link", "add", BRIDGE_DEV, "type", "bridge"],
+        ["ip", "-n", br, "link", "set", BRIDGE_DEV, "up"],
+    ]
+    for r in range(layout.workers):
+        ns, dev, port = layout.worker_ns(r), layout.worker_dev(r), layout.bridge_port(r)
+        cmds += [
+            ["ip", "netns", "add", ns],
+            ["ip", "-n", ns, "link", "set", "lo", "up"],
+            ["ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", dev, "netns", ns],
+            ["ip", "-n", br, "link", "set", port, "master", BRIDGE_DEV],
+            ["ip", "-n", br, "link", "set", port, "up"],
+            ["ip", "-n", ns, "addr", "add", f"{layout.address(r)}/24", "dev", dev],
+            ["ip", "-n", ns, "link", "set", dev, "up"],
+        ]
+    return cmds
+
+
+def tbf_args(rate_bps: int) -> list[str]:
+    burst = max(TBF_MIN_BURST_BYTES, round(rate_bps / 8 * TBF_BURST_S))
+    return ["tbf", "rate", f"{rate_bps}bit", "burst", str(burst), "latency", f"{TBF_LATENCY_MS}ms"]
+
+
+def netem_args(shape: LinkShape) -> list[str]:
+    args = ["netem", "limit", str(NETEM_LIMIT_PACKETS)]
+    if shape.delay_ms:
+        args += ["delay", f"{shape.delay_ms:g}ms"]
+        if shape.jitter_ms:
+            args += [f"{shape.jitter_ms:g}ms"]
+    if shape.loss_pct:
+        args += ["loss", f"{shape.loss_pct:g}%"]
+    return args
+
+
+def shaping_commands(layout: Layout, shape: LinkShape) -> list[list[str]]:
+    """Root qdiscs for every link (run after :func:`clear_shaping_commands`); nothing when unshaped."""
+    cmds: list[list[str]] = []
+    for r in range(layout.workers):
+        ns, dev = layout.worker_ns(r), layout.worker_dev(r)
+        up = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
+        if shape.needs_netem and shape.rate_bps is not None:
+            burst = str(max(TBF_MIN_BURST_BYTES, round(shape.rate_bps / 8 * TBF_BURST_S)))
+            rate = f"{shape.rate_bps}bit"
+            htb = ["rate", rate, "ceil", rate, "burst", burst, "cburst", burst]
+            cmds += [
+                [*up, "root", "handle", "1:", "htb", "default", "1"],
+                ["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", *htb],
+                [*up, "parent", "1:1", "handle", "10:", *netem_args(shape)],
+            ]
+        elif shape.needs_netem:
+            cmds.append([*up, "root", *netem_args(shape)])
+        elif shape.rate_bps is not None:
+            cmds.append([*up, "root", *tbf_args(shape.rate_bps)])
+        if shape.rate_bps is not None:
+            port = layout.bridge_port(r)
+            cmds.append(["tc", "-n", layout.bridge_ns, "qdisc", "add", "dev", port, "root", *tbf_args(shape.rate_bps)])
+    return cmds
+
+
+def clear_shaping_commands(layout: Layout) -> list[list[str]]:
+    """Remove the root qdisc of every link (each fails harmlessly when there is none)."""
+    cmds = []
+    for r in range(layout.workers):
+        cmds.append(["tc", "-n", layout.worker_ns(r), "qdisc", "del", "dev", layout.worker_dev(r), "root"])
+        cmds.append(["tc", "-n", layout.bridge_ns, "qdisc", "del", "dev", layout.bridge_port(r), "root"])
+    return cmds
+
+
+def delete_commands(layout: Layout) -> list[list[str]]:
+    """Deleting a namespace deletes its links; a veth pair dies with either end."""
+    return [["ip", "netns", "del", ns] for ns in layout.namespaces]
+
+
+def worker_command(layout: Layout, rank: int, argv: list[str]) -> list[str]:
+    return ["ip", "netns", "exec", layout.worker_ns(rank), *argv]
+
+
+# ---------------------------------------------------------------- leftovers
+
+
+def owner_pid(name: str) -> int | None:
+    """The pid that created a project namespace or link (``csb-<pid>-...``), else None."""
+    m = _OWNER_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def parse_netns_list(text: str) -> list[str]:
+    """Names from ``ip netns list`` (lines like ``name (id: 3)`` or ``name``)."""
+    return [line.split()[0] for line in text.splitlines() if line.strip()]
+
+
+def parse_link_names(text: str) -> list[str]:
+    """Interface names from ``ip -o link show`` (``3: name@peer: <...>``)."""
+    names = []
+    for line in text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) >= 2 and parts[1].strip():
+            names.append(parts[1].strip().split("@", 1)[0])
+    return names
+
+
+def is_stale(created_s: float | None, owner_started_s: float | None, slack_s: float = 2.0) -> bool:
+    """A project object is stale when its owner is gone or its pid now belongs to a younger process.
+
+    ``owner_started_s`` is None when the pid is dead; ``created_s`` (when the
+    object was made) is None when unknown, and then a live pid counts as the owner.
+    """
+    if owner_started_s is None:
+        return True
+    if created_s is None:
+        return False
+    return owner_started_s > created_s + slack_s

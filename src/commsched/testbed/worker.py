@@ -1,0 +1,233 @@
+"""What each rank of ``commsched bench`` runs: ``python -m commsched.testbed.worker JOB.json``.
+
+The rank and the rendezvous come from the environment the testbed sets
+(``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``GLOO_SOCKET_IFNAME``). Two tasks:
+
+``session``
+    One gloo process group for everything measured on one link shaping. Per
+    repeat: the two references (``compute``: every rank trains its own
+    replica with no communication, at the same time as the others, so the CPU
+    is shared as in real runs; ``allreduce``: one all-reduce of a buffer as
+    large as all gradients per iteration), then ``torch_ddp`` (first: it is the
+    reference of the parameter check), then the other policies in an order
+    rotated by one per repeat. Every run starts after a barrier from the same
+    seed and sees the same data.
+``compute_alone``
+    World size 1: training with no communication at all, nothing else running.
+
+Every rank writes ``rank<r>.json``: per run, the wall time of every iteration
+(forward, backward, optimizer step, zero_grad; warm-up included, the host
+drops it). Rank 0 also writes the largest parameter difference from
+``torch_ddp`` of the same repeat, appends one line per iteration to
+``progress.jsonl``, and all ranks save the measured trace of each
+commsched policy in the first repeat.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commsched.models import build_model, model_loss, synthetic_batch
+from commsched.runtime import parallelize
+
+
+@dataclass(frozen=True)
+class Job:
+    task: str
+    out: str
+    model: str
+    batch: int
+    iters: int
+    warmup: int
+    repeats: int
+    policies: list[str] = field(default_factory=list)
+    knobs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    references: bool = True
+    seed: int = 0
+    lr: float = 0.01
+    momentum: float = 0.9
+    threads: int = 1
+    comm_timeout_s: float = 60.0
+    trace_repeat: int = 0
+    fail: dict[str, Any] | None = None  # {"rank", "policy", "step"}: that rank dies there (tests)
+
+    @property
+    def steps(self) -> int:
+        return self.warmup + self.iters
+
+
+class _Progress:
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.path = path
+        self.enabled = enabled
+
+    def __call__(self, name: str, repeat: int, step: int) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"name": name, "repeat": repeat, "step": step}) + "\n")
+
+
+def _batches(job: Job, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [synthetic_batch(job.model, job.batch, job.seed, rank, step) for step in range(job.steps)]
+
+
+def _flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+
+def _maybe_fail(job: Job, rank: int, name: str, step: int) -> None:
+    f = job.fail
+    if f and f.get("rank") == rank and f.get("policy", name) == name and f.get("step", 0) == step:
+        print(f"rank {rank}: dying on purpose in {name} at step {step} (job.fail)", file=sys.stderr, flush=True)
+        os._exit(17)
+
+
+def _compute(job: Job, rank: int, batches: list[Any], progress: _Progress, name: str, repeat: int) -> list[float]:
+    """Training with no communication: forward, backward, step, zero_grad."""
+    model = build_model(job.model, job.seed)
+    opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
+    times = []
+    for step, (x, y) in enumerate(batches):
+        t0 = time.perf_counter()
+        model_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        times.append(time.perf_counter() - t0)
+        progress(name, repeat, step)
+    return times
+
+
+def _allreduce(job: Job, numel: int, progress: _Progress, repeat: int) -> list[float]:
+    """One all-reduce of ``numel`` fp32 values per iteration (all gradients in one buffer)."""
+    flat = torch.randn(numel, generator=torch.Generator().manual_seed(1))
+    times = []
+    for step in range(job.steps):
+        t0 = time.perf_counter()
+        dist.all_reduce(flat)
+        times.append(time.perf_counter() - t0)
+        flat.div_(dist.get_world_size())
+        progress("allreduce", repeat, step)
+    return times
+
+
+def _policy(
+    job: Job, rank: int, policy: str, batches: list[Any], progress: _Progress, repeat: int
+) -> tuple[list[float], torch.Tensor, float, Any]:
+    model = build_model(job.model, job.seed)
+    opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
+    knobs = dict(job.knobs.get(policy, {}))
+    if policy != "torch_ddp":
+        knobs.update(timeout_s=job.comm_timeout_s, trace=repeat == job.trace_repeat)
+    initial = _flat_params(model)
+    wrapped, optimizer = parallelize(model, opt, policy=policy, **knobs)
+    times = []
+    for step, (x, y) in enumerate(batches):
+        _maybe_fail(job, rank, policy, step)
+        t0 = time.perf_counter()
+        model_loss(wrapped(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        times.append(time.perf_counter() - t0)
+        progress(policy, repeat, step)
+    flush = getattr(wrapped, "flush", None)
+    if flush is not None:
+        flush()
+    trace = getattr(wrapped, "trace", None)
+    params = _flat_params(model)
+    close = getattr(wrapped, "close", None)
+    if close is not None:
+        close()
+    return times, params, (params - initial).abs().max().item(), trace
+
+
+def _replica_spread(params: torch.Tensor) -> float:
+    """Largest difference between ranks of the float64 sum of all parameters (0 when replicas agree)."""
+    mine = params.double().sum().reshape(1)
+    sums = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(sums, mine)
+    values = [s.item() for s in sums]
+    return max(values) - min(values)
+
+
+def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
+    out = Path(job.out)
+    progress = _Progress(out / "progress.jsonl", rank == 0)
+    batches = _batches(job, rank)
+    numel = sum(p.numel() for p in build_model(job.model, job.seed).parameters())
+    others = [p for p in job.policies if p != "torch_ddp"]
+    runs: list[dict[str, Any]] = []
+    for repeat in range(job.repeats):
+        reference: torch.Tensor | None = None
+        if job.references:
+            dist.barrier()
+            runs.append(
+                {
+                    "name": "compute",
+                    "repeat": repeat,
+                    "times_s": _compute(job, rank, batches, progress, "compute", repeat),
+                }
+            )
+            dist.barrier()
+            runs.append({"name": "allreduce", "repeat": repeat, "times_s": _allreduce(job, numel, progress, repeat)})
+        k = repeat % len(others) if others else 0
+        order = (["torch_ddp"] if "torch_ddp" in job.policies else []) + others[k:] + others[:k]
+        for policy in order:
+            dist.barrier()
+            times, params, moved, trace = _policy(job, rank, policy, batches, progress, repeat)
+            run: dict[str, Any] = {"name": policy, "repeat": repeat, "times_s": times, "max_param_moved": moved}
+            run["replica_spread"] = _replica_spread(params)
+            if policy == "torch_ddp":
+                reference = params
+            elif reference is not None:
+                run["max_param_diff"] = (params - reference).abs().max().item()
+                run["max_param_abs"] = reference.abs().max().item()
+            if trace is not None:
+                trace.meta.update(model=job.model, batch=job.batch, repeat=repeat)
+                (out / "traces").mkdir(exist_ok=True)
+                trace.save(out / "traces" / f"{policy}.rank{rank}.json")
+            runs.append(run)
+    return {"rank": rank, "world": world, "runs": runs}
+
+
+def main() -> None:
+    job = Job(**json.loads(Path(sys.argv[1]).read_text()))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(job.threads)
+    out = Path(job.out)
+    if job.task == "compute_alone":
+        progress = _Progress(out / "progress.jsonl", rank == 0)
+        runs = [
+            {
+                "name": "compute_alone",
+                "repeat": r,
+                "times_s": _compute(job, rank, _batches(job, rank), progress, "compute_alone", r),
+            }
+            for r in range(job.repeats)
+        ]
+        result: dict[str, Any] = {"rank": rank, "world": world, "runs": runs}
+    elif job.task == "session":
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=job.comm_timeout_s))
+        try:
+            result = _session(job, rank, world)
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+    else:
+        raise SystemExit(f"unknown task {job.task!r}")
+    result["threads"] = torch.get_num_threads()
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

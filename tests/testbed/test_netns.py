@@ -1,0 +1,135 @@
+"""Real namespaces: a 2-worker testbed trains torch_ddp and dear over a shaped link, and leaves nothing behind.
+
+Needs root and iproute2; skipped otherwise, with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from commsched.testbed import (
+    LinkShape,
+    NetnsTestbed,
+    TestbedError,
+    netns_unavailable_reason,
+    project_objects,
+    remove_leftovers,
+)
+from commsched.testbed.bench import BenchConfig, run_bench
+from commsched.testbed.probe import probe_link
+
+_REASON = netns_unavailable_reason()
+pytestmark = [pytest.mark.netns, pytest.mark.skipif(_REASON is not None, reason=f"testbed: {_REASON}")]
+
+LIGHT = LinkShape(rate_bps=2 * 10**9)
+
+
+def _config(**kw: object) -> BenchConfig:
+    base: dict[str, object] = {
+        "model": "cnn",
+        "workers": 2,
+        "shapes": (LIGHT,),
+        "policies": ("torch_ddp", "dear"),
+        "iters": 2,
+        "warmup": 3,
+        "repeats": 1,
+        "batch": 4,
+        "references": False,
+        "probe": False,
+        "comm_timeout_s": 20.0,
+        "isolation": "netns",
+    }
+    return BenchConfig(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def _mine() -> list[str]:
+    return project_objects(f"csb-{os.getpid()}-")
+
+
+def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(tmp_path: Path) -> None:
+    report = run_bench(_config(), tmp_path)
+    (session,) = report["sessions"]
+    assert session["label"] == "2gbit" and "rate 2Gbit" in session["qdiscs"]
+    dear = session["summary"]["dear"]
+    assert dear["max_param_diff"] < 1e-5
+    assert dear["min_param_moved"] > 1e-4  # training did change the model
+    assert dear["replica_spread"] == 0.0 and session["summary"]["torch_ddp"]["replica_spread"] == 0.0
+    for run in session["runs"]["dear"]:
+        assert len(run["times_s"]) == 2 and len(run["times_s"][0]) == 5 and len(run["steps_ms"]) == 2
+    assert session["traces"] == {"dear": "trace-2gbit-dear.json"} and (tmp_path / "trace-2gbit-dear.json").exists()
+    assert _mine() == []
+
+
+def test_a_dead_worker_ends_the_run_with_a_clear_error_and_everything_is_removed(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(TestbedError, match=r"rank 1 exited with status 17") as info:
+        run_bench(_config(policies=("dear",), fail={"rank": 1, "policy": "dear", "step": 4}), tmp_path)
+    assert "dying on purpose" in str(info.value)
+    assert time.monotonic() - start < 60
+    assert _mine() == []
+
+
+def test_links_deliver_the_shaped_rate(tmp_path: Path) -> None:
+    with NetnsTestbed(2, LinkShape(rate_bps=200 * 10**6), log=lambda m: None) as bed:
+        check = probe_link(bed, tmp_path, mib=6)
+    assert 150 < check["throughput_mbit_s"] <= 205
+    assert _mine() == []
+
+
+def test_delay_without_netem_is_refused_clearly_or_applied() -> None:
+    with NetnsTestbed(2, log=lambda m: None) as bed:
+        if bed._has_netem():
+            bed.set_shape(LinkShape(rate_bps=10**9, delay_ms=1, loss_pct=0.1))
+            assert "netem" in bed.qdiscs()
+        else:
+            with pytest.raises(TestbedError, match="CONFIG_NET_SCH_NETEM"):
+                bed.set_shape(LinkShape(delay_ms=1))
+    assert _mine() == []
+
+
+_HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from commsched.testbed import NetnsTestbed
+    bed = NetnsTestbed(2)
+    with bed:
+        print(bed.prefix, flush=True)
+        time.sleep(120)
+    """
+)
+
+
+def _start_holder() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    prefix = proc.stdout.readline().strip()
+    assert prefix.startswith("csb-") and project_objects(prefix), prefix
+    return proc, prefix
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_removes_everything(sig: signal.Signals) -> None:
+    proc, prefix = _start_holder()
+    proc.send_signal(sig)
+    proc.wait(timeout=30)
+    assert project_objects(prefix) == []
+
+
+def test_leftovers_of_a_killed_run_are_removed_by_the_next_with_a_message() -> None:
+    proc, prefix = _start_holder()
+    proc.kill()
+    proc.wait(timeout=30)
+    assert len(project_objects(prefix)) == 3  # SIGKILL cannot be handled: w0, w1, br stay
+    messages: list[str] = []
+    removed = remove_leftovers(messages.append)
+    assert {item.name for item in removed} >= {f"{prefix}w0", f"{prefix}w1", f"{prefix}br"}
+    assert project_objects(prefix) == []
+    assert messages and str(proc.pid) in messages[0]
