@@ -1,7 +1,8 @@
-"""Train a small CNN or transformer data-parallel on synthetic data under a commsched policy.
+"""Train a small model data-parallel on synthetic data under a commsched policy.
 
     torchrun --nproc-per-node 4 examples/train.py --policy dear --model cnn --iters 20
 
+Models come from ``commsched.models`` (``cnn``, ``transformer``, ``resnet5m``).
 Prints, on rank 0, the median iteration time and throughput after warm-up, and
 (with --check) the largest parameter difference from a PyTorch DDP run.
 """
@@ -18,59 +19,20 @@ import torch.distributed as dist
 from torch import nn
 
 import commsched
+from commsched.models import MODELS, build_model, model_loss, synthetic_batch
 from commsched.runtime import RUNTIME_POLICIES
-
-
-def small_cnn(num_classes: int = 10) -> nn.Module:
-    def block(cin: int, cout: int) -> nn.Sequential:
-        return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
-
-    return nn.Sequential(
-        block(3, 32), block(32, 64), nn.MaxPool2d(2), block(64, 128), block(128, 128), nn.MaxPool2d(2),
-        block(128, 256), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, num_classes),
-    )  # fmt: skip
-
-
-class SmallTransformer(nn.Module):
-    """A GPT-style language model; the output projection is tied to the embedding."""
-
-    def __init__(self, vocab: int = 2000, dim: int = 128, layers: int = 2, seq: int = 64) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        self.pos = nn.Parameter(torch.zeros(seq, dim))
-        layer = nn.TransformerEncoderLayer(dim, 4, 4 * dim, dropout=0.0, batch_first=True)
-        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.norm = nn.LayerNorm(dim)
-        self.out = nn.Linear(dim, vocab, bias=False)
-        self.out.weight = self.embed.weight
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed(tokens) + self.pos[: tokens.shape[1]]
-        return self.out(self.norm(self.blocks(h)))
-
-
-def make(model: str, batch: int, rank: int, step: int) -> tuple[nn.Module | None, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(10_000 * step + rank)
-    if model == "cnn":
-        return None, torch.randn(batch, 3, 32, 32, generator=g), torch.randint(0, 10, (batch,), generator=g)
-    tokens = torch.randint(0, 2000, (batch, 64), generator=g)
-    return None, tokens, torch.roll(tokens, -1, dims=1)
 
 
 def run(policy: str, model_name: str, iters: int, batch: int, options: dict) -> tuple[list[float], nn.Module]:
     rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = small_cnn() if model_name == "cnn" else SmallTransformer()
+    model = build_model(model_name, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model, optimizer = commsched.parallelize(model, optimizer, policy=policy, **options)
-    loss_fn = nn.CrossEntropyLoss()
     times = []
     for step in range(iters):
-        _, x, y = make(model_name, batch, rank, step)
+        x, y = synthetic_batch(model_name, batch, seed=0, rank=rank, step=step)
         start = time.perf_counter()
-        out = model(x)
-        loss = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        loss = model_loss(model(x), y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -83,7 +45,7 @@ def run(policy: str, model_name: str, iters: int, batch: int, options: dict) -> 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="dear", choices=RUNTIME_POLICIES)
-    parser.add_argument("--model", default="cnn", choices=["cnn", "transformer"])
+    parser.add_argument("--model", default="cnn", choices=sorted(MODELS))
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5, help="iterations left out of the timing")
     parser.add_argument("--batch", type=int, default=16, help="per-rank batch size")
