@@ -6,9 +6,9 @@ import importlib
 import json
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich import box
@@ -18,6 +18,9 @@ from rich.table import Table
 
 from commsched.errors import SpecError
 from commsched.trace import Trace
+
+if TYPE_CHECKING:
+    from commsched.validate import TaskComparison
 
 _SETTINGS = {"help_option_names": ["-h", "--help"]}
 
@@ -369,18 +372,24 @@ def compare_trace_command(
         skip_measured=skip_measured,
         kinds=kinds or None,
     )
-    summary = summarize(rows)
     iter_pred = trace_iteration_ms(pred_trace, skip_predicted)
     iter_meas = trace_iteration_ms(meas_trace, skip_measured)
     if as_json:
         data = {
             "rows": [{**vars(r), "error_pct": r.error_pct} for r in rows],
-            "summary": vars(summary),
+            "summary": vars(summarize(rows)),
             "iteration_ms": {"predicted": iter_pred, "measured": iter_meas},
         }
         click.echo(json.dumps(data, indent=1))
         return
-    table = Table(title=f"{predicted.name} (predicted) vs {measured.name} (measured)", box=box.SIMPLE_HEAD)
+    console = Console()
+    console.print(comparison_table(rows, f"{predicted.name} (predicted) vs {measured.name} (measured)"))
+    console.print(comparison_summary(rows, iter_pred, iter_meas))
+
+
+def comparison_table(rows: Sequence[TaskComparison], title: str) -> Table:
+    """One row per task: predicted and measured median ms, error %, event counts."""
+    table = Table(title=title, box=box.SIMPLE_HEAD)
     for column in ("kind", "task", "predicted ms", "measured ms", "error %", "n pred", "n meas"):
         table.add_column(column, justify="left" if column in ("kind", "task") else "right")
     for r in rows:
@@ -394,8 +403,16 @@ def compare_trace_command(
             str(r.predicted_count),
             str(r.measured_count),
         )
-    console = Console()
-    console.print(table)
+    return table
+
+
+def comparison_summary(
+    rows: Sequence[TaskComparison], iteration_predicted_ms: float | None, iteration_measured_ms: float | None
+) -> str:
+    """One line: tasks matched, median and time-weighted |error|, and the iteration times when known."""
+    from commsched.validate import summarize
+
+    summary = summarize(rows)
     parts = [f"{summary.matched} task(s) in both"]
     if summary.only_predicted or summary.only_measured:
         parts.append(f"{summary.only_predicted} only predicted, {summary.only_measured} only measured")
@@ -403,12 +420,14 @@ def compare_trace_command(
         parts.append(f"median |error| {summary.median_abs_error_pct:.1f} %")
     if summary.weighted_error_pct is not None:
         parts.append(f"time-weighted |error| {summary.weighted_error_pct:.1f} %")
-    console.print("; ".join(parts))
-    if iter_pred is not None and iter_meas is not None:
-        console.print(
-            f"iteration: predicted {iter_pred:.2f} ms, measured {iter_meas:.2f} ms "
-            f"({(iter_pred - iter_meas) / iter_meas * 100:+.1f} %)"
+    line = "; ".join(parts)
+    if iteration_predicted_ms is not None and iteration_measured_ms is not None:
+        error = (iteration_predicted_ms - iteration_measured_ms) / iteration_measured_ms * 100
+        line += (
+            f"\niteration: predicted {iteration_predicted_ms:.2f} ms, measured {iteration_measured_ms:.2f} ms "
+            f"({error:+.1f} %)"
         )
+    return line
 
 
 def _load_trace(path: Path) -> Trace:
