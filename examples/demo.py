@@ -46,7 +46,7 @@ def best_policy(model: str, cluster: str, console: Console) -> str:
 
 def train(policy: str, workers: int, iters: int, out: Path) -> dict:
     cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(workers),
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
         str(HERE / "train.py"), "--policy", policy, "--model", "cnn", "--iters", str(iters),
         "--warmup", "5", "--json", str(out),
     ]  # fmt: skip
