@@ -166,7 +166,8 @@ class Engine:
         self._pending: dict[int, int] = {}  # layer -> gen of the gradients waiting to be applied
         self._hyper: list[dict[str, Any]] = []
         self._clip_coef = 1.0
-        self._open_compute: tuple[str, int, float] | None = None  # trace: (kind, layer, start)
+        # trace: the compute interval still open, as [kind, layer, start, end]
+        self._open_compute: list[Any] | None = None
         self._forward_order: list[int] = []  # positions in self._hooked, first-call order (recorded)
         self._forward_times: dict[int, float] = {}
         self._ready_times: dict[int, float] = {}
@@ -385,6 +386,9 @@ class Engine:
     def end_forward(self) -> None:
         """DDP syncs buffers before a forward only if the previous forward was a synchronised training one."""
         self._require_forward_sync = torch.is_grad_enabled() and self._sync
+        if self.trace is not None and self._open_compute is not None and self._open_compute[0] == "forward":
+            end = self._close_compute(time.perf_counter())
+            self._open_compute = ["backward", -1, end, end]  # backward (and the loss) start here
 
     def _on_forward_pre(self, pos: int, mod: nn.Module) -> None:
         if not torch.is_grad_enabled():
@@ -394,7 +398,9 @@ class Engine:
             self._forward_order.append(pos)
             self._forward_times[pos] = now
         if self.trace is not None:
-            self._trace_compute("forward", self._layers_of_hook.get(pos, ()), now)
+            layers = self._layers_of_hook.get(pos, ())
+            if layers:
+                self._trace_compute("forward", layers[0], now, starts=True)
         for layer in self._layers_of_hook.get(pos, ()):
             self._post("forward_pre", layer)
             if layer in self._pending:
@@ -408,7 +414,8 @@ class Engine:
             self._begin_backward()
         t = self._tensor_of_param[id(p)]
         if self.trace is not None:
-            self._trace_compute("backward", (self.plan.workload.tensor_layer[t],), time.perf_counter())
+            # The backward interval that ends at a layer's last gradient is that layer's.
+            self._trace_compute("backward", self.plan.workload.tensor_layer[t], time.perf_counter(), starts=False)
         if self._recording():
             self._ready_times[id(p)] = time.perf_counter()
         self._fill(t, p.grad)
@@ -416,20 +423,37 @@ class Engine:
         self._mark_ready(t)
         self._post("grad_ready", t)
 
-    def _trace_compute(self, kind: str, layers: Sequence[int], now: float) -> None:
-        """Close the open compute interval at ``now``; open one for the first of ``layers`` (if any)."""
-        if not layers or (self._open_compute is not None and self._open_compute[:2] == (kind, layers[0])):
+    def _trace_compute(self, kind: str, layer: int, now: float, *, starts: bool) -> None:
+        """Extend or close the open compute interval.
+
+        ``starts=True``: ``layer`` begins at ``now`` (forward pre-hooks). ``starts=False``: ``layer``'s
+        work ends at ``now`` (gradient hooks), so the interval since the previous mark is ``layer``'s.
+        """
+        open_ = self._open_compute
+        if open_ is not None and open_[0] == kind and open_[1] == layer:
+            if not starts:
+                open_[3] = now
             return
-        assert self.trace is not None
-        if self._open_compute is not None:
-            open_kind, layer, start = self._open_compute
-            self.trace.add(
-                TraceEvent(
-                    self.plan.workload.layers[layer].name, open_kind, self.rank, start - self._t0, now - self._t0,
-                    0, self._iteration,
-                )
-            )  # fmt: skip
-        self._open_compute = (kind, layers[0], now)
+        start = self._close_compute(now if starts or open_ is None else open_[3])
+        self._open_compute = [kind, layer, now, None] if starts else [kind, layer, start, now]
+
+    def _close_compute(self, now: float) -> float:
+        """Record the open interval (ending at ``now`` unless it has its own end); return where it ended."""
+        open_ = self._open_compute
+        self._open_compute = None
+        if open_ is None or self.trace is None:
+            return now
+        kind, layer, start, end = open_
+        end = now if end is None else end
+        if layer < 0:  # only a mark: where the next interval starts
+            return end
+        self.trace.add(
+            TraceEvent(
+                self.plan.workload.layers[layer].name, kind, self.rank, start - self._t0, end - self._t0,
+                0, self._iteration,
+            )
+        )  # fmt: skip
+        return end
 
     def _begin_backward(self) -> None:
         self._in_backward = True
@@ -447,9 +471,8 @@ class Engine:
                 self._post("grad_ready", t)
         self._post("backward_done", 0)
         self._in_backward = False
-        if self.trace is not None and self._open_compute is not None:
-            self._trace_compute("backward", (-1,), time.perf_counter())
-            self._open_compute = None
+        if self.trace is not None:
+            self._close_compute(time.perf_counter())
         if self.plan.update == "step":
             start = time.perf_counter()
             for task in self.plan.tasks:
