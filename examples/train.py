@@ -23,10 +23,14 @@ from commsched.models import MODELS, build_model, model_loss, synthetic_batch
 from commsched.runtime import RUNTIME_POLICIES
 
 
-def run(policy: str, model_name: str, iters: int, batch: int, options: dict) -> tuple[list[float], nn.Module]:
+def run(
+    policy: str, model_name: str, iters: int, batch: int, options: dict, trace: bool = False
+) -> tuple[list[float], nn.Module]:
     rank = dist.get_rank()
     model = build_model(model_name, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    if trace and policy != "torch_ddp":
+        options = {**options, "trace": True}
     model, optimizer = commsched.parallelize(model, optimizer, policy=policy, **options)
     times = []
     for step in range(iters):
@@ -51,13 +55,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="per-rank batch size")
     parser.add_argument("--check", action="store_true", help="also train with torch_ddp and compare parameters")
     parser.add_argument("--json", help="write rank 0's result here")
+    parser.add_argument("--trace", help="write rank 0's measured trace here (commsched Trace JSON)")
     parser.add_argument("-o", "--option", action="append", default=[], help="policy knob key=value")
     args = parser.parse_args()
     if args.iters <= args.warmup:
         parser.error(f"--iters ({args.iters}) must be larger than --warmup ({args.warmup})")
     options = {k: float(v) for k, v in (o.split("=", 1) for o in args.option)}
     dist.init_process_group("gloo")
-    times, model = run(args.policy, args.model, args.iters, args.batch, options)
+    times, model = run(args.policy, args.model, args.iters, args.batch, options, trace=bool(args.trace))
     iter_s = statistics.median(times[args.warmup :])
     result = {
         "policy": args.policy,
@@ -72,6 +77,8 @@ def main() -> None:
         result["max_param_diff_vs_torch_ddp"] = max(
             (p - mine[n]).abs().max().item() for n, p in ref.module.named_parameters()
         )
+    if args.trace and dist.get_rank() == 0 and getattr(model, "trace", None) is not None:
+        model.trace.save(args.trace)
     if hasattr(model, "close"):
         model.close()
     if dist.get_rank() == 0:

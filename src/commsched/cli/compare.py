@@ -83,6 +83,18 @@ def _split(policies: list[str], options: dict[str, Any]) -> tuple[dict[str, Any]
 @click.option(
     "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a bar chart PNG of iteration times here."
 )
+@click.option(
+    "--measured",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A runtime trace (parallelize(..., trace=True)) of ONE policy: compare it with the prediction task by task.",
+)
+@click.option(
+    "--skip-measured",
+    default=2,
+    show_default=True,
+    type=click.IntRange(0),
+    help="With --measured: leading measured iterations to ignore (the runtime's warm-up).",
+)
 def command(
     model: str,
     cluster: str,
@@ -92,6 +104,8 @@ def command(
     option_pairs: tuple[str, ...],
     as_json: bool,
     plot_path: str | None,
+    measured: str | None,
+    skip_measured: int,
 ) -> None:
     """Simulate every policy on MODEL and CLUSTER; print iteration time, throughput, speed-up vs ddp.
 
@@ -107,6 +121,9 @@ def command(
     spec = load_cluster(cluster)
     names = _policies(policies)
     sim_options, knobs = _split(names, parse_pairs(option_pairs))
+    if measured is not None:
+        _compare_measured(workload, spec, names, knobs, sim_options, iterations, warmup, measured, skip_measured)
+        return
     results: dict[str, SimResult | str] = {}
     for policy in names:
         try:
@@ -174,3 +191,35 @@ def command(
             console.print(f"[red]{policy} failed:[/red] {r}", soft_wrap=True)
     if plot_path:
         console.print(f"bar chart written to {plot_path}")
+
+
+def _compare_measured(
+    workload: Any,
+    spec: Any,
+    names: list[str],
+    knobs: dict[str, dict[str, Any]],
+    sim_options: dict[str, Any],
+    iterations: int,
+    warmup: int,
+    measured_path: str,
+    skip_measured: int,
+) -> None:
+    """Predicted vs measured for one policy: per task, then per iteration."""
+    from commsched.cli.profile import comparison_summary, comparison_table
+    from commsched.trace import Trace
+    from commsched.validate import compare_traces, gloo_options, trace_iteration_ms
+
+    if len(names) != 1:
+        raise click.UsageError("--measured compares one policy: give exactly one with --policies")
+    policy = names[0]
+    options = sim_options or gloo_options(workload, spec, policy, **knobs[policy])
+    result = simulate(workload, spec, policy, iterations, warmup, options=options, trace=True, **knobs[policy])
+    assert result.trace is not None
+    measured = Trace.load(measured_path)
+    rows = compare_traces(result.trace, measured, skip_predicted=warmup, skip_measured=skip_measured)
+    console = Console()
+    console.print(comparison_table(rows, f"{policy}: predicted ({spec.name}) vs measured ({measured_path})"))
+    console.print(
+        comparison_summary(rows, result.iteration_ms, trace_iteration_ms(measured, skip=skip_measured)),
+        soft_wrap=True,
+    )
