@@ -63,7 +63,8 @@ def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(t
     assert dear["min_param_moved"] > 1e-4  # training did change the model
     assert dear["replica_spread"] == 0.0 and session["summary"]["torch_ddp"]["replica_spread"] == 0.0
     for run in session["runs"]["dear"]:
-        assert len(run["times_s"]) == 2 and len(run["times_s"][0]) == 5 and len(run["steps_ms"]) == 2
+        assert len(run["times_s"]) == 2 and len(run["times_s"][0]) == 5 and len(run["rank_iteration_ms"]) == 2
+        assert run["iteration_ms"] == max(run["rank_iteration_ms"]) > 0
     assert session["traces"] == {"dear": "trace-2gbit-dear.json"} and (tmp_path / "trace-2gbit-dear.json").exists()
     assert _mine() == []
 

@@ -138,7 +138,7 @@ def command(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 130)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -161,7 +161,7 @@ def command(
     console.print(
         f"{m['cpu_model']}, {m['cpus']} CPUs, torch {m['torch']}; {meta['testbed']['description']}; "
         f"{meta['model_parameters']:,} parameters ({meta['gradient_mib']:.1f} MiB of gradients); "
-        f"iteration time = slowest rank per step, median over {iters} steps, median over {repeats} repeats",
+        f"iteration time = the slowest rank's mean over {iters} timed steps, median over {repeats} repeats",
         highlight=False,
     )
     for session in report["sessions"]:

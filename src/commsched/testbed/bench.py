@@ -7,10 +7,12 @@ within a repeat so that slow drifts of the machine hit them alike.
 
 Definitions (also written into the JSON):
 
-* iteration time of step k = the slowest rank's wall time for step k
-  (forward + backward + ``optimizer.step()`` + ``zero_grad()``); a run's time
-  is the median over its timed steps (warm-up dropped); a policy's time is the
-  median over repeats, its spread the min and max over repeats;
+* iteration time of a run = the slowest rank's mean time per timed
+  iteration (forward + backward + ``optimizer.step()`` + ``zero_grad()``):
+  (end of its last timed step − start of its first) / timed steps, warm-up
+  dropped. A mean, not a median of steps: forward-mode policies move waiting
+  between steps, so single steps vary while the throughput does not. A
+  policy's time is the median over repeats, its spread the min and max;
 * samples/s = workers × per-rank batch / iteration time;
 * speed-up = ``torch_ddp``'s time / the policy's time, same session;
 * max |Δparam| = largest absolute difference of any parameter from the
@@ -19,7 +21,11 @@ Definitions (also written into the JSON):
   communication; ``compute (N at once)``: every rank trains alone at the
   same time (the CPU shared as in a real run); ``all-reduce alone``: one
   gloo all-reduce of a buffer of all gradients; ideal overlap ≈
-  max(compute N at once, all-reduce alone).
+  max(compute N at once, all-reduce alone); ``torch DDP, 1 MiB buckets``
+  (first repeat only): PyTorch DDP with smaller buckets, whose parameter
+  difference from ``torch_ddp`` shows what reordering float sums alone does
+  (with more than 2 ranks and BatchNorm on random data, ulp-level
+  differences grow by orders of magnitude within a few steps).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from commsched.testbed.commands import LinkShape
 from commsched.testbed.launch import run_workers
 from commsched.testbed.netns import Isolation, NetnsTestbed, Testbed, TestbedError, open_testbed
 from commsched.testbed.probe import probe_link
+from commsched.testbed.worker import YARDSTICK
 from commsched.trace import Trace
 
 DEFAULT_POLICIES = tuple(RUNTIME_POLICIES)
@@ -50,19 +57,24 @@ REFERENCES = {
     "compute_alone": "compute, world 1",
     "compute": "compute, N at once",
     "allreduce": "all-reduce alone",
+    YARDSTICK: "torch DDP, 1 MiB buckets",
 }
 DEFINITIONS = {
-    "iteration_time": "per step: the slowest rank's wall time (forward+backward+step+zero_grad); "
-    "per run: median over timed steps; per policy: median over repeats (spread: min-max over repeats)",
+    "iteration_time": "per run: the slowest rank's mean wall time per timed iteration (forward, backward, "
+    "optimizer.step, zero_grad), i.e. (end of its last timed step - start of its first) / timed steps; "
+    "per policy: median over repeats (spread: min-max over repeats)",
     "samples_per_s": "workers * per-rank batch / iteration time",
     "speedup": "torch_ddp iteration time / policy iteration time, same session",
-    "max_param_diff": "max |param - param of torch_ddp, same repeat| on rank 0 after the last step",
+    "max_param_diff": "max |param - param of torch_ddp, same repeat| on rank 0 after the last step; "
+    "for torch_ddp itself: vs its first repeat (run-to-run difference)",
     "min_param_moved": "min over repeats of max |final param - initial param| (training did change the model)",
     "replica_spread": "max over repeats of the spread between ranks of the float64 sum of all parameters",
     "compute_alone": "one rank, world size 1, alone in one namespace, no communication",
     "compute": "every rank trains its own replica with no communication, all at the same time",
     "allreduce": "one gloo all_reduce of a fp32 buffer with as many elements as the model has parameters",
     "ideal_overlap": "max(compute (N at once), all-reduce alone)",
+    YARDSTICK: "PyTorch DDP with bucket_cap_mb=1 (torch_ddp: 25), first repeat only: its max_param_diff is what "
+    "reordering the gradient sums alone does to the parameters",
 }
 
 
@@ -134,13 +146,13 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-def _steps_summary(per_rank: list[list[float]], warmup: int) -> list[float]:
-    """Slowest rank per timed step, in ms."""
-    return [max(col) * 1e3 for col in zip(*per_rank, strict=True)][warmup:]
+def _rank_iteration_ms(starts_s: list[float], times_s: list[float], warmup: int) -> float:
+    """One rank's mean iteration time over the timed steps: (end of the last - start of the first) / steps."""
+    return (starts_s[-1] + times_s[-1] - starts_s[warmup]) / (len(times_s) - warmup) * 1e3
 
 
 def _summarise(runs: list[dict[str, Any]], workers: int, batch: int) -> dict[str, Any]:
-    medians = [r["median_ms"] for r in runs]
+    medians = [r["iteration_ms"] for r in runs]
     median_ms = statistics.median(medians)
     out: dict[str, Any] = {
         "median_ms": median_ms,
@@ -166,13 +178,14 @@ def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str
     ranks = [json.loads((session_dir / f"rank{r}.json").read_text()) for r in range(world)]
     runs: dict[str, list[dict[str, Any]]] = {}
     for i, run0 in enumerate(ranks[0]["runs"]):
-        per_rank = [rk["runs"][i]["times_s"] for rk in ranks]
-        steps_ms = _steps_summary(per_rank, warmup)
+        per_rank = [rk["runs"][i] for rk in ranks]
+        rank_ms = [_rank_iteration_ms(r["starts_s"], r["times_s"], warmup) for r in per_rank]
         run = {
             "repeat": run0["repeat"],
-            "times_s": per_rank,
-            "steps_ms": steps_ms,
-            "median_ms": statistics.median(steps_ms),
+            "times_s": [r["times_s"] for r in per_rank],
+            "starts_s": [r["starts_s"] for r in per_rank],
+            "rank_iteration_ms": rank_ms,
+            "iteration_ms": max(rank_ms),
         }
         for key in ("max_param_diff", "max_param_abs", "max_param_moved", "replica_spread"):
             if key in run0:
@@ -246,6 +259,7 @@ def _launch(
     config: BenchConfig,
     steps: int,
 ) -> None:
+    """Run one job on the testbed; ``steps`` is every iteration it runs (bounds its wall time)."""
     session_dir.mkdir(parents=True, exist_ok=True)
     job_path = session_dir / "job.json"
     job_path.write_text(json.dumps(job))
@@ -255,7 +269,8 @@ def _launch(
         bed,
         [sys.executable, "-m", "commsched.testbed.worker", str(job_path)],
         log_dir=session_dir / "logs",
-        timeout_s=120.0 + steps * (config.comm_timeout_s + 5.0),
+        # A backstop only: a hang is caught much earlier by the progress tail.
+        timeout_s=300.0 + steps * max(30.0, config.comm_timeout_s / 2),
         ranks=ranks,
         name=job["task"],
         launch=launch,
@@ -306,6 +321,8 @@ def run_bench(
                 raise TestbedError("bench: nothing left to run: every requested shaping needs the namespace testbed")
         steps = config.warmup + config.iters
         per_session = config.repeats * steps * (len(config.policies) + (2 if config.references else 0))
+        if config.references and "torch_ddp" in config.policies:
+            per_session += steps  # the yardstick, first repeat only
         total = len(shapes) * per_session + (config.repeats * steps if config.references else 0)
         task = progress.add_task("starting", total=total) if progress is not None else None
 
@@ -337,14 +354,21 @@ def run_bench(
             alone_dir = out_dir / "compute_alone"
             job = {**job_base, "task": "compute_alone", "out": str(alone_dir)}
             _launch(
-                bed, job, alone_dir, ranks=[0], launch=launch, on_step=advance("world 1"), config=config, steps=steps
+                bed,
+                job,
+                alone_dir,
+                ranks=[0],
+                launch=launch,
+                on_step=advance("world 1"),
+                config=config,
+                steps=config.repeats * steps,
             )
             launch += 1
             alone = _collect(alone_dir, 1, config.warmup, config.batch)
             report["compute_alone"] = alone
         for shape in shapes:
             bed.set_shape(shape)
-            session: dict[str, Any] = {"shape": asdict(shape), "label": shape.label}
+            session: dict[str, Any] = {"shape": asdict(shape), "label": shape.label, "load_average": os.getloadavg()}
             if isinstance(bed, NetnsTestbed):
                 session["qdiscs"] = bed.qdiscs()
             session_dir = out_dir / f"session-{_slug(shape.label)}"
@@ -368,33 +392,42 @@ def run_bench(
                 launch=launch,
                 on_step=advance(shape.label),
                 config=config,
-                steps=steps,
+                steps=per_session,
             )
             launch += 1
+            session["load_average_end"] = os.getloadavg()
             session.update(_collect(session_dir, config.workers, config.warmup, config.batch))
             _add_ratios(session, report.get("compute_alone"))
             session["traces"] = _merge_traces(
                 session_dir, out_dir, shape.label, config.workers, {"model": config.model, "batch": config.batch}
             )
             report["sessions"].append(session)
+            _write(report, out_dir, complete=False)  # what is done survives a later failure
     report["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     report["meta"]["wall_s"] = time.time() - started
     report["meta"]["load_average_end"] = os.getloadavg()
-    (out_dir / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
+    _write(report, out_dir, complete=True)
     return report
+
+
+def _write(report: dict[str, Any], out_dir: Path, *, complete: bool) -> None:
+    report["meta"]["complete"] = complete
+    tmp = out_dir / "bench.json.tmp"
+    tmp.write_text(json.dumps(report, indent=1) + "\n")
+    tmp.replace(out_dir / "bench.json")
 
 
 def _add_ratios(session: dict[str, Any], alone: dict[str, Any] | None) -> None:
     summary = session["summary"]
     ddp = summary.get("torch_ddp")
     for name, s in summary.items():
-        if ddp is not None and name in RUNTIME_POLICIES:
+        if ddp is not None and (name in RUNTIME_POLICIES or name == YARDSTICK):
             s["speedup_vs_torch_ddp"] = ddp["median_ms"] / s["median_ms"]
     if "compute" in summary and "allreduce" in summary:
         bound = max(summary["compute"]["median_ms"], summary["allreduce"]["median_ms"])
         session["ideal_overlap_ms"] = bound
         for name, s in summary.items():
-            if name in RUNTIME_POLICIES:
+            if name in RUNTIME_POLICIES or name == YARDSTICK:
                 s["vs_ideal"] = s["median_ms"] / bound
     if alone is not None:
         session["compute_alone_ms"] = alone["summary"]["compute_alone"]["median_ms"]

@@ -7,102 +7,84 @@ from typing import Any
 
 from rich.table import Table
 
-from commsched.testbed.bench import REFERENCES
+from commsched.testbed.bench import REFERENCES, YARDSTICK
+
+COLUMNS = ("policy", "iter ms", "min–max", "samples/s", "speed-up", "÷ ideal", "max |Δp|")
+CAPTION = (
+    "iter ms: median over repeats (min–max: over repeats) of the slowest rank's mean iteration time; "
+    "speed-up and max |Δp| (largest parameter difference after the last step) are against torch_ddp; "
+    "÷ ideal: iteration time over max(compute N at once, all-reduce alone)"
+)
 
 
-def _ms(s: dict[str, Any]) -> str:
-    return f"{s['median_ms']:.0f}"
+def _diff_cell(name: str, diff: float | None) -> str:
+    if name == "torch_ddp":
+        return "reference" if diff is None else f"ref. (run to run {diff:.1e})"
+    return f"{diff:.1e}" if diff is not None else "—"
 
 
-def _spread(s: dict[str, Any]) -> str:
-    return f"{s['min_ms']:.0f}–{s['max_ms']:.0f}"
+def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str], bool]]:
+    """Table rows (cells, is_reference): the policies as run, then the references and the ideal bound."""
+    summary = session["summary"]
+    out: list[tuple[list[str], bool]] = []
+
+    def row(name: str, label: str, s: dict[str, Any], reference: bool) -> None:
+        speed, vs_ideal = s.get("speedup_vs_torch_ddp"), s.get("vs_ideal")
+        cells = [
+            label,
+            f"{s['median_ms']:.0f}",
+            f"{s['min_ms']:.0f}–{s['max_ms']:.0f}",
+            f"{s['samples_per_s']:.1f}" if not reference or name == YARDSTICK else "",
+            f"{speed:.2f}×" if speed is not None else ("" if reference else "—"),
+            f"{vs_ideal:.2f}" if vs_ideal is not None else ("" if reference else "—"),
+            _diff_cell(name, s.get("max_param_diff")) if not reference or name == YARDSTICK else "",
+        ]
+        out.append((cells, reference))
+
+    for name in report["meta"]["config"]["policies"]:
+        if name in summary:
+            row(name, name, summary[name], False)
+    if YARDSTICK in summary:
+        row(YARDSTICK, f"{REFERENCES[YARDSTICK]} (1 run)", summary[YARDSTICK], True)
+    alone = report.get("compute_alone")
+    if alone is not None:
+        row("compute_alone", REFERENCES["compute_alone"], alone["summary"]["compute_alone"], True)
+    for key in ("compute", "allreduce"):
+        if key in summary:
+            row(key, REFERENCES[key], summary[key], True)
+    if "ideal_overlap_ms" in session:
+        out.append((["ideal ≈ max(N at once, all-reduce)", f"{session['ideal_overlap_ms']:.0f}", *[""] * 5], True))
+    return out
 
 
-def session_table(report: dict[str, Any], session: dict[str, Any]) -> Table:
-    """Policies first (as run), then the references and the ideal-overlap bound."""
-    meta = report["meta"]
-    cfg = meta["config"]
+def _title(report: dict[str, Any], session: dict[str, Any]) -> str:
+    cfg = report["meta"]["config"]
     title = f"{cfg['model']}, {cfg['workers']} workers × batch {cfg['batch']}, links {session['label']}"
     check = session.get("link_check")
     if check:
         title += f" (measured {check['throughput_mbit_s']:.0f} Mbit/s, RTT {check['rtt_ms']:.2f} ms)"
-    table = Table(
-        title=title,
-        title_justify="left",
-        caption="iter ms: median over repeats (min–max over repeats) of the median slowest-rank step; "
-        "speed-up and max |Δp| (largest parameter difference after the last step) are against torch_ddp",
-        caption_justify="left",
-    )
-    for col, justify in (
-        ("policy", "left"),
-        ("iter ms", "right"),
-        ("min–max", "right"),
-        ("samples/s", "right"),
-        ("speed-up", "right"),
-        ("÷ ideal", "right"),
-        ("max |Δp|", "right"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
-    summary = session["summary"]
-    for name in cfg["policies"]:
-        s = summary.get(name)
-        if s is None:
-            continue
-        speed = s.get("speedup_vs_torch_ddp")
-        vs_ideal = s.get("vs_ideal")
-        diff = s.get("max_param_diff")
-        table.add_row(
-            name,
-            _ms(s),
-            _spread(s),
-            f"{s['samples_per_s']:.1f}",
-            f"{speed:.2f}×" if speed is not None else "—",
-            f"{vs_ideal:.2f}" if vs_ideal is not None else "—",
-            "reference" if name == "torch_ddp" else (f"{diff:.1e}" if diff is not None else "—"),
-        )
-    refs = []
-    alone = report.get("compute_alone")
-    if alone is not None:
-        refs.append((REFERENCES["compute_alone"], alone["summary"]["compute_alone"]))
-    for key in ("compute", "allreduce"):
-        if key in summary:
-            refs.append((REFERENCES[key], summary[key]))
-    for i, (label, s) in enumerate(refs):
-        table.add_row(label, _ms(s), _spread(s), "", "", "", "", style="dim", end_section=i == len(refs) - 1)
-    if "ideal_overlap_ms" in session:
-        table.add_row("ideal ≈ max(N at once, all-reduce)", f"{session['ideal_overlap_ms']:.0f}", style="dim")
+    return title
+
+
+def session_table(report: dict[str, Any], session: dict[str, Any]) -> Table:
+    table = Table(title=_title(report, session), title_justify="left", caption=CAPTION, caption_justify="left")
+    for i, col in enumerate(COLUMNS):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    previous_ref = False
+    for cells, reference in rows(report, session):
+        if reference and not previous_ref:
+            table.add_section()
+        table.add_row(*cells, style="dim" if reference else None)
+        previous_ref = reference
     return table
 
 
 def markdown_table(report: dict[str, Any], session: dict[str, Any]) -> str:
-    """The same table as Markdown (for BENCHMARKS.md)."""
-    cfg = report["meta"]["config"]
-    summary = session["summary"]
-    lines = [
-        "| policy | iteration ms (median) | min–max over repeats | samples/s | vs torch_ddp | ÷ ideal "
-        "| max abs Δparam vs torch_ddp |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name in cfg["policies"]:
-        s = summary.get(name)
-        if s is None:
-            continue
-        speed, vs_ideal, diff = s.get("speedup_vs_torch_ddp"), s.get("vs_ideal"), s.get("max_param_diff")
-        lines.append(
-            f"| {name} | {_ms(s)} | {_spread(s)} | {s['samples_per_s']:.1f} "
-            f"| {f'{speed:.2f}×' if speed is not None else '—'} | {f'{vs_ideal:.2f}' if vs_ideal is not None else '—'} "
-            f"| {'reference' if name == 'torch_ddp' else (f'{diff:.1e}' if diff is not None else '—')} |"
-        )
-    alone = report.get("compute_alone")
-    if alone is not None:
-        s = alone["summary"]["compute_alone"]
-        lines.append(f"| *{REFERENCES['compute_alone']}* | {_ms(s)} | {_spread(s)} | | | | |")
-    for key in ("compute", "allreduce"):
-        if key in summary:
-            s = summary[key]
-            lines.append(f"| *{REFERENCES[key]}* | {_ms(s)} | {_spread(s)} | | | | |")
-    if "ideal_overlap_ms" in session:
-        lines.append(f"| *ideal overlap ≈ max(N at once, all-reduce)* | {session['ideal_overlap_ms']:.0f} | | | | | |")
+    """The same table as Markdown (for BENCHMARKS.md); references in italics."""
+    lines = [f"| {' | '.join(COLUMNS)} |", "|---" * len(COLUMNS) + "|"]
+    for cells, reference in rows(report, session):
+        label = f"*{cells[0]}*" if reference else cells[0]
+        lines.append(f"| {' | '.join([label, *cells[1:]])} |")
     return "\n".join(lines)
 
 

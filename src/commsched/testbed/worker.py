@@ -10,16 +10,18 @@ The rank and the rendezvous come from the environment the testbed sets
     replica with no communication, at the same time as the others, so the CPU
     is shared as in real runs; ``allreduce``: one all-reduce of a buffer as
     large as all gradients per iteration), then ``torch_ddp`` (first: it is the
-    reference of the parameter check), then the other policies in an order
+    reference of the parameter check), in the first repeat PyTorch DDP with
+    1 MiB buckets (:data:`YARDSTICK`), then the other policies in an order
     rotated by one per repeat. Every run starts after a barrier from the same
     seed and sees the same data.
 ``compute_alone``
     World size 1: training with no communication at all, nothing else running.
 
-Every rank writes ``rank<r>.json``: per run, the wall time of every iteration
-(forward, backward, optimizer step, zero_grad; warm-up included, the host
-drops it). Rank 0 also writes the largest parameter difference from
-``torch_ddp`` of the same repeat, appends one line per iteration to
+Every rank writes ``rank<r>.json``: per run, the start and the wall time of
+every iteration (forward, backward, optimizer step, zero_grad; warm-up
+included, the host drops it). Rank 0 also writes the largest parameter difference from
+``torch_ddp`` of the same repeat (for ``torch_ddp`` itself: from its first
+repeat, the run-to-run noise floor), appends one line per iteration to
 ``progress.jsonl``, and all ranks save the measured trace of each
 commsched policy in the first repeat.
 """
@@ -37,9 +39,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
+
+#: PyTorch DDP with 1 MiB buckets (torch_ddp uses DDP's default 25 MiB): same arithmetic, another
+#: summation order. Its parameter difference from torch_ddp is the yardstick for the policies'.
+YARDSTICK = "torch_ddp_1mb"
 
 
 @dataclass(frozen=True)
@@ -93,52 +100,79 @@ def _maybe_fail(job: Job, rank: int, name: str, step: int) -> None:
         os._exit(17)
 
 
-def _compute(job: Job, rank: int, batches: list[Any], progress: _Progress, name: str, repeat: int) -> list[float]:
+class _Clock:
+    """Start (from the first step's start) and duration of every step, in seconds."""
+
+    def __init__(self) -> None:
+        self.origin = time.perf_counter()
+        self.starts_s: list[float] = []
+        self.times_s: list[float] = []
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self.starts_s.append(self._t0 - self.origin)
+
+    def stop(self) -> None:
+        self.times_s.append(time.perf_counter() - self._t0)
+
+    def record(self) -> dict[str, list[float]]:
+        return {"starts_s": self.starts_s, "times_s": self.times_s}
+
+
+def _compute(
+    job: Job, rank: int, batches: list[Any], progress: _Progress, name: str, repeat: int
+) -> dict[str, list[float]]:
     """Training with no communication: forward, backward, step, zero_grad."""
     model = build_model(job.model, job.seed)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
-    times = []
+    clock = _Clock()
     for step, (x, y) in enumerate(batches):
-        t0 = time.perf_counter()
+        clock.start()
         model_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
-        times.append(time.perf_counter() - t0)
+        clock.stop()
         progress(name, repeat, step)
-    return times
+    return clock.record()
 
 
-def _allreduce(job: Job, numel: int, progress: _Progress, repeat: int) -> list[float]:
+def _allreduce(job: Job, numel: int, progress: _Progress, repeat: int) -> dict[str, list[float]]:
     """One all-reduce of ``numel`` fp32 values per iteration (all gradients in one buffer)."""
     flat = torch.randn(numel, generator=torch.Generator().manual_seed(1))
-    times = []
+    clock = _Clock()
     for step in range(job.steps):
-        t0 = time.perf_counter()
+        clock.start()
         dist.all_reduce(flat)
-        times.append(time.perf_counter() - t0)
         flat.div_(dist.get_world_size())
+        clock.stop()
         progress("allreduce", repeat, step)
-    return times
+    return clock.record()
 
 
 def _policy(
     job: Job, rank: int, policy: str, batches: list[Any], progress: _Progress, repeat: int
-) -> tuple[list[float], torch.Tensor, float, Any]:
+) -> tuple[dict[str, list[float]], torch.Tensor, float, Any]:
     model = build_model(job.model, job.seed)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
-    knobs = dict(job.knobs.get(policy, {}))
-    if policy != "torch_ddp":
-        knobs.update(timeout_s=job.comm_timeout_s, trace=repeat == job.trace_repeat)
     initial = _flat_params(model)
-    wrapped, optimizer = parallelize(model, opt, policy=policy, **knobs)
-    times = []
+    wrapped: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    if policy == YARDSTICK:  # PyTorch DDP with other buckets: only the summation order changes
+        wrapped, optimizer = DistributedDataParallel(model, bucket_cap_mb=1, find_unused_parameters=True), opt
+    else:
+        knobs = dict(job.knobs.get(policy, {}))
+        if policy != "torch_ddp":
+            knobs.update(timeout_s=job.comm_timeout_s, trace=repeat == job.trace_repeat)
+        wrapped, optimizer = parallelize(model, opt, policy=policy, **knobs)
+    clock = _Clock()
     for step, (x, y) in enumerate(batches):
         _maybe_fail(job, rank, policy, step)
-        t0 = time.perf_counter()
+        clock.start()
         model_loss(wrapped(x), y).backward()
         optimizer.step()
         optimizer.zero_grad()
-        times.append(time.perf_counter() - t0)
+        clock.stop()
         progress(policy, repeat, step)
     flush = getattr(wrapped, "flush", None)
     if flush is not None:
@@ -148,7 +182,7 @@ def _policy(
     close = getattr(wrapped, "close", None)
     if close is not None:
         close()
-    return times, params, (params - initial).abs().max().item(), trace
+    return clock.record(), params, (params - initial).abs().max().item(), trace
 
 
 def _replica_spread(params: torch.Tensor) -> float:
@@ -167,28 +201,31 @@ def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
     numel = sum(p.numel() for p in build_model(job.model, job.seed).parameters())
     others = [p for p in job.policies if p != "torch_ddp"]
     runs: list[dict[str, Any]] = []
+    first_ddp: torch.Tensor | None = None  # torch_ddp of repeat 0: its run-to-run difference is the noise floor
     for repeat in range(job.repeats):
         reference: torch.Tensor | None = None
         if job.references:
             dist.barrier()
             runs.append(
-                {
-                    "name": "compute",
-                    "repeat": repeat,
-                    "times_s": _compute(job, rank, batches, progress, "compute", repeat),
-                }
+                {"name": "compute", "repeat": repeat, **_compute(job, rank, batches, progress, "compute", repeat)}
             )
             dist.barrier()
-            runs.append({"name": "allreduce", "repeat": repeat, "times_s": _allreduce(job, numel, progress, repeat)})
+            runs.append({"name": "allreduce", "repeat": repeat, **_allreduce(job, numel, progress, repeat)})
         k = repeat % len(others) if others else 0
         order = (["torch_ddp"] if "torch_ddp" in job.policies else []) + others[k:] + others[:k]
+        if repeat == 0 and job.references and "torch_ddp" in job.policies:
+            order.insert(1, YARDSTICK)
         for policy in order:
             dist.barrier()
-            times, params, moved, trace = _policy(job, rank, policy, batches, progress, repeat)
-            run: dict[str, Any] = {"name": policy, "repeat": repeat, "times_s": times, "max_param_moved": moved}
+            clock, params, moved, trace = _policy(job, rank, policy, batches, progress, repeat)
+            run: dict[str, Any] = {"name": policy, "repeat": repeat, **clock, "max_param_moved": moved}
             run["replica_spread"] = _replica_spread(params)
             if policy == "torch_ddp":
                 reference = params
+                if first_ddp is None:
+                    first_ddp = params
+                else:
+                    run["max_param_diff"] = (params - first_ddp).abs().max().item()
             elif reference is not None:
                 run["max_param_diff"] = (params - reference).abs().max().item()
                 run["max_param_abs"] = reference.abs().max().item()
@@ -211,7 +248,7 @@ def main() -> None:
             {
                 "name": "compute_alone",
                 "repeat": r,
-                "times_s": _compute(job, rank, _batches(job, rank), progress, "compute_alone", r),
+                **_compute(job, rank, _batches(job, rank), progress, "compute_alone", r),
             }
             for r in range(job.repeats)
         ]

@@ -1,0 +1,49 @@
+"""Markdown tables (as in BENCHMARKS.md) and the bar chart from a ``commsched bench`` result.
+
+    python benchmarks/testbed_tables.py bench-results/bench.json [--png out.png]
+
+Prints the machine, the command line, and per link shaping the measured link
+check and one table: policies, then the references.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from commsched.testbed.report import markdown_table, plot
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("report", type=Path, help="bench.json written by commsched bench")
+    parser.add_argument("--png", type=Path, help="also draw the bar chart here")
+    args = parser.parse_args()
+    report = json.loads(args.report.read_text())
+    meta = report["meta"]
+    m = meta["machine"]
+    print(f"Machine: {m['cpu_model']}, {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}, torch {m['torch']}")
+    print(f"Testbed: {meta['testbed']['description']}")
+    print(f"Command: `{meta['command_line']}` ({meta['wall_s'] / 60:.1f} min)")
+    print(f"Load average at start / end: {m['load_average'][0]:.1f} / {meta['load_average_end'][0]:.1f}")
+    print()
+    for session in report["sessions"]:
+        check = session.get("link_check")
+        line = f"**links {session['label']}**"
+        if check:
+            line += f" (TCP check: {check['throughput_mbit_s']:.0f} Mbit/s, RTT {check['rtt_ms']:.2f} ms)"
+        load = session.get("load_average"), session.get("load_average_end")
+        if all(load):
+            line += f", load average {load[0][0]:.1f} → {load[1][0]:.1f}"  # type: ignore[index]
+        print(line)
+        print()
+        print(markdown_table(report, session))
+        print()
+    if args.png:
+        plot(report, args.png)
+        print(f"wrote {args.png}")
+
+
+if __name__ == "__main__":
+    main()
