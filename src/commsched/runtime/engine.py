@@ -479,10 +479,20 @@ class Engine:
                 self._wait_task(task.id, self._gen)
             if self._active_policy == "no_overlap" and self.world > 1:
                 self._ar_seconds.append(time.perf_counter() - start)
-            for t, p in enumerate(self._tensor_params):
-                if self._got_grad_gen[t] == self._gen:
-                    assert p.grad is not None
-                    p.grad.copy_(self._averaged(t).view_as(p.grad))
+            # Averaged straight from the task buffers into p.grad: one pass, no temporaries.
+            for task in self.plan.tasks:
+                slot = self._slots[task.id]
+                for seg, off in zip(task.segments, slot.offsets, strict=True):
+                    p = self._tensor_params[seg.tensor]
+                    if self._got_grad_gen[seg.tensor] != self._gen or p.grad is None:
+                        continue
+                    if p.grad.is_contiguous():
+                        dst = p.grad.view(-1)[seg.start : seg.stop]
+                        torch.div(slot.flat[off : off + seg.numel], self.world, out=dst)
+                    else:  # e.g. channels_last: go through a contiguous copy
+                        flat_grad = p.grad.reshape(-1).clone()
+                        torch.div(slot.flat[off : off + seg.numel], self.world, out=flat_grad[seg.start : seg.stop])
+                        p.grad.copy_(flat_grad.view_as(p.grad))
 
     # ------------------------------------------------------------- data flow
 
