@@ -17,11 +17,12 @@ Definitions (also written into the JSON):
 * speed-up = ``torch_ddp``'s time / the policy's time, same session;
 * max |Δparam| = largest absolute difference of any parameter from the
   ``torch_ddp`` run of the same repeat, on rank 0, after the last step;
-* references: ``compute (world 1)``: one rank alone in one namespace, no
-  communication; ``compute (N at once)``: every rank trains alone at the
-  same time (the CPU shared as in a real run); ``all-reduce alone``: one
-  gloo all-reduce of a buffer of all gradients; ideal overlap ≈
-  max(compute N at once, all-reduce alone); ``torch DDP, 1 MiB buckets``
+* references: ``compute, world 1``: one rank alone in one namespace, no
+  communication; ``compute, N in lock-step``: every rank trains its own
+  replica at the same time, with a barrier after each step (the CPUs shared
+  as in a real run, only the gradients not exchanged); ``all-reduce alone``:
+  one gloo all-reduce of a buffer of all gradients; ideal overlap ≈
+  max(compute N in lock-step, all-reduce alone); ``torch DDP, 1 MiB buckets``
   (first repeat only): PyTorch DDP with smaller buckets, whose parameter
   difference from ``torch_ddp`` shows what reordering float sums alone does
   (with more than 2 ranks and BatchNorm on random data, ulp-level
@@ -55,7 +56,7 @@ from commsched.trace import Trace
 DEFAULT_POLICIES = tuple(RUNTIME_POLICIES)
 REFERENCES = {
     "compute_alone": "compute, world 1",
-    "compute": "compute, N at once",
+    "compute": "compute, N in lock-step",
     "allreduce": "all-reduce alone",
     YARDSTICK: "torch DDP, 1 MiB buckets",
 }
@@ -70,9 +71,10 @@ DEFINITIONS = {
     "min_param_moved": "min over repeats of max |final param - initial param| (training did change the model)",
     "replica_spread": "max over repeats of the spread between ranks of the float64 sum of all parameters",
     "compute_alone": "one rank, world size 1, alone in one namespace, no communication",
-    "compute": "every rank trains its own replica with no communication, all at the same time",
+    "compute": "every rank trains its own replica with no gradient communication, all at the same time, "
+    "with a barrier after every step (lock-step, as synchronous training shares the CPUs)",
     "allreduce": "one gloo all_reduce of a fp32 buffer with as many elements as the model has parameters",
-    "ideal_overlap": "max(compute (N at once), all-reduce alone)",
+    "ideal_overlap": "max(compute (N in lock-step), all-reduce alone)",
     YARDSTICK: "PyTorch DDP with bucket_cap_mb=1 (torch_ddp: 25), first repeat only: its max_param_diff is what "
     "reordering the gradient sums alone does to the parameters",
 }

@@ -13,7 +13,7 @@ COLUMNS = ("policy", "iter ms", "min–max", "samples/s", "speed-up", "÷ ideal"
 CAPTION = (
     "iter ms: median over repeats (min–max: over repeats) of the slowest rank's mean iteration time; "
     "speed-up and max |Δp| (largest parameter difference after the last step) are against torch_ddp; "
-    "÷ ideal: iteration time over max(compute N at once, all-reduce alone)"
+    "÷ ideal: iteration time over max(compute N in lock-step, all-reduce alone)"
 )
 
 
@@ -53,7 +53,7 @@ def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str
         if key in summary:
             row(key, REFERENCES[key], summary[key], True)
     if "ideal_overlap_ms" in session:
-        out.append((["ideal ≈ max(N at once, all-reduce)", f"{session['ideal_overlap_ms']:.0f}", *[""] * 5], True))
+        out.append((["ideal ≈ max(N in lock-step, all-reduce)", f"{session['ideal_overlap_ms']:.0f}", *[""] * 5], True))
     return out
 
 
@@ -136,7 +136,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
             [i + 0.42 for i, _ in bounds],
             colors="black",
             linestyles="dashed",
-            label="ideal overlap ≈ max(compute N at once, all-reduce)",
+            label="ideal overlap ≈ max(compute N in lock-step, all-reduce)",
         )
     ax.set_xticks(range(len(sessions)), [s["label"] for s in sessions])
     ax.set_xlabel("per-worker link (both directions)")

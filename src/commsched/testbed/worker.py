@@ -7,8 +7,9 @@ The rank and the rendezvous come from the environment the testbed sets
 ``session``
     One gloo process group for everything measured on one link shaping. Per
     repeat: the two references (``compute``: every rank trains its own
-    replica with no communication, at the same time as the others, so the CPU
-    is shared as in real runs; ``allreduce``: one all-reduce of a buffer as
+    replica with no gradient communication, at the same time as the others
+    and in lock-step (a barrier per step), so the CPUs are shared as in real
+    runs; ``allreduce``: one all-reduce of a buffer as
     large as all gradients per iteration), then ``torch_ddp`` (first: it is the
     reference of the parameter check), in the first repeat PyTorch DDP with
     1 MiB buckets (:data:`YARDSTICK`), then the other policies in an order
@@ -121,9 +122,14 @@ class _Clock:
 
 
 def _compute(
-    job: Job, rank: int, batches: list[Any], progress: _Progress, name: str, repeat: int
+    job: Job, rank: int, batches: list[Any], progress: _Progress, name: str, repeat: int, lockstep: bool = False
 ) -> dict[str, list[float]]:
-    """Training with no communication: forward, backward, step, zero_grad."""
+    """Training with no gradient communication: forward, backward, step, zero_grad (+ a barrier in lock-step).
+
+    In lock-step every step ends with a barrier, so the ranks share the CPUs
+    as in synchronous training; without it, ranks that share CPUs drift apart
+    and the scheduler may favour some for seconds.
+    """
     model = build_model(job.model, job.seed)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
     clock = _Clock()
@@ -132,6 +138,8 @@ def _compute(
         model_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad()
+        if lockstep:
+            dist.barrier()
         clock.stop()
         progress(name, repeat, step)
     return clock.record()
@@ -206,9 +214,8 @@ def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
         reference: torch.Tensor | None = None
         if job.references:
             dist.barrier()
-            runs.append(
-                {"name": "compute", "repeat": repeat, **_compute(job, rank, batches, progress, "compute", repeat)}
-            )
+            compute = _compute(job, rank, batches, progress, "compute", repeat, lockstep=True)
+            runs.append({"name": "compute", "repeat": repeat, **compute})
             dist.barrier()
             runs.append({"name": "allreduce", "repeat": repeat, **_allreduce(job, numel, progress, repeat)})
         k = repeat % len(others) if others else 0
