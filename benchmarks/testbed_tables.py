@@ -12,13 +12,14 @@ import argparse
 import json
 from pathlib import Path
 
-from commsched.testbed.report import markdown_table, plot
+from commsched.testbed.report import markdown_table, phase_table, plot
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("report", type=Path, help="bench.json written by commsched bench")
     parser.add_argument("--png", type=Path, help="also draw the bar chart here")
+    parser.add_argument("--phases", action="store_true", help="also where each step's time goes")
     args = parser.parse_args()
     report = json.loads(args.report.read_text())
     meta = report["meta"]
@@ -40,6 +41,9 @@ def main() -> None:
         print()
         print(markdown_table(report, session))
         print()
+        if args.phases:
+            print(phase_table(report, session))
+            print()
     if args.png:
         plot(report, args.png)
         print(f"wrote {args.png}")

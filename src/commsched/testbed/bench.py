@@ -22,8 +22,8 @@ Definitions (also written into the JSON):
   replica at the same time, with a barrier after each step (the CPUs shared
   as in a real run, only the gradients not exchanged); ``all-reduce alone``:
   one gloo all-reduce of a buffer of all gradients; ideal overlap ≈
-  max(compute N in lock-step, all-reduce alone); ``torch DDP, 1 MiB buckets``
-  (first repeat only): PyTorch DDP with smaller buckets, whose parameter
+  max(compute N in lock-step, all-reduce alone); ``torch DDP, 1 MiB buckets``:
+  PyTorch DDP with smaller buckets (more overlap), whose parameter
   difference from ``torch_ddp`` shows what reordering float sums alone does
   (with more than 2 ranks and BatchNorm on random data, ulp-level
   differences grow by orders of magnitude within a few steps).
@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -65,6 +66,9 @@ DEFINITIONS = {
     "optimizer.step, zero_grad), i.e. (end of its last timed step - start of its first) / timed steps; "
     "per policy: median over repeats (spread: min-max over repeats)",
     "samples_per_s": "workers * per-rank batch / iteration time",
+    "phases_ms": "per run: median over ranks of the mean over timed steps of forward (model + loss), backward "
+    "(loss.backward(), including any wait for gradients the policy makes there) and step (optimizer.step + "
+    "zero_grad); per policy: median over repeats",
     "speedup": "torch_ddp iteration time / policy iteration time, same session",
     "max_param_diff": "max |param - param of torch_ddp, same repeat| on rank 0 after the last step; "
     "for torch_ddp itself: vs its first repeat (run-to-run difference)",
@@ -75,7 +79,7 @@ DEFINITIONS = {
     "with a barrier after every step (lock-step, as synchronous training shares the CPUs)",
     "allreduce": "one gloo all_reduce of a fp32 buffer with as many elements as the model has parameters",
     "ideal_overlap": "max(compute (N in lock-step), all-reduce alone)",
-    YARDSTICK: "PyTorch DDP with bucket_cap_mb=1 (torch_ddp: 25), first repeat only: its max_param_diff is what "
+    YARDSTICK: "PyTorch DDP with bucket_cap_mb=1 (torch_ddp: 25): its max_param_diff is what "
     "reordering the gradient sums alone does to the parameters",
 }
 
@@ -129,6 +133,19 @@ class BenchConfig:
 # ------------------------------------------------------------------ reporting helpers
 
 
+def source_info() -> dict[str, Any]:
+    """The commit of the checkout commsched runs from, and its modified files (results depend on both)."""
+    root = Path(__file__).resolve().parents[3]
+    info: dict[str, Any] = {}
+    for key, argv in (("commit", ["git", "rev-parse", "HEAD"]), ("modified", ["git", "status", "--porcelain", "-uno"])):
+        try:
+            out = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=10, check=True).stdout
+        except (OSError, subprocess.SubprocessError):
+            return {}
+        info[key] = out.strip() if key == "commit" else [line[3:] for line in out.splitlines()]
+    return info
+
+
 def machine_info() -> dict[str, Any]:
     cpu = platform.processor() or "unknown"
     try:
@@ -166,6 +183,10 @@ def _summarise(runs: list[dict[str, Any]], workers: int, batch: int) -> dict[str
     diffs = [r["max_param_diff"] for r in runs if r.get("max_param_diff") is not None]
     if diffs:
         out["max_param_diff"] = max(diffs)
+    if all("phases_ms" in r for r in runs):
+        out["phases_ms"] = {
+            phase: statistics.median(r["phases_ms"][phase] for r in runs) for phase in runs[0]["phases_ms"]
+        }
     moved = [r["max_param_moved"] for r in runs if r.get("max_param_moved") is not None]
     if moved:
         out["min_param_moved"] = min(moved)
@@ -189,6 +210,11 @@ def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str
             "rank_iteration_ms": rank_ms,
             "iteration_ms": max(rank_ms),
         }
+        if per_rank[0].get("phases_s"):
+            run["phases_ms"] = {
+                phase: statistics.median(statistics.fmean(r["phases_s"][phase][warmup:]) * 1e3 for r in per_rank)
+                for phase in per_rank[0]["phases_s"]
+            }
         for key in ("max_param_diff", "max_param_abs", "max_param_moved", "replica_spread"):
             if key in run0:
                 run[key] = run0[key]
@@ -303,6 +329,7 @@ def run_bench(
         "meta": {
             "command_line": command_line,
             "machine": machine,
+            "source": source_info(),
             "config": {**asdict(config), "shapes": [asdict(s) for s in config.shapes]},
             "model_parameters": numel,
             "gradient_mib": numel * 4 / 2**20,
@@ -324,7 +351,7 @@ def run_bench(
         steps = config.warmup + config.iters
         per_session = config.repeats * steps * (len(config.policies) + (2 if config.references else 0))
         if config.references and "torch_ddp" in config.policies:
-            per_session += steps  # the yardstick, first repeat only
+            per_session += config.repeats * steps  # the 1 MiB-bucket DDP
         total = len(shapes) * per_session + (config.repeats * steps if config.references else 0)
         task = progress.add_task("starting", total=total) if progress is not None else None
 
@@ -408,6 +435,7 @@ def run_bench(
     report["meta"]["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     report["meta"]["wall_s"] = time.time() - started
     report["meta"]["load_average_end"] = os.getloadavg()
+    report["meta"]["source_end"] = source_info()
     _write(report, out_dir, complete=True)
     return report
 

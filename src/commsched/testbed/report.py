@@ -45,7 +45,7 @@ def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str
         if name in summary:
             row(name, name, summary[name], False)
     if YARDSTICK in summary:
-        row(YARDSTICK, f"{REFERENCES[YARDSTICK]} (1 run)", summary[YARDSTICK], True)
+        row(YARDSTICK, REFERENCES[YARDSTICK], summary[YARDSTICK], True)
     alone = report.get("compute_alone")
     if alone is not None:
         row("compute_alone", REFERENCES["compute_alone"], alone["summary"]["compute_alone"], True)
@@ -55,6 +55,21 @@ def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str
     if "ideal_overlap_ms" in session:
         out.append((["ideal ≈ max(N in lock-step, all-reduce)", f"{session['ideal_overlap_ms']:.0f}", *[""] * 5], True))
     return out
+
+
+def phase_table(report: dict[str, Any], session: dict[str, Any]) -> str:
+    """Markdown: where a step's time goes, per policy (median over repeats of the ranks' mean per phase)."""
+    summary = session["summary"]
+    names = [*report["meta"]["config"]["policies"], YARDSTICK, "compute"]
+    lines = ["| policy | forward ms | backward ms | step ms | iteration ms |", "|---|---|---|---|---|"]
+    for name in names:
+        s = summary.get(name)
+        if s is None or "phases_ms" not in s:
+            continue
+        p = s["phases_ms"]
+        label = f"*{REFERENCES[name]}*" if name in REFERENCES else name
+        lines.append(f"| {label} | {p['forward']:.0f} | {p['backward']:.0f} | {p['step']:.0f} | {s['median_ms']:.0f} |")
+    return "\n".join(lines)
 
 
 def _title(report: dict[str, Any], session: dict[str, Any]) -> str:
@@ -81,7 +96,8 @@ def session_table(report: dict[str, Any], session: dict[str, Any]) -> Table:
 
 def markdown_table(report: dict[str, Any], session: dict[str, Any]) -> str:
     """The same table as Markdown (for BENCHMARKS.md); references in italics."""
-    lines = [f"| {' | '.join(COLUMNS)} |", "|---" * len(COLUMNS) + "|"]
+    header = [c.replace("|", "\\|") for c in COLUMNS]
+    lines = [f"| {' | '.join(header)} |", "|---" * len(COLUMNS) + "|"]
     for cells, reference in rows(report, session):
         label = f"*{cells[0]}*" if reference else cells[0]
         lines.append(f"| {' | '.join([label, *cells[1:]])} |")

@@ -11,8 +11,8 @@ The rank and the rendezvous come from the environment the testbed sets
     and in lock-step (a barrier per step), so the CPUs are shared as in real
     runs; ``allreduce``: one all-reduce of a buffer as
     large as all gradients per iteration), then ``torch_ddp`` (first: it is the
-    reference of the parameter check), in the first repeat PyTorch DDP with
-    1 MiB buckets (:data:`YARDSTICK`), then the other policies in an order
+    reference of the parameter check), PyTorch DDP with 1 MiB buckets
+    (:data:`YARDSTICK`), then the other policies in an order
     rotated by one per repeat. Every run starts after a barrier from the same
     seed and sees the same data.
 ``compute_alone``
@@ -102,28 +102,40 @@ def _maybe_fail(job: Job, rank: int, name: str, step: int) -> None:
 
 
 class _Clock:
-    """Start (from the first step's start) and duration of every step, in seconds."""
+    """Start (from the first step's start) and duration of every step, and of its phases, in seconds.
+
+    Phases of a training step: ``forward`` (model and loss; under forward-mode
+    policies it includes waiting for the previous step's updates),
+    ``backward`` (includes waiting for the gradients where the policy does,
+    as DDP does), ``step`` (``optimizer.step()`` and ``zero_grad()``).
+    """
 
     def __init__(self) -> None:
         self.origin = time.perf_counter()
         self.starts_s: list[float] = []
         self.times_s: list[float] = []
-        self._t0 = 0.0
+        self.phases_s: dict[str, list[float]] = {}
+        self._t0 = self._lap = 0.0
 
     def start(self) -> None:
-        self._t0 = time.perf_counter()
+        self._t0 = self._lap = time.perf_counter()
         self.starts_s.append(self._t0 - self.origin)
+
+    def lap(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.phases_s.setdefault(phase, []).append(now - self._lap)
+        self._lap = now
 
     def stop(self) -> None:
         self.times_s.append(time.perf_counter() - self._t0)
 
-    def record(self) -> dict[str, list[float]]:
-        return {"starts_s": self.starts_s, "times_s": self.times_s}
+    def record(self) -> dict[str, Any]:
+        return {"starts_s": self.starts_s, "times_s": self.times_s, "phases_s": self.phases_s}
 
 
 def _compute(
     job: Job, rank: int, batches: list[Any], progress: _Progress, name: str, repeat: int, lockstep: bool = False
-) -> dict[str, list[float]]:
+) -> dict[str, Any]:
     """Training with no gradient communication: forward, backward, step, zero_grad (+ a barrier in lock-step).
 
     In lock-step every step ends with a barrier, so the ranks share the CPUs
@@ -135,9 +147,13 @@ def _compute(
     clock = _Clock()
     for step, (x, y) in enumerate(batches):
         clock.start()
-        model_loss(model(x), y).backward()
+        loss = model_loss(model(x), y)
+        clock.lap("forward")
+        loss.backward()
+        clock.lap("backward")
         opt.step()
         opt.zero_grad()
+        clock.lap("step")
         if lockstep:
             dist.barrier()
         clock.stop()
@@ -145,7 +161,7 @@ def _compute(
     return clock.record()
 
 
-def _allreduce(job: Job, numel: int, progress: _Progress, repeat: int) -> dict[str, list[float]]:
+def _allreduce(job: Job, numel: int, progress: _Progress, repeat: int) -> dict[str, Any]:
     """One all-reduce of ``numel`` fp32 values per iteration (all gradients in one buffer)."""
     flat = torch.randn(numel, generator=torch.Generator().manual_seed(1))
     clock = _Clock()
@@ -160,7 +176,7 @@ def _allreduce(job: Job, numel: int, progress: _Progress, repeat: int) -> dict[s
 
 def _policy(
     job: Job, rank: int, policy: str, batches: list[Any], progress: _Progress, repeat: int
-) -> tuple[dict[str, list[float]], torch.Tensor, float, Any]:
+) -> tuple[dict[str, Any], torch.Tensor, float, Any]:
     model = build_model(job.model, job.seed)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
     initial = _flat_params(model)
@@ -177,9 +193,13 @@ def _policy(
     for step, (x, y) in enumerate(batches):
         _maybe_fail(job, rank, policy, step)
         clock.start()
-        model_loss(wrapped(x), y).backward()
+        loss = model_loss(wrapped(x), y)
+        clock.lap("forward")
+        loss.backward()
+        clock.lap("backward")
         optimizer.step()
         optimizer.zero_grad()
+        clock.lap("step")
         clock.stop()
         progress(policy, repeat, step)
     flush = getattr(wrapped, "flush", None)
@@ -220,7 +240,7 @@ def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
             runs.append({"name": "allreduce", "repeat": repeat, **_allreduce(job, numel, progress, repeat)})
         k = repeat % len(others) if others else 0
         order = (["torch_ddp"] if "torch_ddp" in job.policies else []) + others[k:] + others[:k]
-        if repeat == 0 and job.references and "torch_ddp" in job.policies:
+        if job.references and "torch_ddp" in job.policies:
             order.insert(1, YARDSTICK)
         for policy in order:
             dist.barrier()
