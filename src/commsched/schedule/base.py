@@ -259,6 +259,13 @@ class Scheduler(ABC):
         return ()
 
 
+def require_positive(policy: str, **knobs: float | None) -> None:
+    """Raise ``ScheduleError`` naming the first knob that is not a number > 0 (``None`` means unset)."""
+    for knob, value in knobs.items():
+        if value is not None and not value > 0:
+            raise ScheduleError(f"{policy}: {knob} must be > 0, got {value}")
+
+
 class ReadyTracker:
     """Counts ready tensors per task so a policy knows when a task's inputs are complete."""
 

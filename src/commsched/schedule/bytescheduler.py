@@ -27,8 +27,7 @@ import heapq
 from collections.abc import Sequence
 from typing import ClassVar
 
-from commsched.errors import ScheduleError
-from commsched.schedule.base import Action, CommTask, Launch, NetworkEstimate, Plan, Scheduler
+from commsched.schedule.base import Action, CommTask, Launch, NetworkEstimate, Plan, Scheduler, require_positive
 from commsched.schedule.fusion import layer_priority, make_task, partition
 from commsched.workload import Workload
 
@@ -94,9 +93,7 @@ class ByteSchedulerScheduler(Scheduler):
     def build_plan(
         cls, workload: Workload, network: NetworkEstimate, partition_mb: float = 32.0, credit_mb: float = 64.0
     ) -> Plan:
-        for knob, value in (("partition_mb", partition_mb), ("credit_mb", credit_mb)):
-            if not value > 0:
-                raise ScheduleError(f"bytescheduler: {knob} must be > 0, got {value}")
+        require_positive(cls.name, partition_mb=partition_mb, credit_mb=credit_mb)
         tasks, _ = partition_tasks(workload, int(partition_mb * MiB))
         options = {"partition_mb": partition_mb, "credit_mb": credit_mb}
         return Plan(cls.name, workload, tuple(tasks), "forward", options)

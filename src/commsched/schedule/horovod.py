@@ -22,8 +22,7 @@ import math
 from collections.abc import Sequence
 from typing import ClassVar
 
-from commsched.errors import ScheduleError
-from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, ReadyTracker, Scheduler
+from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, ReadyTracker, Scheduler, require_positive
 from commsched.schedule.fusion import layer_priority, make_task, ready_order, whole
 from commsched.workload import Workload
 
@@ -41,8 +40,7 @@ class HorovodScheduler(Scheduler):
         fusion_threshold_mb: float = 128.0,
         cycle_time_ms: float = 1.0,
     ) -> Plan:
-        if not cycle_time_ms > 0:
-            raise ScheduleError(f"horovod: cycle_time_ms must be > 0, got {cycle_time_ms}")
+        require_positive(cls.name, cycle_time_ms=cycle_time_ms)
         threshold = int(fusion_threshold_mb * MiB)
         ready = workload.grad_ready_ms
         groups: list[list[int]] = []

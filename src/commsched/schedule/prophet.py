@@ -31,7 +31,7 @@ from dataclasses import replace
 from typing import ClassVar
 
 from commsched.errors import ScheduleError
-from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, Scheduler
+from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, Scheduler, require_positive
 from commsched.schedule.bytescheduler import CreditQueue, partition_tasks
 from commsched.schedule.fusion import ready_order
 from commsched.workload import Workload
@@ -71,12 +71,14 @@ class ProphetScheduler(Scheduler):
         slack_ms: float = 0.0,
         bandwidth_gbps: float | None = None,
     ) -> Plan:
-        for knob, value in (("partition_mb", partition_mb), ("credit_mb", credit_mb), ("gap_factor", gap_factor)):
-            if not value > 0:
-                raise ScheduleError(f"prophet: {knob} must be > 0, got {value}")
+        require_positive(
+            cls.name,
+            partition_mb=partition_mb,
+            credit_mb=credit_mb,
+            gap_factor=gap_factor,
+            bandwidth_gbps=bandwidth_gbps,
+        )
         if bandwidth_gbps is not None:
-            if not bandwidth_gbps > 0:
-                raise ScheduleError(f"prophet: bandwidth_gbps must be > 0, got {bandwidth_gbps}")
             network = replace(network, bandwidth_bytes_per_s=bandwidth_gbps * 1e9 / 8)
         tasks, _ = partition_tasks(workload, int(partition_mb * MiB))
         stages = find_stages(workload, gap_factor)
