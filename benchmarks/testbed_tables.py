@@ -12,6 +12,7 @@ import argparse
 import json
 from pathlib import Path
 
+from commsched.testbed.bench import resummarise
 from commsched.testbed.report import markdown_table, phase_table, plot
 
 
@@ -21,7 +22,7 @@ def main() -> None:
     parser.add_argument("--png", type=Path, help="also draw the bar chart here")
     parser.add_argument("--phases", action="store_true", help="also where each step's time goes")
     args = parser.parse_args()
-    report = json.loads(args.report.read_text())
+    report = resummarise(json.loads(args.report.read_text()))  # today's definitions, from the raw times
     meta = report["meta"]
     m = meta["machine"]
     print(f"Machine: {m['cpu_model']}, {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}, torch {m['torch']}")

@@ -14,7 +14,8 @@ Definitions (also written into the JSON):
   between steps, so single steps vary while the throughput does not. A
   policy's time is the median over repeats, its spread the min and max;
 * samples/s = workers × per-rank batch / iteration time;
-* speed-up = ``torch_ddp``'s time / the policy's time, same session;
+* speed-up = median over repeats of ``torch_ddp``'s time / the policy's
+  time in the same repeat (paired, so drift between repeats cancels);
 * max |Δparam| = largest absolute difference of any parameter from the
   ``torch_ddp`` run of the same repeat, on rank 0, after the last step;
 * references: ``compute, world 1``: one rank alone in one namespace, no
@@ -69,7 +70,8 @@ DEFINITIONS = {
     "phases_ms": "per run: median over ranks of the mean over timed steps of forward (model + loss), backward "
     "(loss.backward(), including any wait for gradients the policy makes there) and step (optimizer.step + "
     "zero_grad); per policy: median over repeats",
-    "speedup": "torch_ddp iteration time / policy iteration time, same session",
+    "speedup": "median over repeats of torch_ddp's iteration time / the policy's, both of the same repeat "
+    "(paired; speedup_min/max: over repeats)",
     "max_param_diff": "max |param - param of torch_ddp, same repeat| on rank 0 after the last step; "
     "for torch_ddp itself: vs its first repeat (run-to-run difference)",
     "min_param_moved": "min over repeats of max |final param - initial param| (training did change the model)",
@@ -78,7 +80,8 @@ DEFINITIONS = {
     "compute": "every rank trains its own replica with no gradient communication, all at the same time, "
     "with a barrier after every step (lock-step, as synchronous training shares the CPUs)",
     "allreduce": "one gloo all_reduce of a fp32 buffer with as many elements as the model has parameters",
-    "ideal_overlap": "max(compute (N in lock-step), all-reduce alone)",
+    "ideal_overlap": "per repeat max(compute (N in lock-step), all-reduce alone); vs_ideal: median over repeats "
+    "of the policy's time / that bound",
     YARDSTICK: "PyTorch DDP with bucket_cap_mb=1 (torch_ddp: 25): its max_param_diff is what "
     "reordering the gradient sums alone does to the parameters",
 }
@@ -448,16 +451,44 @@ def _write(report: dict[str, Any], out_dir: Path, *, complete: bool) -> None:
 
 
 def _add_ratios(session: dict[str, Any], alone: dict[str, Any] | None) -> None:
-    summary = session["summary"]
-    ddp = summary.get("torch_ddp")
+    """Paired ratios: each repeat's policy run against torch_ddp and the bound of the same repeat.
+
+    The machine's speed drifts between repeats (other work, scheduling); within a
+    repeat all runs see nearly the same machine, so the median of per-repeat
+    ratios is steadier than the ratio of medians.
+    """
+    summary, runs = session["summary"], session["runs"]
+
+    def by_repeat(name: str) -> dict[int, float]:
+        return {r["repeat"]: r["iteration_ms"] for r in runs.get(name, [])}
+
+    ddp = by_repeat("torch_ddp")
+    compute, allreduce = by_repeat("compute"), by_repeat("allreduce")
+    bound = {k: max(compute[k], allreduce[k]) for k in compute if k in allreduce}
+    if bound:
+        session["ideal_overlap_ms"] = statistics.median(bound.values())
     for name, s in summary.items():
-        if ddp is not None and (name in RUNTIME_POLICIES or name == YARDSTICK):
-            s["speedup_vs_torch_ddp"] = ddp["median_ms"] / s["median_ms"]
-    if "compute" in summary and "allreduce" in summary:
-        bound = max(summary["compute"]["median_ms"], summary["allreduce"]["median_ms"])
-        session["ideal_overlap_ms"] = bound
-        for name, s in summary.items():
-            if name in RUNTIME_POLICIES or name == YARDSTICK:
-                s["vs_ideal"] = s["median_ms"] / bound
+        if name not in RUNTIME_POLICIES and name != YARDSTICK:
+            continue
+        mine = by_repeat(name)
+        speedups = [ddp[k] / ms for k, ms in mine.items() if k in ddp]
+        if speedups:
+            s["speedup_vs_torch_ddp"] = statistics.median(speedups)
+            s["speedup_min"], s["speedup_max"] = min(speedups), max(speedups)
+        vs_ideal = [ms / bound[k] for k, ms in mine.items() if k in bound]
+        if vs_ideal:
+            s["vs_ideal"] = statistics.median(vs_ideal)
     if alone is not None:
         session["compute_alone_ms"] = alone["summary"]["compute_alone"]["median_ms"]
+
+
+def resummarise(report: dict[str, Any]) -> dict[str, Any]:
+    """Recompute every summary and ratio of a saved report from its raw runs (after a change of definitions)."""
+    workers, batch = report["meta"]["config"]["workers"], report["meta"]["config"]["batch"]
+    alone = report.get("compute_alone")
+    if alone is not None:
+        alone["summary"] = {name: _summarise(rs, 1, batch) for name, rs in alone["runs"].items()}
+    for session in report["sessions"]:
+        session["summary"] = {name: _summarise(rs, workers, batch) for name, rs in session["runs"].items()}
+        _add_ratios(session, alone)
+    return report

@@ -12,9 +12,17 @@ from commsched.testbed.bench import REFERENCES, YARDSTICK
 COLUMNS = ("policy", "iter ms", "min–max", "samples/s", "speed-up", "÷ ideal", "max |Δp|")
 CAPTION = (
     "iter ms: median over repeats (min–max: over repeats) of the slowest rank's mean iteration time; "
-    "speed-up and max |Δp| (largest parameter difference after the last step) are against torch_ddp; "
-    "÷ ideal: iteration time over max(compute N in lock-step, all-reduce alone)"
+    "speed-up (median over repeats of torch_ddp / policy in the same repeat) and max |Δp| (largest parameter "
+    "difference after the last step) are against torch_ddp; ÷ ideal: iteration time over max(compute N in "
+    "lock-step, all-reduce alone), same repeat"
 )
+
+
+def _speed_cell(s: dict[str, Any]) -> str:
+    cell = f"{s['speedup_vs_torch_ddp']:.2f}×"
+    if "speedup_min" in s and s["speedup_min"] != s["speedup_max"]:
+        cell += f" ({s['speedup_min']:.2f}–{s['speedup_max']:.2f})"
+    return cell
 
 
 def _diff_cell(name: str, diff: float | None) -> str:
@@ -35,7 +43,7 @@ def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str
             f"{s['median_ms']:.0f}",
             f"{s['min_ms']:.0f}–{s['max_ms']:.0f}",
             f"{s['samples_per_s']:.1f}" if not reference or name == YARDSTICK else "",
-            f"{speed:.2f}×" if speed is not None else ("" if reference else "—"),
+            _speed_cell(s) if speed is not None else ("" if reference else "—"),
             f"{vs_ideal:.2f}" if vs_ideal is not None else ("" if reference else "—"),
             _diff_cell(name, s.get("max_param_diff")) if not reference or name == YARDSTICK else "",
         ]
