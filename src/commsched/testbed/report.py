@@ -113,9 +113,11 @@ def markdown_table(report: dict[str, Any], session: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
-    """Grouped bars: one group per link shaping, one bar per policy (error bar: min–max over repeats).
+    """Two panels, one group of bars per link shaping.
 
-    The references are hatched bars after the policies; the ideal-overlap bound is a dashed line per group.
+    Top: iteration time per policy (median, error bar min–max over repeats),
+    the references hatched, the ideal-overlap bound dashed. Bottom: speed-up
+    over ``torch_ddp`` (median of the per-repeat ratios, error bar min–max).
     """
     import matplotlib
 
@@ -124,50 +126,66 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     cfg = report["meta"]["config"]
     sessions = report["sessions"]
-    names = [p for p in cfg["policies"]] + ["compute", "allreduce"]
-    width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(7.0, 2.2 * len(sessions) + 3), 4.5))
+    policies = [*cfg["policies"], YARDSTICK]
+    names = [*policies, "compute", "allreduce"]
     colors = plt.get_cmap("tab10")
-    for j, name in enumerate(names):
-        xs, ys, lo, hi = [], [], [], []
-        for i, session in enumerate(sessions):
-            s = session["summary"].get(name)
-            if s is None:
+    color = {name: colors(j % 10) for j, name in enumerate(policies)}
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(max(8.0, 2.6 * len(sessions) + 4), 7.5), height_ratios=(3, 2), sharex=True
+    )
+
+    def bars(ax: Any, names: list[str], value: str, lo_key: str, hi_key: str) -> None:
+        width = 0.84 / len(names)
+        for j, name in enumerate(names):
+            xs, ys, lo, hi = [], [], [], []
+            for i, session in enumerate(sessions):
+                s = session["summary"].get(name)
+                if s is None or value not in s:
+                    continue
+                xs.append(i + (j - (len(names) - 1) / 2) * width)
+                ys.append(s[value])
+                lo.append(s[value] - s.get(lo_key, s[value]))
+                hi.append(s.get(hi_key, s[value]) - s[value])
+            if not xs:
                 continue
-            xs.append(i + (j - (len(names) - 1) / 2) * width)
-            ys.append(s["median_ms"])
-            lo.append(s["median_ms"] - s["min_ms"])
-            hi.append(s["max_ms"] - s["median_ms"])
-        if not xs:
-            continue
-        is_ref = name in REFERENCES
-        ax.bar(
-            xs,
-            ys,
-            width,
-            yerr=[lo, hi],
-            capsize=2,
-            label=REFERENCES.get(name, name),
-            color="white" if is_ref else colors(j % 10),
-            edgecolor="gray" if is_ref else colors(j % 10),
-            hatch="//" if is_ref else None,
-        )
+            is_ref = name in REFERENCES and name != YARDSTICK
+            ax.bar(
+                xs,
+                ys,
+                width,
+                yerr=[lo, hi],
+                capsize=2,
+                label=REFERENCES.get(name, name),
+                color="white" if is_ref else color[name],
+                edgecolor="gray" if is_ref else color[name],
+                hatch="//" if is_ref else ("xx" if name == YARDSTICK else None),
+            )
+
+    bars(top, names, "median_ms", "min_ms", "max_ms")
     bounds = [(i, s["ideal_overlap_ms"]) for i, s in enumerate(sessions) if "ideal_overlap_ms" in s]
     if bounds:
-        ax.hlines(
+        top.hlines(
             [b for _, b in bounds],
-            [i - 0.42 for i, _ in bounds],
-            [i + 0.42 for i, _ in bounds],
+            [i - 0.44 for i, _ in bounds],
+            [i + 0.44 for i, _ in bounds],
             colors="black",
             linestyles="dashed",
-            label="ideal overlap ≈ max(compute N in lock-step, all-reduce)",
+            label="ideal ≈ max(compute N in lock-step, all-reduce)",
         )
-    ax.set_xticks(range(len(sessions)), [s["label"] for s in sessions])
-    ax.set_xlabel("per-worker link (both directions)")
-    ax.set_ylabel("iteration time, ms (median; bars: min–max over repeats)")
+    top.set_ylabel("iteration time, ms")
     cpus = report["meta"]["machine"]["cpus"]
-    ax.set_title(f"{cfg['model']}, {cfg['workers']} workers × batch {cfg['batch']}, gloo, {cpus} CPUs")
-    ax.legend(fontsize=7, ncol=2)
+    top.set_title(
+        f"{cfg['model']}, {cfg['workers']} workers × batch {cfg['batch']} on {cpus} CPUs, gloo; "
+        "median over repeats, bars min–max"
+    )
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    bars(bottom, [p for p in policies if p != "torch_ddp"], "speedup_vs_torch_ddp", "speedup_min", "speedup_max")
+    bottom.axhline(1.0, color="black", linewidth=0.8)
+    lows = [s.get("speedup_min", 1.0) for session in sessions for s in session["summary"].values()]
+    bottom.set_ylim(bottom=min(0.5, *lows) - 0.05)
+    bottom.set_ylabel("speed-up over torch_ddp")
+    bottom.set_xticks(range(len(sessions)), [s["label"] for s in sessions])
+    bottom.set_xlabel("per-worker link (both directions)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
