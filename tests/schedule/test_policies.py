@@ -95,6 +95,26 @@ def test_dear_reduce_scatters_in_backward_and_gathers_one_group_ahead_in_forward
     assert s.plan.final_tasks_of_layer[3] == (3,)
 
 
+def test_dear_lookahead_issues_gathers_that_many_groups_ahead_of_the_forward() -> None:
+    w = workload([MiB // 4] * 6)
+    s = build_scheduler("dear", w, NET, threshold_mb=1.5, lookahead=3)  # one group per layer
+    backward(s, 6)
+    assert launched(s.on_step()) == [1, 3, 5]  # AG(0..2) at step
+    assert launched(s.on_forward_pre(0)) == [7]  # group 0 starts: AG(3)
+    assert launched(s.on_forward_pre(1)) == [9]
+    assert launched(s.on_forward_pre(2)) == [11]
+    assert launched(s.on_forward_pre(3)) == []  # nothing left
+    s = build_scheduler("dear", w, NET, threshold_mb=1.5, lookahead=100)
+    backward(s, 6)
+    assert launched(s.on_step()) == [1, 3, 5, 7, 9, 11]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+def test_dear_refuses_a_lookahead_that_is_not_a_whole_number_of_groups(bad: object) -> None:
+    with pytest.raises(ScheduleError, match=r"dear: lookahead must be a whole number >= 1, got"):
+        build_scheduler("dear", workload([MiB // 4] * 2), NET, lookahead=bad)
+
+
 def test_dear_settles_gathers_the_forward_skipped_before_the_next_backward() -> None:
     w = workload([MiB // 4] * 4)
     s = build_scheduler("dear", w, NET, threshold_mb=1.5)  # one group per layer

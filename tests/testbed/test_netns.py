@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from commsched.cluster import Cluster
+from commsched.sim import simulate
 from commsched.testbed import (
     LinkShape,
     NetnsTestbed,
@@ -25,6 +27,9 @@ from commsched.testbed import (
 )
 from commsched.testbed.bench import BenchConfig, run_bench
 from commsched.testbed.probe import probe_link
+from commsched.trace import Trace
+from commsched.validate import compare_traces, gloo_options, summarize
+from commsched.workload import Workload
 
 _REASON = netns_unavailable_reason()
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(_REASON is not None, reason=f"testbed: {_REASON}")]
@@ -55,7 +60,7 @@ def _mine() -> list[str]:
 
 
 def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(tmp_path: Path) -> None:
-    report = run_bench(_config(), tmp_path)
+    report = run_bench(_config(validate=True), tmp_path)
     (session,) = report["sessions"]
     assert session["label"] == "2gbit" and "rate 2Gbit" in session["qdiscs"]
     dear = session["summary"]["dear"]
@@ -66,6 +71,18 @@ def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(t
         assert len(run["times_s"]) == 2 and len(run["times_s"][0]) == 5 and len(run["rank_iteration_ms"]) == 2
         assert run["iteration_ms"] == max(run["rank_iteration_ms"]) > 0
     assert session["traces"] == {"dear": "trace-2gbit-dear.json"} and (tmp_path / "trace-2gbit-dear.json").exists()
+    # --validate: calibrated on these links before the policies ran, then every policy predicted
+    validation = session["validation"]
+    assert set(validation["rows"]) == {"torch_ddp", "dear"}
+    assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in validation["rows"].values())
+    assert 0 < validation["calibration"]["bandwidth_mbit_s"] <= 2000 * 1.1  # the link is shaped to 2 Gbit/s
+    workload = Workload.load(session["calibration_files"]["workload"])
+    assert workload.model == "cnn" and workload.batch_size == 4
+    cluster = Cluster.load(session["calibration_files"]["cluster"])
+    predicted = simulate(workload, cluster, "dear", 6, 3, options=gloo_options(workload, cluster, "dear")).trace
+    assert predicted is not None
+    rows = compare_traces(predicted, Trace.load(tmp_path / "trace-2gbit-dear.json"))
+    assert summarize(rows).matched == len(rows) > 0  # the same tasks on both sides
     assert _mine() == []
 
 

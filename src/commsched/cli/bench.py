@@ -15,7 +15,7 @@ from commsched.models import MODELS
 from commsched.runtime import RUNTIME_POLICIES
 from commsched.testbed import LinkShape, parse_rate
 from commsched.testbed.bench import DEFAULT_POLICIES, BenchConfig, run_bench
-from commsched.testbed.report import plot, session_table
+from commsched.testbed.report import plot, session_table, validation_table
 
 
 def _knob(text: str) -> tuple[str, str, Any]:
@@ -57,6 +57,12 @@ def _knob(text: str) -> tuple[str, str, Any]:
 @click.option("--no-references", is_flag=True, help="skip compute-alone and all-reduce-alone")
 @click.option("--no-probe", is_flag=True, help="skip the TCP throughput/RTT check of each shaping")
 @click.option(
+    "--validate",
+    is_flag=True,
+    help="before each session, measure the links (α-β) and the model's per-layer compute on this testbed, "
+    "and print the simulator's predicted iteration time of every policy beside the measured one",
+)
+@click.option(
     "--isolation",
     type=click.Choice(["auto", "netns", "loopback"]),
     default="auto",
@@ -88,6 +94,7 @@ def command(
     knobs: tuple[str, ...],
     no_references: bool,
     no_probe: bool,
+    validate: bool,
     isolation: str,
     out_dir: Path,
 ) -> None:
@@ -100,6 +107,13 @@ def command(
 
     \b
         sudo commsched bench --model resnet5m --workers 4 --bandwidth none,1gbit,300mbit
+
+    With --validate, each session first calibrates the simulator on the
+    testbed (collective sweep on the shaped links, per-layer compute profile
+    with the ranks sharing the CPUs) and the output ends with predicted vs
+    measured iteration time per policy; the calibrated workload.json and
+    cluster.yaml are saved so that `commsched compare --measured TRACE`
+    can compare one policy task by task.
     """
     try:
         shapes = tuple(
@@ -133,6 +147,7 @@ def command(
             comm_timeout_s=comm_timeout,
             references=not no_references,
             probe=not no_probe,
+            validate=validate,
             isolation=isolation,  # type: ignore[arg-type]
             knobs=knob_map,
         )
@@ -166,6 +181,8 @@ def command(
     )
     for session in report["sessions"]:
         console.print(session_table(report, session))
+    if validate:
+        console.print(validation_table(report))
     plot(report, out_dir / "bench.png")
     traces = sum(len(s["traces"]) for s in report["sessions"])
     console.print(f"wrote {out_dir / 'bench.json'}, {out_dir / 'bench.png'} and {traces} traces")

@@ -167,12 +167,16 @@ class _WorkHandle:
 
 
 class _RingHandle:
-    """A ring op queued on the worker thread; ``done`` is set when it finished or failed."""
+    """A ring op queued on the worker thread; ``done`` is set when it finished or failed.
 
-    __slots__ = ("_error", "_worker", "describe", "done")
+    ``started_s``: ``time.perf_counter()`` when the worker thread began it (None while queued).
+    """
+
+    __slots__ = ("_error", "_worker", "describe", "done", "started_s")
 
     def __init__(self, describe: str, worker: threading.Thread) -> None:
         self.describe = describe
+        self.started_s: float | None = None
         self.done = threading.Event()
         self._error: RuntimeCommError | None = None
         self._worker = worker
@@ -367,6 +371,7 @@ class Collectives:
                     RuntimeCommError(f"{op.handle.describe} not run: an earlier ring op failed ({self._failure})")
                 )
                 continue
+            op.handle.started_s = time.perf_counter()
             try:
                 if op.kind == "reduce_scatter":
                     self._ring_reduce_scatter(op)

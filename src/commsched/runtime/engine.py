@@ -765,9 +765,12 @@ class Engine:
                 launched.handle.wait(self.timeout_s)
                 end = time.perf_counter()
                 if self.trace is not None:
+                    # From when the transfer began where the handle knows it (ring ops queue behind
+                    # each other on one thread), else from the launch, as the simulator's trace counts.
+                    start = getattr(launched.handle, "started_s", None) or launched.start_s
                     self.trace.add(
                         TraceEvent(
-                            task.name, task.kind, self.rank, launched.start_s - self._t0, end - self._t0,
+                            task.name, task.kind, self.rank, start - self._t0, end - self._t0,
                             task.bytes, launched.gen - 1,
                         )
                     )  # fmt: skip

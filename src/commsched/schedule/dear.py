@@ -7,10 +7,14 @@ Layers are fused, in forward order, into groups whose gradient bytes stay
 below ``threshold_mb`` (a layer larger than the threshold is its own group;
 layers are never split). During backward, each group is **reduce-scattered**
 as soon as all of its gradients are ready. At ``optimizer.step()`` the
-all-gather of group 0 is launched; during the next forward, when the first
-layer of group g is about to run, the all-gather of group g+1 is launched (one
-group of look-ahead), and each layer's update is applied just before its
-forward, once its group's all-gather has finished (``update="forward"``).
+all-gathers of groups 0 .. k-1 are launched; during the next forward, when
+the first layer of group g is about to run, the all-gather of group g+k is
+launched (``lookahead`` k; the paper's code uses one group), and each layer's
+update is applied just before its forward, once its group's all-gather has
+finished (``update="forward"``). All-gathers run in group order whatever k
+is; a larger k only issues them earlier, which keeps the link busy when the
+forward is faster than the all-gathers (slow links), at the price of gathers
+competing with nothing else the forward needs sooner.
 
 RS + AG move exactly the bytes of one all-reduce, so the plan moves the same
 bytes as DDP. Differences from the authors' code, on purpose: the forward
@@ -19,7 +23,9 @@ optimizer runs the update; an update is applied once per step; all-gathers the
 forward did not reach are launched before the next backward or on flush.
 
 Guarantee: lossless; identical to plain synchronous SGD.
-Knobs: ``threshold_mb`` (25, the default of the paper's code).
+Knobs: ``threshold_mb`` (25, the default of the paper's code), ``lookahead``
+(1, the paper's code; a whole number >= 1: groups whose all-gather is in flight
+ahead of the forward).
 """
 
 from __future__ import annotations
@@ -27,7 +33,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, ReadyTracker, Scheduler
+from commsched.errors import ScheduleError
+from commsched.schedule.base import (
+    Action,
+    Launch,
+    NetworkEstimate,
+    Plan,
+    ReadyTracker,
+    Scheduler,
+    require_positive,
+)
 from commsched.schedule.fusion import make_task, whole
 from commsched.workload import Workload
 
@@ -56,7 +71,12 @@ class DeARScheduler(Scheduler):
     name: ClassVar[str] = "dear"
 
     @classmethod
-    def build_plan(cls, workload: Workload, network: NetworkEstimate, threshold_mb: float = 25.0) -> Plan:
+    def build_plan(
+        cls, workload: Workload, network: NetworkEstimate, threshold_mb: float = 25.0, lookahead: int = 1
+    ) -> Plan:
+        require_positive(cls.name, threshold_mb=threshold_mb)
+        if not (isinstance(lookahead, int | float) and lookahead >= 1 and float(lookahead).is_integer()):
+            raise ScheduleError(f"{cls.name}: lookahead must be a whole number >= 1, got {lookahead!r}")
         tasks = []
         first_tensor = [0]
         for layer in workload.layers:
@@ -66,11 +86,13 @@ class DeARScheduler(Scheduler):
             segs = whole(workload, tensors)
             tasks.append(make_task(workload, 2 * g, "reduce_scatter", segs, f"rs{g}", g))
             tasks.append(make_task(workload, 2 * g + 1, "all_gather", segs, f"ag{g}", g, deps=(2 * g,)))
-        return Plan(cls.name, workload, tuple(tasks), "forward", {"threshold_mb": threshold_mb})
+        options = {"threshold_mb": threshold_mb, "lookahead": int(lookahead)}
+        return Plan(cls.name, workload, tuple(tasks), "forward", options)
 
     def __init__(self, plan: Plan) -> None:
         super().__init__(plan)
         self.num_groups = len(plan.tasks) // 2
+        self.lookahead = int(plan.options.get("lookahead", 1))
         self.group_of_layer = [-1] * len(plan.workload.layers)
         for g in range(self.num_groups):
             for t in plan.tasks[2 * g].tensors:
@@ -101,11 +123,11 @@ class DeARScheduler(Scheduler):
         self._in_backward = False
         self._stepped = True
         self._gathers_owed = 0
-        return self._gather_up_to(0)
+        return self._gather_up_to(self.lookahead - 1)
 
     def on_forward_pre(self, layer: int) -> Sequence[Action]:
         g = self.group_of_layer[layer]
-        return self._gather_up_to(g + 1) if g >= 0 else ()
+        return self._gather_up_to(g + self.lookahead) if g >= 0 else ()
 
     def on_flush(self) -> Sequence[Action]:
         return self._gather_up_to(self.num_groups - 1)

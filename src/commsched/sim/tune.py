@@ -24,7 +24,7 @@ from commsched.workload import Workload
 
 
 def search_space(policy: str) -> dict[str, tuple[float, float]]:
-    """The knobs that are searched, with their (low, high) log-scale ranges."""
+    """The knobs that are searched, with their (low, high) log-scale ranges (whole-number knobs: ints)."""
     space: dict[str, tuple[float, float]] = {}
     for name, default in policy_knobs(policy).items():
         if isinstance(default, bool) or not isinstance(default, int | float) or default <= 0:
@@ -35,6 +35,8 @@ def search_space(policy: str) -> dict[str, tuple[float, float]]:
             space[name] = (0.05, 20.0)
         elif "factor" in name:
             space[name] = (1.0, 8.0)
+        elif isinstance(default, int):  # a count, e.g. DeAR's look-ahead in groups
+            space[name] = (1, max(16, default * 16))
         else:
             space[name] = (default / 16, default * 16)
     return space
@@ -90,7 +92,12 @@ def tune(
     quick = max(4, iterations // 4)
 
     def objective(trial: optuna.Trial) -> float:
-        knobs = {name: trial.suggest_float(name, lo, hi, log=True) for name, (lo, hi) in space.items()}
+        knobs = {
+            name: trial.suggest_int(name, int(lo), int(hi), log=True)
+            if isinstance(lo, int)
+            else trial.suggest_float(name, lo, hi, log=True)
+            for name, (lo, hi) in space.items()
+        }
         try:
             result = simulate(
                 workload, cluster, policy, quick, min(warmup, 2), options=options, trace=False, **fixed, **knobs

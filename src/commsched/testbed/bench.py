@@ -48,11 +48,12 @@ import torch
 
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.runtime import RUNTIME_POLICIES
+from commsched.testbed.calibrate import load_calibration, predict_session, save_inputs
 from commsched.testbed.commands import LinkShape
 from commsched.testbed.launch import run_workers
 from commsched.testbed.netns import Isolation, NetnsTestbed, Testbed, TestbedError, open_testbed
 from commsched.testbed.probe import probe_link
-from commsched.testbed.worker import YARDSTICK
+from commsched.testbed.worker import YARDSTICK, calibration_sizes
 from commsched.trace import Trace
 
 DEFAULT_POLICIES = tuple(RUNTIME_POLICIES)
@@ -103,6 +104,7 @@ class BenchConfig:
     comm_timeout_s: float = 60.0
     references: bool = True
     probe: bool = True
+    validate: bool = False
     isolation: Isolation = "auto"
     knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     fail: Mapping[str, Any] | None = None  # make one rank die (tests of the failure path)
@@ -355,7 +357,8 @@ def run_bench(
         per_session = config.repeats * steps * (len(config.policies) + (2 if config.references else 0))
         if config.references and "torch_ddp" in config.policies:
             per_session += config.repeats * steps  # the 1 MiB-bucket DDP
-        total = len(shapes) * per_session + (config.repeats * steps if config.references else 0)
+        calibrate_steps = len(calibration_sizes(numel)) + 1 + 2 * steps if config.validate else 0
+        total = len(shapes) * (per_session + calibrate_steps) + (config.repeats * steps if config.references else 0)
         task = progress.add_task("starting", total=total) if progress is not None else None
 
         def advance(description: str) -> Callable[[dict[str, Any]], None]:
@@ -407,6 +410,23 @@ def run_bench(
             if config.probe:
                 session["link_check"] = probe_link(bed, session_dir / "logs", launch=launch)
                 launch += 1
+            calibration = None
+            if config.validate:
+                calibration_dir = session_dir / "calibrate"
+                job = {**job_base, "task": "calibrate", "out": str(calibration_dir)}
+                _launch(
+                    bed,
+                    job,
+                    calibration_dir,
+                    ranks=None,
+                    launch=launch,
+                    on_step=advance(f"{shape.label} calibrating:"),
+                    config=config,
+                    steps=calibrate_steps,
+                )
+                launch += 1
+                calibration = load_calibration(calibration_dir)
+                session["calibration_files"] = save_inputs(calibration, out_dir / f"calibration-{_slug(shape.label)}")
             job = {
                 **job_base,
                 "task": "session",
@@ -430,6 +450,10 @@ def run_bench(
             session["load_average_end"] = os.getloadavg()
             session.update(_collect(session_dir, config.workers, config.warmup, config.batch))
             _add_ratios(session, report.get("compute_alone"))
+            if calibration is not None:
+                session["validation"] = predict_session(
+                    session, calibration, list(config.policies), {k: dict(v) for k, v in config.knobs.items()}
+                )
             session["traces"] = _merge_traces(
                 session_dir, out_dir, shape.label, config.workers, {"model": config.model, "batch": config.batch}
             )

@@ -102,6 +102,62 @@ def session_table(report: dict[str, Any], session: dict[str, Any]) -> Table:
     return table
 
 
+def _validated(report: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The sessions with a validation, and every name they predicted, in order."""
+    sessions = [s for s in report["sessions"] if "validation" in s]
+    names: list[str] = []
+    for s in sessions:
+        names += [n for n in s["validation"]["rows"] if n not in names]
+    return sessions, names
+
+
+def _validation_cell(session: dict[str, Any], name: str) -> str:
+    r = session["validation"]["rows"].get(name)
+    return "" if r is None else f"{r['predicted_ms']:.0f} / {r['measured_ms']:.0f} ({r['error_pct']:+.1f} %)"
+
+
+def _median_error_cell(session: dict[str, Any]) -> str:
+    m = session["validation"]["median_abs_error_pct"]
+    return "—" if m is None else f"{m:.1f} %"
+
+
+def validation_table(report: dict[str, Any]) -> Table:
+    """Predicted (simulator, calibrated on the testbed) against measured iteration time, per shaping."""
+    sessions, names = _validated(report)
+    table = Table(
+        title="Simulator validation: predicted / measured iteration ms (error)",
+        title_justify="left",
+        caption="error = (predicted - measured) / measured; the simulator was calibrated before the policies ran "
+        "(α-β probe of the shaped links, per-layer profile with the ranks sharing the CPUs); "
+        "references in grey: each checks one input of the model",
+        caption_justify="left",
+    )
+    table.add_column("policy")
+    for s in sessions:
+        c = s["validation"]["calibration"]
+        fit = f"α {c['alpha_us']:.0f} µs, {c['bandwidth_mbit_s']:.0f} Mbit/s"
+        table.add_column(f"{s['label']}\n({fit})", justify="right")
+    for name in names:
+        cells = [_validation_cell(s, name) for s in sessions]
+        table.add_row(REFERENCES.get(name, name), *cells, style="dim" if name in REFERENCES else None)
+    table.add_section()
+    table.add_row("median |error| (policies)", *[_median_error_cell(s) for s in sessions])
+    return table
+
+
+def validation_markdown(report: dict[str, Any]) -> str:
+    """The validation table as Markdown (for BENCHMARKS.md); references in italics."""
+    sessions, names = _validated(report)
+    if not sessions:
+        return ""
+    lines = ["| policy | " + " | ".join(s["label"] for s in sessions) + " |", "|---" * (len(sessions) + 1) + "|"]
+    for name in names:
+        label = f"*{REFERENCES[name]}*" if name in REFERENCES else name
+        lines.append(f"| {label} | " + " | ".join(_validation_cell(s, name) for s in sessions) + " |")
+    lines.append("| median \\|error\\| (policies) | " + " | ".join(_median_error_cell(s) for s in sessions) + " |")
+    return "\n".join(lines)
+
+
 def markdown_table(report: dict[str, Any], session: dict[str, Any]) -> str:
     """The same table as Markdown (for BENCHMARKS.md); references in italics."""
     header = [c.replace("|", "\\|") for c in COLUMNS]

@@ -17,6 +17,15 @@ The rank and the rendezvous come from the environment the testbed sets
     seed and sees the same data.
 ``compute_alone``
     World size 1: training with no communication at all, nothing else running.
+``calibrate``
+    What the simulator needs to predict this session (``commsched bench
+    --validate``): the α-β fit of the shaped links (:func:`probe_network`:
+    gloo's ring all-reduce and the runtime's ring reduce-scatter/all-gather
+    over a sweep of sizes), then every rank profiles its own replica layer by
+    layer (:func:`profile_model`) at the same time, in lock-step (a barrier
+    per iteration), so the profile has the CPU sharing of a real run, and
+    times ``optimizer.step()`` + ``zero_grad()`` the same way. Rank 0 writes
+    ``calibration.json``.
 
 Every rank writes ``rank<r>.json``: per run, the start and the wall time of
 every iteration (forward, backward, optimizer step, zero_grad; warm-up
@@ -31,9 +40,10 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -48,6 +58,11 @@ from commsched.runtime import parallelize
 #: PyTorch DDP with 1 MiB buckets (torch_ddp uses DDP's default 25 MiB): same arithmetic, another
 #: summation order. Its parameter difference from torch_ddp is the yardstick for the policies'.
 YARDSTICK = "torch_ddp_1mb"
+
+
+def calibration_sizes(numel: int) -> list[int]:
+    """Message sizes of the calibration's network probe: 16 KiB ×4 up to all of a model's fp32 gradients."""
+    return sorted({min(4**k * 1024, numel * 4) for k in range(2, 9)})
 
 
 @dataclass(frozen=True)
@@ -213,6 +228,57 @@ def _policy(
     return clock.record(), params, (params - initial).abs().max().item(), trace
 
 
+def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
+    """Network probe, then the lock-step compute profile and optimizer-step time (see the module docstring)."""
+    from commsched.profile import profile_model
+    from commsched.profile.network import probe_network
+
+    out = Path(job.out)
+    progress = _Progress(out / "progress.jsonl", rank == 0)
+    numel = sum(p.numel() for p in build_model(job.model, job.seed).parameters())
+    probe = probe_network(
+        sizes_bytes=calibration_sizes(numel), repeats=job.iters, warmup=1, progress=lambda _: progress("probe", 0, 0)
+    )
+    model = build_model(job.model, job.seed)
+    opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
+
+    def lockstep(done: int, total: int) -> None:
+        dist.barrier()
+        progress("profile", 0, done)
+
+    workload = profile_model(
+        model,
+        lambda: synthetic_batch(job.model, job.batch, job.seed, rank, 0),
+        model_loss,
+        batch_size=job.batch,
+        model_name=job.model,
+        warmup=job.warmup,
+        repeats=job.iters,
+        command=f"commsched bench --validate (rank {rank} of {world}, profiled in lock-step)",
+        progress=lockstep,
+    )
+    x, y = synthetic_batch(job.model, job.batch, job.seed, rank, 0)
+    step_s = []
+    for i in range(job.warmup + job.iters):
+        model_loss(model(x), y).backward()
+        dist.barrier()
+        start = time.perf_counter()
+        opt.step()
+        opt.zero_grad()
+        if i >= job.warmup:
+            step_s.append(time.perf_counter() - start)
+        progress("optimizer step", 0, i)
+    return {
+        "rank": rank,
+        "world": world,
+        "alpha_s": probe.alpha_s,
+        "beta_s_per_byte": probe.beta_s_per_byte,
+        "samples": [asdict(s) for s in probe.samples],
+        "workload": json.loads(workload.to_json()),
+        "update_ms": statistics.median(step_s) * 1e3,
+    }
+
+
 def _replica_spread(params: torch.Tensor) -> float:
     """Largest difference between ranks of the float64 sum of all parameters (0 when replicas agree)."""
     mine = params.double().sum().reshape(1)
@@ -268,6 +334,8 @@ def main() -> None:
     job = Job(**json.loads(Path(sys.argv[1]).read_text()))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(job.threads)
+    if "CS_SWITCH" in os.environ:  # EXPERIMENT
+        sys.setswitchinterval(float(os.environ["CS_SWITCH"]))
     out = Path(job.out)
     if job.task == "compute_alone":
         progress = _Progress(out / "progress.jsonl", rank == 0)
@@ -280,10 +348,10 @@ def main() -> None:
             for r in range(job.repeats)
         ]
         result: dict[str, Any] = {"rank": rank, "world": world, "runs": runs}
-    elif job.task == "session":
+    elif job.task in ("session", "calibrate"):
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=job.comm_timeout_s))
         try:
-            result = _session(job, rank, world)
+            result = (_session if job.task == "session" else _calibrate)(job, rank, world)
             dist.barrier()
         finally:
             dist.destroy_process_group()

@@ -1,0 +1,143 @@
+"""``commsched bench --validate``: predict every policy of a session with the simulator, set beside the measurement.
+
+Before a session's policies run, the ``calibrate`` task of the workers
+(:mod:`commsched.testbed.worker`) measures, on the same shaped links and with
+the same ranks sharing the same CPUs:
+
+* the network: the α-β fit of gloo's ring all-reduce over a sweep of sizes
+  (:func:`commsched.profile.network.probe_network`), which becomes a Cluster of
+  one device per worker (:func:`measured_cluster`);
+* the compute: rank 0's layer-by-layer profile of one training iteration
+  (:func:`commsched.profile.profile_model`), taken while every rank profiles
+  its own replica in lock-step, and the time of ``optimizer.step()`` +
+  ``zero_grad()`` (the simulator's ``update_ms``).
+
+:func:`predict_session` then runs :func:`commsched.validate.predict` (the
+simulator with the runtime's gloo options) for every policy of the session
+and for the references whose time the model also predicts:
+
+* ``torch_ddp``: the simulator's ``ddp`` policy (DDP's buckets: 1 MiB first,
+  then 25 MiB, in gradient-ready order);
+* the 1 MiB-bucket PyTorch DDP: ``ddp`` with ``bucket_cap_mb=1``;
+* ``compute, N in lock-step``: forward + backward + update of the profile;
+* ``all-reduce alone``: the fitted all-reduce of every gradient at once.
+
+Nothing is fitted to the policies' measured times: the calibration runs
+before them and only measures compute and collectives alone.
+``error_pct = (predicted − measured) / measured × 100`` (positive: the
+simulator is pessimistic).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from commsched.cluster import Cluster
+from commsched.profile.network import ProbeSample, fit_alpha_beta, measured_cluster
+from commsched.sim.costs import ring_all_reduce_s
+from commsched.testbed.worker import YARDSTICK
+from commsched.validate import predict
+from commsched.workload import Workload
+
+__all__ = ["Calibration", "load_calibration", "predict_session", "save_inputs"]
+
+#: How each measured name is predicted: (simulated policy, extra knobs).
+_SIMULATED_AS: dict[str, tuple[str, dict[str, Any]]] = {
+    "torch_ddp": ("ddp", {}),
+    YARDSTICK: ("ddp", {"bucket_cap_mb": 1.0}),
+}
+
+
+class Calibration:
+    """What rank 0 of a ``calibrate`` job wrote: the workload, the cluster, the update time and the probe."""
+
+    def __init__(self, data: dict[str, Any], source: str) -> None:
+        self.data = data
+        self.workload = Workload.from_json(json.dumps(data["workload"]), source=f"{source}: workload")
+        self.samples = tuple(ProbeSample(**{**s, "seconds": tuple(s["seconds"])}) for s in data["samples"])
+        self.alpha_s = float(data["alpha_s"])
+        self.beta_s_per_byte = float(data["beta_s_per_byte"])
+        self.world_size = int(data["world"])
+        self.update_ms = float(data["update_ms"])
+
+    @property
+    def cluster(self) -> Cluster:
+        return measured_cluster(self.alpha_s, self.beta_s_per_byte, self.world_size, name="testbed (measured)")
+
+    def summary(self) -> dict[str, Any]:
+        """The numbers a reader checks first (written into bench.json)."""
+        fits = {op: fit_alpha_beta(self.samples, op) for op in sorted({s.op for s in self.samples})}
+        extra = self.workload.extra
+        return {
+            "alpha_us": self.alpha_s * 1e6,
+            "bandwidth_mbit_s": 8.0 / self.beta_s_per_byte / 1e6,
+            "fit_relative_residual": {op: f.relative_residual for op, f in fits.items()},
+            "profile_forward_ms": self.workload.forward_ms,
+            "profile_backward_ms": self.workload.backward_ms,
+            "profile_iteration_ms": extra.get("iteration_ms"),
+            "update_ms": self.update_ms,
+        }
+
+
+def load_calibration(directory: Path) -> Calibration:
+    """Read ``rank0.json`` of a ``calibrate`` job in ``directory``."""
+    path = directory / "rank0.json"
+    return Calibration(json.loads(path.read_text()), str(path))
+
+
+def save_inputs(calibration: Calibration, directory: Path) -> dict[str, str]:
+    """Write ``workload.json`` and ``cluster.yaml`` (for ``commsched compare -m … -c … --measured``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    calibration.workload.save(directory / "workload.json")
+    calibration.cluster.save(directory / "cluster.yaml")
+    return {"workload": str(directory / "workload.json"), "cluster": str(directory / "cluster.yaml")}
+
+
+def predict_session(
+    session: dict[str, Any],
+    calibration: Calibration,
+    policies: list[str],
+    knobs: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """Predicted against measured iteration time for every policy and predictable reference of ``session``.
+
+    Returns ``{"rows": {name: {"predicted_ms", "measured_ms", "error_pct", "simulated_as"}},
+    "median_abs_error_pct": over the policies (references left out), "calibration": summary}``.
+    """
+    summary = session["summary"]
+    workload, cluster = calibration.workload, calibration.cluster
+    rows: dict[str, dict[str, Any]] = {}
+    for name in [*policies, YARDSTICK]:
+        if name not in summary:
+            continue
+        simulated, extra = _SIMULATED_AS.get(name, (name, {}))
+        policy_knobs = {**knobs.get(name, {}), **extra}
+        predicted = predict(
+            workload, cluster, [simulated], knobs={simulated: policy_knobs}, update_ms=calibration.update_ms
+        )[simulated]
+        rows[name] = _row(predicted, summary[name]["median_ms"], simulated, policy_knobs)
+    if "compute" in summary:
+        predicted = workload.forward_ms + workload.backward_ms + calibration.update_ms
+        rows["compute"] = _row(predicted, summary["compute"]["median_ms"], "profile: forward + backward + update", {})
+    if "allreduce" in summary:
+        c = calibration
+        predicted = ring_all_reduce_s(workload.total_bytes, c.world_size, c.alpha_s, 1.0 / c.beta_s_per_byte) * 1e3
+        rows["allreduce"] = _row(predicted, summary["allreduce"]["median_ms"], "probe: α-β ring all-reduce", {})
+    errors = [abs(r["error_pct"]) for name, r in rows.items() if name in policies]
+    return {
+        "rows": rows,
+        "median_abs_error_pct": statistics.median(errors) if errors else None,
+        "calibration": calibration.summary(),
+    }
+
+
+def _row(predicted: float, measured: float, simulated: str, knobs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "predicted_ms": predicted,
+        "measured_ms": measured,
+        "error_pct": (predicted - measured) / measured * 100.0,
+        "simulated_as": simulated + (f" {knobs}" if knobs else ""),
+    }

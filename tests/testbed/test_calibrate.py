@@ -1,0 +1,102 @@
+"""``bench --validate`` without processes: from a calibration to predicted-vs-measured rows and tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from commsched import zoo
+from commsched.cluster import Cluster
+from commsched.sim.costs import ring_all_reduce_s
+from commsched.testbed.calibrate import Calibration, load_calibration, predict_session, save_inputs
+from commsched.testbed.report import validation_markdown, validation_table
+from commsched.testbed.worker import YARDSTICK
+from commsched.validate import predict
+from commsched.workload import Workload
+
+ALPHA_S, BETA = 300e-6, 8 / 300e6  # 300 µs per ring step, 300 Mbit/s
+
+
+def _calibration_data() -> dict[str, Any]:
+    workload = zoo.load("resnet18")
+    samples = [
+        {"op": "all_reduce", "nbytes": n, "world_size": 4, "seconds": [ring_all_reduce_s(n, 4, ALPHA_S, 1 / BETA)] * 3}
+        for n in (2**16, 2**20, 2**24)
+    ]
+    return {
+        "rank": 0,
+        "world": 4,
+        "alpha_s": ALPHA_S,
+        "beta_s_per_byte": BETA,
+        "samples": samples,
+        "workload": json.loads(workload.to_json()),
+        "update_ms": 7.0,
+    }
+
+
+def _session(measured: dict[str, float]) -> dict[str, Any]:
+    return {"label": "300mbit", "summary": {name: {"median_ms": ms} for name, ms in measured.items()}}
+
+
+def test_every_policy_and_reference_is_predicted_by_the_simulator_with_the_calibrated_inputs() -> None:
+    cal = Calibration(_calibration_data(), "test")
+    measured = {"torch_ddp": 900.0, "dear": 700.0, YARDSTICK: 800.0, "compute": 500.0, "allreduce": 400.0}
+    out = predict_session(_session(measured), cal, ["torch_ddp", "dear"], {"dear": {"threshold_mb": 4.0}})
+    rows = out["rows"]
+    assert set(rows) == {"torch_ddp", "dear", YARDSTICK, "compute", "allreduce"}
+    w, cluster = cal.workload, cal.cluster
+    # torch_ddp is DDP's bucketing, the yardstick the same with 1 MiB buckets; knobs reach the policy
+    assert rows["torch_ddp"]["predicted_ms"] == predict(w, cluster, ["ddp"], update_ms=7.0)["ddp"]
+    one_mib = predict(w, cluster, ["ddp"], knobs={"ddp": {"bucket_cap_mb": 1.0}}, update_ms=7.0)["ddp"]
+    assert rows[YARDSTICK]["predicted_ms"] == one_mib != rows["torch_ddp"]["predicted_ms"]
+    dear4 = predict(w, cluster, ["dear"], knobs={"dear": {"threshold_mb": 4.0}}, update_ms=7.0)["dear"]
+    assert rows["dear"]["predicted_ms"] == dear4 != predict(w, cluster, ["dear"], update_ms=7.0)["dear"]
+    assert rows["compute"]["predicted_ms"] == pytest.approx(w.forward_ms + w.backward_ms + 7.0)
+    all_reduce_ms = ring_all_reduce_s(w.total_bytes, 4, ALPHA_S, 1 / BETA) * 1e3
+    assert rows["allreduce"]["predicted_ms"] == pytest.approx(all_reduce_ms)
+    for name, row in rows.items():
+        assert row["measured_ms"] == measured[name]
+        assert row["error_pct"] == pytest.approx((row["predicted_ms"] - measured[name]) / measured[name] * 100)
+    # the summary error covers the policies only, not the references
+    policy_errors = sorted(abs(rows[p]["error_pct"]) for p in ("torch_ddp", "dear"))
+    assert out["median_abs_error_pct"] == pytest.approx(sum(policy_errors) / 2)
+    assert out["calibration"]["bandwidth_mbit_s"] == pytest.approx(300.0)
+
+
+def test_the_calibrated_cluster_reproduces_the_probed_all_reduce() -> None:
+    cal = Calibration(_calibration_data(), "test")
+    cluster = cal.cluster
+    assert isinstance(cluster, Cluster) and cluster.num_workers == 4
+    assert cluster.ring_bottleneck_gbps == pytest.approx(0.3)
+    assert cal.summary()["fit_relative_residual"]["all_reduce"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_saved_inputs_load_back_for_compare(tmp_path: Path) -> None:
+    (tmp_path / "cal").mkdir()
+    (tmp_path / "cal" / "rank0.json").write_text(json.dumps(_calibration_data()))
+    cal = load_calibration(tmp_path / "cal")
+    files = save_inputs(cal, tmp_path / "inputs")
+    assert Workload.load(files["workload"]) == cal.workload
+    assert Cluster.load(files["cluster"]).num_workers == 4
+
+
+def test_tables_show_predicted_measured_and_error_per_shaping() -> None:
+    cal = Calibration(_calibration_data(), "test")
+    sessions = []
+    for label, ddp_ms in (("1gbit", 600.0), ("300mbit", 900.0)):
+        s = _session({"torch_ddp": ddp_ms, "compute": 500.0})
+        s["label"] = label
+        s["validation"] = predict_session(s, cal, ["torch_ddp"], {})
+        sessions.append(s)
+    report = {"sessions": sessions}
+    md = validation_markdown(report).splitlines()
+    assert md[0] == "| policy | 1gbit | 300mbit |"
+    row = sessions[1]["validation"]["rows"]["torch_ddp"]
+    assert md[2].startswith("| torch_ddp |") and f"/ 900 ({row['error_pct']:+.1f} %)" in md[2]
+    assert md[3].startswith("| *compute, N in lock-step* |")
+    assert md[-1].startswith("| median \\|error\\| (policies) |") and f"{abs(row['error_pct']):.1f} %" in md[-1]
+    assert validation_table(report).row_count == 3
+    assert validation_markdown({"sessions": [_session({"torch_ddp": 1.0})]}) == ""
