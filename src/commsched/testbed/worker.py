@@ -334,8 +334,6 @@ def main() -> None:
     job = Job(**json.loads(Path(sys.argv[1]).read_text()))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(job.threads)
-    if "CS_SWITCH" in os.environ:  # EXPERIMENT
-        sys.setswitchinterval(float(os.environ["CS_SWITCH"]))
     out = Path(job.out)
     if job.task == "compute_alone":
         progress = _Progress(out / "progress.jsonl", rank == 0)
