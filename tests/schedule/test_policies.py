@@ -95,6 +95,20 @@ def test_dear_reduce_scatters_in_backward_and_gathers_one_group_ahead_in_forward
     assert s.plan.final_tasks_of_layer[3] == (3,)
 
 
+def test_ddp_initial_buckets_follow_registration_order_and_reduce_the_last_layers_first() -> None:
+    # DDP with find_unused_parameters=True keeps these (torch 2.13: resnet5m gave 19474472 + 1485056 bytes)
+    w = workload([MiB // 8, MiB // 8, MiB // 4, MiB, MiB // 2])  # 0.5, 0.5, 1, 4, 2 MiB
+    rebuilt = build_scheduler("ddp", w, NET, bucket_cap_mb=3)
+    initial = build_scheduler("ddp", w, NET, bucket_cap_mb=3, rebuilt=False)
+    assert [t.tensors for t in rebuilt.plan.tasks] == [(4,), (3,), (2, 1, 0)]  # ready order: 1 MiB first
+    # registration order, closed once at or over the cap (first layers: 1 MiB), the last layers reduced first
+    assert [t.tensors for t in initial.plan.tasks] == [(4,), (2, 3), (0, 1)]
+    assert launched(initial.on_grad_ready(4)) == [0]
+    assert launched(initial.on_grad_ready(3)) == []  # its bucket still waits for tensor 2
+    assert launched(initial.on_grad_ready(2)) == [1]
+    assert launched(initial.on_grad_ready(1) + initial.on_grad_ready(0)) == [2]
+
+
 def test_dear_lookahead_issues_gathers_that_many_groups_ahead_of_the_forward() -> None:
     w = workload([MiB // 4] * 6)
     s = build_scheduler("dear", w, NET, threshold_mb=1.5, lookahead=3)  # one group per layer

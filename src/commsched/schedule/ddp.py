@@ -8,8 +8,16 @@ closes once it reaches its cap. Buckets are all-reduced in index order as soon
 as they are full, overlapping with the rest of backward; the optimizer runs at
 ``step()`` after every all-reduce finished.
 
+With ``rebuilt=False`` the buckets are DDP's initial ones, which it keeps
+when it cannot rebuild them (``find_unused_parameters=True``; checked with
+``DistributedDataParallel._get_ddp_logging_data()`` on torch 2.13): tensors
+taken in registration (here: forward) order, the first bucket capped at
+``first_bucket_mb`` (so it holds the first layers), then reduced from the
+last bucket to the first; a bucket still waits for all its gradients.
+
 Guarantee: lossless; identical to plain synchronous SGD.
-Knobs: ``bucket_cap_mb`` (25), ``first_bucket_mb`` (1; ``None`` = same as the cap).
+Knobs: ``bucket_cap_mb`` (25), ``first_bucket_mb`` (1; ``None`` = same as the
+cap), ``rebuilt`` (True: buckets in gradient-ready order).
 """
 
 from __future__ import annotations
@@ -35,9 +43,13 @@ class DDPScheduler(Scheduler):
         network: NetworkEstimate,
         bucket_cap_mb: float = 25.0,
         first_bucket_mb: float | None = 1.0,
+        rebuilt: bool = True,
     ) -> Plan:
         first = None if first_bucket_mb is None else int(first_bucket_mb * MiB)
-        groups = fuse_by_threshold(workload, ready_order(workload), int(bucket_cap_mb * MiB), first)
+        if rebuilt:
+            groups = fuse_by_threshold(workload, ready_order(workload), int(bucket_cap_mb * MiB), first)
+        else:
+            groups = fuse_by_threshold(workload, range(len(workload.tensors)), int(bucket_cap_mb * MiB), first)[::-1]
         tasks = []
         for i, group in enumerate(groups):
             segs = whole(workload, group)
@@ -47,7 +59,7 @@ class DDPScheduler(Scheduler):
             workload,
             tuple(tasks),
             "step",
-            {"bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb},
+            {"bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb, "rebuilt": rebuilt},
         )
 
     def __init__(self, plan: Plan) -> None:

@@ -16,9 +16,11 @@ the same ranks sharing the same CPUs:
 simulator with the runtime's gloo options) for every policy of the session
 and for the references whose time the model also predicts:
 
-* ``torch_ddp``: the simulator's ``ddp`` policy (DDP's buckets: 1 MiB first,
-  then 25 MiB, in gradient-ready order);
-* the 1 MiB-bucket PyTorch DDP: ``ddp`` with ``bucket_cap_mb=1``;
+* ``torch_ddp``: the simulator's ``ddp`` policy with ``rebuilt=False``:
+  ``parallelize(policy="torch_ddp")`` builds DDP with
+  ``find_unused_parameters=True``, which keeps DDP's initial buckets
+  (registration order, 1 MiB for the first layers, 25 MiB for the rest);
+* the 1 MiB-bucket PyTorch DDP: the same with ``bucket_cap_mb=1``;
 * ``compute, N in lock-step``: forward + backward + update of the profile;
 * ``all-reduce alone``: the fitted all-reduce of every gradient at once.
 
@@ -46,8 +48,8 @@ __all__ = ["Calibration", "load_calibration", "predict_session", "save_inputs"]
 
 #: How each measured name is predicted: (simulated policy, extra knobs).
 _SIMULATED_AS: dict[str, tuple[str, dict[str, Any]]] = {
-    "torch_ddp": ("ddp", {}),
-    YARDSTICK: ("ddp", {"bucket_cap_mb": 1.0}),
+    "torch_ddp": ("ddp", {"rebuilt": False}),
+    YARDSTICK: ("ddp", {"bucket_cap_mb": 1.0, "rebuilt": False}),
 }
 
 
