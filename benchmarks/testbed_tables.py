@@ -3,7 +3,9 @@
     python benchmarks/testbed_tables.py bench-results/bench.json [--png out.png]
 
 Prints the machine, the command line, and per link shaping the measured link
-check and one table: policies, then the references.
+check and one table: policies, then the references; with ``--phases`` where
+each step's time goes; for a ``--validate`` run, the simulator's predictions
+beside the measurements.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 from pathlib import Path
 
 from commsched.testbed.bench import resummarise
-from commsched.testbed.report import markdown_table, phase_table, plot
+from commsched.testbed.report import markdown_table, phase_table, plot, validation_markdown
 
 
 def main() -> None:
@@ -45,6 +47,12 @@ def main() -> None:
         if args.phases:
             print(phase_table(report, session))
             print()
+    validation = validation_markdown(report)
+    if validation:
+        print("**Simulator validation** (predicted / measured iteration ms, error)")
+        print()
+        print(validation)
+        print()
     if args.png:
         plot(report, args.png)
         print(f"wrote {args.png}")
