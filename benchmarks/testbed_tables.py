@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
 
 from commsched.testbed.bench import resummarise
@@ -52,6 +53,15 @@ def main() -> None:
         print("**Simulator validation** (predicted / measured iteration ms, error)")
         print()
         print(validation)
+        print()
+        errors = [
+            abs(row["error_pct"])
+            for session in report["sessions"]
+            if "validation" in session
+            for name, row in session["validation"]["rows"].items()
+            if name in meta["config"]["policies"]
+        ]
+        print(f"Median |error| over every policy and shaping: {statistics.median(errors):.1f} % ({len(errors)} cases)")
         print()
     if args.png:
         plot(report, args.png)
