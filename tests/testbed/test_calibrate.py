@@ -104,3 +104,16 @@ def test_tables_show_predicted_measured_and_error_per_shaping() -> None:
     assert md[-1].startswith("| median \\|error\\| (policies) |") and f"{abs(row['error_pct']):.1f} %" in md[-1]
     assert validation_table(report).row_count == 3
     assert validation_markdown({"sessions": [_session({"torch_ddp": 1.0})]}) == ""
+
+
+def test_a_policy_the_simulator_refuses_keeps_its_measurement_and_says_why() -> None:
+    cal = Calibration(_calibration_data(), "test")
+    session = _session({"torch_ddp": 900.0, "dear": 700.0})
+    out = predict_session(session, cal, ["torch_ddp", "dear"], {"dear": {"lookahead": 0}})
+    assert (
+        out["rows"]["dear"]["measured_ms"] == 700.0
+        and "lookahead must be a whole number" in out["rows"]["dear"]["error"]
+    )
+    assert out["median_abs_error_pct"] == pytest.approx(abs(out["rows"]["torch_ddp"]["error_pct"]))
+    session["validation"] = out
+    assert "not simulated: dear: lookahead" in validation_markdown({"sessions": [session]})

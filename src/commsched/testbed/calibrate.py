@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from commsched.cluster import Cluster
+from commsched.errors import CommschedError
 from commsched.profile.network import ProbeSample, fit_alpha_beta, measured_cluster
 from commsched.sim.costs import ring_all_reduce_s
 from commsched.testbed.worker import YARDSTICK
@@ -107,7 +108,8 @@ def predict_session(
     """Predicted against measured iteration time for every policy and predictable reference of ``session``.
 
     Returns ``{"rows": {name: {"predicted_ms", "measured_ms", "error_pct", "simulated_as"}},
-    "median_abs_error_pct": over the policies (references left out), "calibration": summary}``.
+    "median_abs_error_pct": over the policies (references left out), "calibration": summary}``;
+    a policy the simulator refuses gets ``{"error": message, "measured_ms", "simulated_as"}``.
     """
     summary = session["summary"]
     workload, cluster = calibration.workload, calibration.cluster
@@ -117,9 +119,13 @@ def predict_session(
             continue
         simulated, extra = _SIMULATED_AS.get(name, (name, {}))
         policy_knobs = {**knobs.get(name, {}), **extra}
-        predicted = predict(
-            workload, cluster, [simulated], knobs={simulated: policy_knobs}, update_ms=calibration.update_ms
-        )[simulated]
+        try:
+            predicted = predict(
+                workload, cluster, [simulated], knobs={simulated: policy_knobs}, update_ms=calibration.update_ms
+            )[simulated]
+        except CommschedError as exc:  # a prediction that fails must not cost the measurements
+            rows[name] = {"error": str(exc), "measured_ms": summary[name]["median_ms"], "simulated_as": simulated}
+            continue
         rows[name] = _row(predicted, summary[name]["median_ms"], simulated, policy_knobs)
     if "compute" in summary:
         predicted = workload.forward_ms + workload.backward_ms + calibration.update_ms
@@ -128,7 +134,7 @@ def predict_session(
         c = calibration
         predicted = ring_all_reduce_s(workload.total_bytes, c.world_size, c.alpha_s, 1.0 / c.beta_s_per_byte) * 1e3
         rows["allreduce"] = _row(predicted, summary["allreduce"]["median_ms"], "probe: α-β ring all-reduce", {})
-    errors = [abs(r["error_pct"]) for name, r in rows.items() if name in policies]
+    errors = [abs(r["error_pct"]) for name, r in rows.items() if name in policies and "error_pct" in r]
     return {
         "rows": rows,
         "median_abs_error_pct": statistics.median(errors) if errors else None,

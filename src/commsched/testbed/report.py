@@ -113,7 +113,11 @@ def _validated(report: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]
 
 def _validation_cell(session: dict[str, Any], name: str) -> str:
     r = session["validation"]["rows"].get(name)
-    return "" if r is None else f"{r['predicted_ms']:.0f} / {r['measured_ms']:.0f} ({r['error_pct']:+.1f} %)"
+    if r is None:
+        return ""
+    if "error" in r:
+        return f"not simulated: {r['error']}"
+    return f"{r['predicted_ms']:.0f} / {r['measured_ms']:.0f} ({r['error_pct']:+.1f} %)"
 
 
 def _median_error_cell(session: dict[str, Any]) -> str:
