@@ -85,6 +85,10 @@ DEFINITIONS = {
     "of the policy's time / that bound",
     YARDSTICK: "PyTorch DDP with bucket_cap_mb=1 (torch_ddp: 25): its max_param_diff is what "
     "reordering the gradient sums alone does to the parameters",
+    "validation": "--validate: per session, the simulator's iteration time of each policy (calibrated before the "
+    "policies ran: alpha-beta of gloo's all-reduce on the shaped links, rank 0's per-layer profile taken in "
+    "lock-step with every rank, optimizer step time) beside the measured median; error_pct = (predicted - "
+    "measured) / measured * 100; see commsched.testbed.calibrate",
 }
 
 
