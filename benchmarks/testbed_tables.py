@@ -16,6 +16,7 @@ import statistics
 from pathlib import Path
 
 from commsched.testbed.bench import resummarise
+from commsched.testbed.calibrate import revalidate
 from commsched.testbed.report import markdown_table, phase_table, plot, validation_markdown
 
 
@@ -26,6 +27,7 @@ def main() -> None:
     parser.add_argument("--phases", action="store_true", help="also where each step's time goes")
     args = parser.parse_args()
     report = resummarise(json.loads(args.report.read_text()))  # today's definitions, from the raw times
+    report = revalidate(report)  # today's simulator and α-β fit, from the raw calibration
     meta = report["meta"]
     m = meta["machine"]
     print(f"Machine: {m['cpu_model']}, {m['cpus']} CPUs, Linux {m['kernel']}, Python {m['python']}, torch {m['torch']}")

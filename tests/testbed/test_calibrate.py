@@ -10,8 +10,9 @@ import pytest
 
 from commsched import zoo
 from commsched.cluster import Cluster
+from commsched.profile.network import ProbeSample, fit_alpha_beta
 from commsched.sim.costs import ring_all_reduce_s
-from commsched.testbed.calibrate import Calibration, load_calibration, predict_session, save_inputs
+from commsched.testbed.calibrate import Calibration, load_calibration, predict_session, revalidate, save_inputs
 from commsched.testbed.report import validation_markdown, validation_table
 from commsched.testbed.worker import YARDSTICK
 from commsched.validate import predict
@@ -117,3 +118,28 @@ def test_a_policy_the_simulator_refuses_keeps_its_measurement_and_says_why() -> 
     assert out["median_abs_error_pct"] == pytest.approx(abs(out["rows"]["torch_ddp"]["error_pct"]))
     session["validation"] = out
     assert "not simulated: dear: lookahead" in validation_markdown({"sessions": [session]})
+
+
+def test_the_calibration_is_refitted_from_its_raw_samples_and_a_saved_report_revalidates() -> None:
+    data = {**_calibration_data(), "alpha_s": 1.0, "beta_s_per_byte": 1.0}  # what an older fit wrote
+    cal = Calibration(data, "test")
+    assert cal.alpha_s == pytest.approx(ALPHA_S) and cal.beta_s_per_byte == pytest.approx(BETA)
+    session = _session({"torch_ddp": 900.0, "dear": 700.0}) | {"calibration": data, "validation": {"stale": True}}
+    report = {"meta": {"config": {"policies": ["torch_ddp", "dear"], "knobs": {"dear": {"threshold_mb": 4.0}}}}}
+    report["sessions"] = [session]
+    revalidate(report)
+    expected = predict_session(session, cal, ["torch_ddp", "dear"], {"dear": {"threshold_mb": 4.0}})
+    assert session["validation"] == expected
+
+
+def test_the_fit_weights_each_size_by_its_own_noise_not_by_its_time() -> None:
+    # small messages jitter by milliseconds, large ones repeat within 1 %: the slope must come from the large
+    rate = 300e6 / 8
+    samples = [
+        ProbeSample("all_reduce", 16 * 1024, 2, (4.2e-3, 8.9e-3, 4.1e-3, 0.6e-3)),
+        ProbeSample("all_reduce", 64 * 1024, 2, (0.8e-3, 3.4e-3, 4.2e-3, 0.5e-3)),
+        *(ProbeSample("all_reduce", n, 2, (n / rate, n / rate * 1.002, n / rate * 0.998)) for n in (2**22, 2**24)),
+    ]
+    fit = fit_alpha_beta(samples)
+    assert fit.bandwidth_gbps == pytest.approx(0.3, rel=0.02)
+    assert fit.predict_s(2**24) == pytest.approx(2**24 / rate, rel=0.01)

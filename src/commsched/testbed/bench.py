@@ -430,6 +430,7 @@ def run_bench(
                 )
                 launch += 1
                 calibration = load_calibration(calibration_dir)
+                session["calibration"] = calibration.data  # raw, so a saved report can be re-validated
                 session["calibration_files"] = save_inputs(calibration, out_dir / f"calibration-{_slug(shape.label)}")
             job = {
                 **job_base,

@@ -45,7 +45,7 @@ from commsched.testbed.worker import YARDSTICK
 from commsched.validate import predict
 from commsched.workload import Workload
 
-__all__ = ["Calibration", "load_calibration", "predict_session", "save_inputs"]
+__all__ = ["Calibration", "load_calibration", "predict_session", "revalidate", "save_inputs"]
 
 #: How each measured name is predicted: (simulated policy, extra knobs).
 _SIMULATED_AS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -61,8 +61,11 @@ class Calibration:
         self.data = data
         self.workload = Workload.from_json(json.dumps(data["workload"]), source=f"{source}: workload")
         self.samples = tuple(ProbeSample(**{**s, "seconds": tuple(s["seconds"])}) for s in data["samples"])
-        self.alpha_s = float(data["alpha_s"])
-        self.beta_s_per_byte = float(data["beta_s_per_byte"])
+        # Refitted from the raw samples (not the worker's numbers), so a saved report re-validates
+        # with today's fit.
+        fit = fit_alpha_beta(self.samples, "all_reduce")
+        self.alpha_s = fit.alpha_s
+        self.beta_s_per_byte = fit.beta_s_per_byte
         self.world_size = int(data["world"])
         self.update_ms = float(data["update_ms"])
 
@@ -149,3 +152,15 @@ def _row(predicted: float, measured: float, simulated: str, knobs: dict[str, Any
         "error_pct": (predicted - measured) / measured * 100.0,
         "simulated_as": simulated + (f" {knobs}" if knobs else ""),
     }
+
+
+def revalidate(report: dict[str, Any]) -> dict[str, Any]:
+    """Recompute every session's validation of a saved report from its raw calibration (today's simulator and fit)."""
+    config = report["meta"]["config"]
+    for session in report["sessions"]:
+        raw = session.get("calibration")
+        if raw is not None:
+            session["validation"] = predict_session(
+                session, Calibration(raw, f"session {session['label']}"), list(config["policies"]), config["knobs"]
+            )
+    return report
