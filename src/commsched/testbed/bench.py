@@ -388,23 +388,23 @@ def run_bench(
             "comm_timeout_s": config.comm_timeout_s,
         }
         launch = 0
+
+        def run_job(
+            task: str, directory: Path, label: str, steps: int, ranks: list[int] | None = None, **fields: Any
+        ) -> None:
+            """One launch of the workers on ``task``; ``steps`` bounds its wall time and drives the progress bar."""
+            nonlocal launch
+            job = {**job_base, "task": task, "out": str(directory), **fields}
+            _launch(bed, job, directory, ranks=ranks, launch=launch, on_step=advance(label), config=config, steps=steps)
+            launch += 1
+
         if config.references:
             bed.set_shape(LinkShape())
             alone_dir = out_dir / "compute_alone"
-            job = {**job_base, "task": "compute_alone", "out": str(alone_dir)}
-            _launch(
-                bed,
-                job,
-                alone_dir,
-                ranks=[0],
-                launch=launch,
-                on_step=advance("world 1"),
-                config=config,
-                steps=config.repeats * steps,
-            )
-            launch += 1
+            run_job("compute_alone", alone_dir, "world 1", config.repeats * steps, ranks=[0])
             alone = _collect(alone_dir, 1, config.warmup, config.batch)
             report["compute_alone"] = alone
+        knobs = {k: dict(v) for k, v in config.knobs.items()}
         for shape in shapes:
             bed.set_shape(shape)
             session: dict[str, Any] = {"shape": asdict(shape), "label": shape.label, "load_average": os.getloadavg()}
@@ -417,48 +417,25 @@ def run_bench(
             calibration = None
             if config.validate:
                 calibration_dir = session_dir / "calibrate"
-                job = {**job_base, "task": "calibrate", "out": str(calibration_dir)}
-                _launch(
-                    bed,
-                    job,
-                    calibration_dir,
-                    ranks=None,
-                    launch=launch,
-                    on_step=advance(f"{shape.label} calibrating:"),
-                    config=config,
-                    steps=calibrate_steps,
-                )
-                launch += 1
+                run_job("calibrate", calibration_dir, f"{shape.label} calibrating:", calibrate_steps)
                 calibration = load_calibration(calibration_dir)
                 session["calibration"] = calibration.data  # raw, so a saved report can be re-validated
                 session["calibration_files"] = save_inputs(calibration, out_dir / f"calibration-{_slug(shape.label)}")
-            job = {
-                **job_base,
-                "task": "session",
-                "out": str(session_dir),
-                "policies": list(config.policies),
-                "knobs": {k: dict(v) for k, v in config.knobs.items()},
-                "references": config.references,
-                "fail": dict(config.fail) if config.fail else None,
-            }
-            _launch(
-                bed,
-                job,
+            run_job(
+                "session",
                 session_dir,
-                ranks=None,
-                launch=launch,
-                on_step=advance(shape.label),
-                config=config,
-                steps=per_session,
+                shape.label,
+                per_session,
+                policies=list(config.policies),
+                knobs=knobs,
+                references=config.references,
+                fail=dict(config.fail) if config.fail else None,
             )
-            launch += 1
             session["load_average_end"] = os.getloadavg()
             session.update(_collect(session_dir, config.workers, config.warmup, config.batch))
             _add_ratios(session, report.get("compute_alone"))
             if calibration is not None:
-                session["validation"] = predict_session(
-                    session, calibration, list(config.policies), {k: dict(v) for k, v in config.knobs.items()}
-                )
+                session["validation"] = predict_session(session, calibration, list(config.policies), knobs)
             session["traces"] = _merge_traces(
                 session_dir, out_dir, shape.label, config.workers, {"model": config.model, "batch": config.batch}
             )
