@@ -1,0 +1,40 @@
+"""BENCHMARKS.md's tables are what the saved raw results give today, verbatim.
+
+Each file in ``benchmarks/results/`` is a ``commsched bench`` report with
+every iteration of every rank and each session's raw calibration. The tables
+in BENCHMARKS.md are printed from them by ``benchmarks/testbed_tables.py``;
+this test recomputes them (summaries from the raw times, predictions with
+today's simulator and α-β fit) and checks they are in the document, so a
+change of definitions, of the simulator or of the fit cannot leave the
+published numbers behind.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from commsched.testbed.bench import resummarise
+from commsched.testbed.calibrate import revalidate
+from commsched.testbed.report import markdown_table, phase_table, validation_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+DOCUMENT = (ROOT / "BENCHMARKS.md").read_text()
+
+
+def test_there_are_saved_results() -> None:
+    assert len(RESULTS) >= 2
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=[p.stem for p in RESULTS])
+def test_the_published_tables_are_recomputed_from_the_raw_results(path: Path) -> None:
+    report = revalidate(resummarise(json.loads(path.read_text())))
+    assert report["meta"]["complete"]
+    for session in report["sessions"]:
+        assert markdown_table(report, session) in DOCUMENT, f"{path.name}: {session['label']} table"
+        assert phase_table(report, session) in DOCUMENT, f"{path.name}: {session['label']} phases"
+        assert "calibration" in session, f"{path.name}: {session['label']} has no raw calibration"
+    assert validation_markdown(report) in DOCUMENT, f"{path.name}: validation table"
