@@ -21,6 +21,7 @@ from torch import nn
 import commsched
 from commsched.models import MODELS, build_model, model_loss, synthetic_batch
 from commsched.runtime import RUNTIME_POLICIES
+from commsched.sim.inputs import parse_pairs
 
 
 def run(
@@ -60,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.iters <= args.warmup:
         parser.error(f"--iters ({args.iters}) must be larger than --warmup ({args.warmup})")
-    options = {k: float(v) for k, v in (o.split("=", 1) for o in args.option)}
+    options = parse_pairs(args.option)  # numbers, true/false, none; the policy checks each knob's type
     dist.init_process_group("gloo")
     times, model = run(args.policy, args.model, args.iters, args.batch, options, trace=bool(args.trace))
     iter_s = statistics.median(times[args.warmup :])

@@ -109,6 +109,21 @@ def test_ddp_initial_buckets_follow_registration_order_and_reduce_the_last_layer
     assert launched(initial.on_grad_ready(1) + initial.on_grad_ready(0)) == [2]
 
 
+@pytest.mark.parametrize(
+    ("policy", "knob", "value", "message"),
+    [
+        ("ddp", "rebuilt", "False", r"ddp: rebuilt must be true or false, got 'False'"),
+        ("ddp", "bucket_cap_mb", "25", r"ddp: bucket_cap_mb must be a number, got '25'"),
+        ("dear", "threshold_mb", None, r"dear: threshold_mb must be a number, got none"),
+        ("horovod", "cycle_time_ms", float("nan"), r"horovod: cycle_time_ms must be a number, got nan"),
+    ],
+)
+def test_a_knob_of_the_wrong_type_is_refused(policy: str, knob: str, value: object, message: str) -> None:
+    # a command line's "False" is a non-empty string: taken as is, it would silently mean True
+    with pytest.raises(ScheduleError, match=message):
+        build_scheduler(policy, workload([MiB // 4] * 2), NET, **{knob: value})
+
+
 def test_dear_lookahead_issues_gathers_that_many_groups_ahead_of_the_forward() -> None:
     w = workload([MiB // 4] * 6)
     s = build_scheduler("dear", w, NET, threshold_mb=1.5, lookahead=3)  # one group per layer
@@ -123,7 +138,7 @@ def test_dear_lookahead_issues_gathers_that_many_groups_ahead_of_the_forward() -
     assert launched(s.on_step()) == [1, 3, 5, 7, 9, 11]
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+@pytest.mark.parametrize("bad", [0, -1, 1.5])
 def test_dear_refuses_a_lookahead_that_is_not_a_whole_number_of_groups(bad: object) -> None:
     with pytest.raises(ScheduleError, match=r"dear: lookahead must be a whole number >= 1, got"):
         build_scheduler("dear", workload([MiB // 4] * 2), NET, lookahead=bad)

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from commsched.models import MODELS
 from commsched.runtime import RUNTIME_POLICIES
+from commsched.sim.inputs import parse_value
 from commsched.testbed import LinkShape, parse_rate
 from commsched.testbed.bench import DEFAULT_POLICIES, BenchConfig, run_bench
 from commsched.testbed.report import plot, session_table, validation_table
@@ -24,11 +25,7 @@ def _knob(text: str) -> tuple[str, str, Any]:
         policy, key = target.split(".", 1)
     except ValueError:
         raise click.BadParameter(f"expected POLICY.KNOB=VALUE, e.g. dear.threshold_mb=8, got {text!r}") from None
-    try:
-        parsed: Any = float(value)
-    except ValueError:
-        parsed = None if value.lower() == "none" else value
-    return policy, key, parsed
+    return policy, key, parse_value(value)  # numbers, true/false, none; the policy checks the type
 
 
 @click.command("bench")

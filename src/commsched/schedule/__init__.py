@@ -7,6 +7,7 @@ its online state machine; unknown names and knobs raise a clear error.
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 from commsched.errors import ScheduleError
@@ -59,12 +60,43 @@ def knobs(name: str) -> dict[str, Any]:
     return {p.name: p.default for p in list(sig.parameters.values())[2:]}
 
 
+def _accepts_none(policy: str, knob: str) -> bool:
+    """Whether the knob's annotation admits None (``float | None``)."""
+    try:
+        annotation = inspect.signature(policy_class(policy).build_plan).parameters[knob].annotation  # type: ignore[attr-defined]
+    except (KeyError, AttributeError, ScheduleError):
+        return False
+    return "None" in str(annotation)
+
+
+def check_knob(policy: str, knob: str, value: Any, default: Any) -> Any:
+    """``value`` checked against the type of the knob's default: booleans for booleans, numbers for numbers.
+
+    A string where a number or a boolean belongs (``"False"`` from a command line) raises instead of
+    being taken as true. Returns the value; raises ScheduleError naming the knob and the value.
+    """
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ScheduleError(f"{policy}: {knob} must be true or false, got {value!r}")
+        return value
+    if default is None or isinstance(default, int | float):
+        if value is None:
+            if default is None or _accepts_none(policy, knob):
+                return None
+            raise ScheduleError(f"{policy}: {knob} must be a number, got none")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ScheduleError(f"{policy}: {knob} must be a number, got {value!r}")
+    return value
+
+
 def build_plan(name: str, workload: Workload, network: NetworkEstimate, **options: Any) -> Plan:
     cls = policy_class(name)
     allowed = knobs(name)
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ScheduleError(f"{name}: unknown option(s) {', '.join(unknown)}; known: {', '.join(allowed) or 'none'}")
+    for knob, value in options.items():
+        check_knob(name, knob, value, allowed[knob])
     return cls.build_plan(workload, network, **options)  # type: ignore[attr-defined]
 
 
@@ -85,6 +117,7 @@ __all__ = [
     "Wait",
     "build_plan",
     "build_scheduler",
+    "check_knob",
     "knobs",
     "policy_class",
 ]

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import inspect
-import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from commsched.errors import CommschedError, ScheduleError, SpecError
+from commsched.schedule import check_knob
 from commsched.schedule import knobs as policy_knobs
-from commsched.schedule import policy_class
 from commsched.sim.simulator import SimOptions
 from commsched.workload import Workload
 
@@ -62,30 +60,9 @@ def parse_pairs(pairs: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def _accepts_none(policy: str, name: str) -> bool:
-    """Whether the knob's annotation admits None (``float | None``)."""
-    try:
-        annotation = inspect.signature(policy_class(policy).build_plan).parameters[name].annotation  # type: ignore[attr-defined]
-    except (KeyError, AttributeError, ScheduleError):
-        return False
-    return "None" in str(annotation)
-
-
 def coerce_knob(policy: str, name: str, value: Any, default: Any) -> Any:
-    """Check ``value`` against the type of the knob's default (numbers for numbers; none where the knob takes it)."""
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise ScheduleError(f"{policy}: {name} must be true or false, got {value!r}")
-        return value
-    if default is None or isinstance(default, int | float):
-        if value is None:
-            if default is None or _accepts_none(policy, name):
-                return None
-            raise ScheduleError(f"{policy}: {name} must be a number, got none")
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            raise ScheduleError(f"{policy}: {name} must be a number, got {value!r}")
-        return value
-    return value
+    """Check ``value`` against the type of the knob's default (see :func:`commsched.schedule.check_knob`)."""
+    return check_knob(policy, name, value, default)
 
 
 def split_options(policy: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
