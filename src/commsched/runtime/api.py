@@ -131,6 +131,12 @@ def _close_at_exit(ref: weakref.ref[Engine]) -> None:
             engine.close()
 
 
+#: ``torch_ddp`` as a ``commsched.schedule`` policy: ``find_unused_parameters=True`` keeps DDP's
+#: initial buckets (it does not rebuild them in gradient-ready order), which is ``ddp`` with
+#: ``rebuilt=False`` (checked against ``DistributedDataParallel._get_ddp_logging_data()``, torch 2.13).
+TORCH_DDP_AS_POLICY: tuple[str, dict[str, Any]] = ("ddp", {"rebuilt": False})
+
+
 def _torch_ddp(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,

@@ -46,10 +46,10 @@ class DDPScheduler(Scheduler):
         rebuilt: bool = True,
     ) -> Plan:
         first = None if first_bucket_mb is None else int(first_bucket_mb * MiB)
-        if rebuilt:
-            groups = fuse_by_threshold(workload, ready_order(workload), int(bucket_cap_mb * MiB), first)
-        else:
-            groups = fuse_by_threshold(workload, range(len(workload.tensors)), int(bucket_cap_mb * MiB), first)[::-1]
+        order = ready_order(workload) if rebuilt else range(len(workload.tensors))
+        groups = fuse_by_threshold(workload, order, int(bucket_cap_mb * MiB), first)
+        if not rebuilt:  # the bucket of the last layers is reduced first
+            groups.reverse()
         tasks = []
         for i, group in enumerate(groups):
             segs = whole(workload, group)

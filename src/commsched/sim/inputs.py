@@ -60,11 +60,6 @@ def parse_pairs(pairs: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def coerce_knob(policy: str, name: str, value: Any, default: Any) -> Any:
-    """Check ``value`` against the type of the knob's default (see :func:`commsched.schedule.check_knob`)."""
-    return check_knob(policy, name, value, default)
-
-
 def split_options(policy: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split ``key=value`` options into (policy knobs, simulator options), checking names and types."""
     known = policy_knobs(policy)
@@ -75,12 +70,12 @@ def split_options(policy: str, options: Mapping[str, Any]) -> tuple[dict[str, An
         if key in sim_names:
             sim_values[key] = value
         elif key in known:
-            knob_values[key] = coerce_knob(policy, key, value, known[key])
+            knob_values[key] = check_knob(policy, key, value, known[key])
         else:
             names = ", ".join([*known, *sim_names])
             raise ScheduleError(f"{policy}: unknown option {key!r}; known: {names}")
     if "max_concurrent" in sim_values and not isinstance(sim_values["max_concurrent"], int):
         raise ScheduleError(f"sim: max_concurrent must be an integer >= 1, got {sim_values['max_concurrent']!r}")
     if "update_ms" in sim_values:
-        sim_values["update_ms"] = coerce_knob("sim", "update_ms", sim_values["update_ms"], 0.0)
+        sim_values["update_ms"] = check_knob("sim", "update_ms", sim_values["update_ms"], 0.0)
     return knob_values, sim_values

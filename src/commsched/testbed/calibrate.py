@@ -40,8 +40,9 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.profile.network import ProbeSample, fit_alpha_beta, measured_cluster
+from commsched.runtime.api import TORCH_DDP_AS_POLICY
 from commsched.sim.costs import ring_all_reduce_s
-from commsched.testbed.worker import YARDSTICK
+from commsched.testbed.worker import YARDSTICK, YARDSTICK_BUCKET_MB
 from commsched.validate import predict
 from commsched.workload import Workload
 
@@ -49,8 +50,8 @@ __all__ = ["Calibration", "load_calibration", "predict_session", "revalidate", "
 
 #: How each measured name is predicted: (simulated policy, extra knobs).
 _SIMULATED_AS: dict[str, tuple[str, dict[str, Any]]] = {
-    "torch_ddp": ("ddp", {"rebuilt": False}),
-    YARDSTICK: ("ddp", {"bucket_cap_mb": 1.0, "rebuilt": False}),
+    "torch_ddp": TORCH_DDP_AS_POLICY,
+    YARDSTICK: (TORCH_DDP_AS_POLICY[0], {**TORCH_DDP_AS_POLICY[1], "bucket_cap_mb": YARDSTICK_BUCKET_MB}),
 }
 
 

@@ -58,6 +58,7 @@ from commsched.runtime import parallelize
 #: PyTorch DDP with 1 MiB buckets (torch_ddp uses DDP's default 25 MiB): same arithmetic, another
 #: summation order. Its parameter difference from torch_ddp is the yardstick for the policies'.
 YARDSTICK = "torch_ddp_1mb"
+YARDSTICK_BUCKET_MB = 1.0
 
 
 def calibration_sizes(numel: int) -> list[int]:
@@ -198,7 +199,10 @@ def _policy(
     wrapped: torch.nn.Module
     optimizer: torch.optim.Optimizer
     if policy == YARDSTICK:  # PyTorch DDP with other buckets: only the summation order changes
-        wrapped, optimizer = DistributedDataParallel(model, bucket_cap_mb=1, find_unused_parameters=True), opt
+        wrapped, optimizer = (
+            DistributedDataParallel(model, bucket_cap_mb=YARDSTICK_BUCKET_MB, find_unused_parameters=True),
+            opt,
+        )
     else:
         knobs = dict(job.knobs.get(policy, {}))
         if policy != "torch_ddp":
@@ -235,11 +239,11 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
 
     out = Path(job.out)
     progress = _Progress(out / "progress.jsonl", rank == 0)
-    numel = sum(p.numel() for p in build_model(job.model, job.seed).parameters())
+    model = build_model(job.model, job.seed)
+    numel = sum(p.numel() for p in model.parameters())
     probe = probe_network(
         sizes_bytes=calibration_sizes(numel), repeats=job.iters, warmup=1, progress=lambda _: progress("probe", 0, 0)
     )
-    model = build_model(job.model, job.seed)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
 
     def lockstep(done: int, total: int) -> None:
@@ -271,8 +275,6 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
     return {
         "rank": rank,
         "world": world,
-        "alpha_s": probe.alpha_s,
-        "beta_s_per_byte": probe.beta_s_per_byte,
         "samples": [asdict(s) for s in probe.samples],
         "workload": json.loads(workload.to_json()),
         "update_ms": statistics.median(step_s) * 1e3,
