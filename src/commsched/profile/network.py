@@ -21,16 +21,19 @@ point-to-point steps. For each op, a straight line ``T(n) = a + b·n`` is fitted
 by least squares to the median times (slowest rank) over the sweep and read
 back through the formula: ``α = a / steps``, ``β = b / volume``, where ``steps``
 is ``2(p-1)`` (all-reduce) or ``p-1``, and ``volume`` is ``2(p-1)/p`` or
-``(p-1)/p``. The fit weights each point by ``1/σ``, σ the point's own
-measured noise (1.4826 × the median absolute deviation of its repeats, the
-robust standard deviation), floored at 1 % of its median time: the weighted
-least squares of textbook curve fitting. Timing noise does not scale with the
+``(p-1)/p``. The fit weights each point by ``1/σ`` (weighted least squares),
+with a two-part noise model measured on the sweep itself: ``σ² = J² + (0.01·T)²``,
+``J`` the jitter common to all sizes (the median over sizes of each one's
+robust standard deviation, 1.4826 × the median absolute deviation of its
+repeats) and 1 % of the point's time. Timing noise does not scale with the
 time: on shared cores a 16 KiB all-reduce jitters by milliseconds (thread
 wake-ups) while a 16 MiB one repeats within 1 %, so weighting by ``1/T`` (the
 relative error; what this module did first) let the noisiest small messages
 decide the slope: on the 300 Mbit/s testbed it fitted 319 Mbit/s and
-undershot its own largest point by 11 %. With one repeat per size, σ is the
-1 % floor, i.e. relative weighting. A negative intercept is refitted as zero.
+undershot its own largest point by 11 %. The jitter is pooled because a
+size's own spread over a few repeats is unreliable (three repeats can agree
+by chance and would then decide the fit). A negative intercept is refitted
+as zero.
 
 How α and β map onto a cluster spec (the inverse of ``sim/costs.py``, which
 takes a ring step's ``α = (latency_us + per_message_overhead_us)·1e-6`` from the
@@ -132,11 +135,24 @@ class AlphaBetaFit:
         return self.intercept_s + self.slope_s_per_byte * nbytes
 
 
-def _noise_s(sample: ProbeSample) -> float:
-    """A point's σ for the fit: the robust standard deviation of its repeats, at least 1 % of its median."""
+def _robust_sd_s(sample: ProbeSample) -> float:
+    """1.4826 × the median absolute deviation of a point's repeats: a standard deviation robust to outliers."""
     median = sample.median_s
-    mad = statistics.median(abs(x - median) for x in sample.seconds)
-    return max(1.4826 * mad, 0.01 * median)
+    return 1.4826 * statistics.median(abs(x - median) for x in sample.seconds)
+
+
+def _noise_s(samples: Sequence[ProbeSample]) -> np.ndarray:
+    """Each point's σ for the fit: a jitter common to the sweep plus 1 % of the point's time.
+
+    The jitter (thread wake-ups, scheduling) does not depend on the message
+    size, so it is pooled: the median over the sizes of each one's robust
+    standard deviation. A few repeats give a poor spread per point (three
+    repeats can agree by chance), and an unpooled σ would hand that point
+    the fit; the 1 % term is the timing noise that grows with the time.
+    """
+    jitter = statistics.median(_robust_sd_s(s) for s in samples)
+    t = np.array([s.median_s for s in samples], dtype=np.float64)
+    return np.sqrt(jitter**2 + (0.01 * t) ** 2)
 
 
 def fit_alpha_beta(samples: Sequence[ProbeSample], op: str = "all_reduce") -> AlphaBetaFit:
@@ -157,7 +173,7 @@ def fit_alpha_beta(samples: Sequence[ProbeSample], op: str = "all_reduce") -> Al
     t = np.array([s.median_s for s in mine], dtype=np.float64)
     if np.any(t <= 0):
         raise SpecError("network probe", [f"{op}: every median time must be > 0, got {t.tolist()}"])
-    w = 1.0 / np.array([_noise_s(s) for s in mine], dtype=np.float64)
+    w = 1.0 / _noise_s(mine)
     design = np.column_stack([np.ones_like(n), n]) * w[:, None]
     (a, b), *_ = np.linalg.lstsq(design, t * w, rcond=None)
     if a < 0:  # through the origin: minimise sum((w·(t - b·n))^2)
