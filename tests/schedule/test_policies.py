@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from commsched.errors import ScheduleError
-from commsched.schedule import POLICIES, Launch, NetworkEstimate, Plan, Wait, build_scheduler, knobs
+from commsched.schedule import POLICIES, CommPlan, Launch, NetworkEstimate, Wait, build_scheduler, knobs
+from commsched.schedule.knobs import NoKnobs
 from commsched.schedule.base import CommTask, Segment
 from commsched.schedule.prophet import find_stages
 from commsched.workload import Workload
@@ -112,10 +113,12 @@ def test_ddp_initial_buckets_follow_registration_order_and_reduce_the_last_layer
 @pytest.mark.parametrize(
     ("policy", "knob", "value", "message"),
     [
-        ("ddp", "rebuilt", "False", r"ddp: rebuilt must be true or false, got 'False'"),
-        ("ddp", "bucket_cap_mb", "25", r"ddp: bucket_cap_mb must be a number, got '25'"),
-        ("dear", "threshold_mb", None, r"dear: threshold_mb must be a number, got none"),
-        ("horovod", "cycle_time_ms", float("nan"), r"horovod: cycle_time_ms must be a number, got nan"),
+        ("ddp", "rebuilt", "False", r"ddp: knob 'rebuilt' must be true or false, got 'False'"),
+        ("ddp", "bucket_cap_mb", "25", r"ddp: knob 'bucket_cap_mb' must be a number >= 0, got '25'"),
+        ("dear", "threshold_mb", None, r"dear: knob 'threshold_mb' must be a number > 0, got none"),
+        ("horovod", "cycle_time_ms", float("nan"), r"horovod: knob 'cycle_time_ms' must be a number > 0, got nan"),
+        ("dear", "threshold_mb", -2, r"dear: knob 'threshold_mb' must be a number > 0, got -2"),
+        ("prophet", "bandwidth_gbps", 0, r"prophet: knob 'bandwidth_gbps' must be a number > 0, got 0"),
     ],
 )
 def test_a_knob_of_the_wrong_type_is_refused(policy: str, knob: str, value: object, message: str) -> None:
@@ -140,7 +143,7 @@ def test_dear_lookahead_issues_gathers_that_many_groups_ahead_of_the_forward() -
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5])
 def test_dear_refuses_a_lookahead_that_is_not_a_whole_number_of_groups(bad: object) -> None:
-    with pytest.raises(ScheduleError, match=r"dear: lookahead must be a whole number >= 1, got"):
+    with pytest.raises(ScheduleError, match=r"dear: knob 'lookahead' must be a whole number >= 1, got"):
         build_scheduler("dear", workload([MiB // 4] * 2), NET, lookahead=bad)
 
 
@@ -213,7 +216,7 @@ def test_prophet_sends_a_block_that_fits_the_gap_then_drains_with_credit() -> No
 def test_every_policy_rejects_unknown_knobs_with_the_known_ones() -> None:
     w = workload([10])
     for name in POLICIES:
-        with pytest.raises(ScheduleError, match="unknown option"):
+        with pytest.raises(ScheduleError, match="unknown knob"):
             build_scheduler(name, w, NET, bogus=1)
     with pytest.raises(ScheduleError, match="known: "):
         build_scheduler("nope", w, NET)
@@ -224,7 +227,7 @@ def test_plan_check_rejects_a_plan_that_loses_gradient_elements() -> None:
     w = workload([10, 10])
     task = CommTask(0, "all_reduce", (Segment(0, 0, 10), Segment(1, 0, 5)), 60, "bad")
     with pytest.raises(ScheduleError, match="5 of 10 elements reduced"):
-        Plan("bad", w, (task,), "step")
+        CommPlan("bad", w, NET, (task,), "step", NoKnobs())
 
 
 @settings(max_examples=60, deadline=None)

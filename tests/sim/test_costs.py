@@ -5,8 +5,7 @@ import math
 import pytest
 
 from commsched.errors import SpecError
-from commsched.sim.costs import (
-    CommModel,
+from commsched.formulas import (
     hierarchical_all_reduce_s,
     ps_push_pull_s,
     ring_all_gather_s,
@@ -14,6 +13,7 @@ from commsched.sim.costs import (
     ring_reduce_scatter_s,
     tree_all_reduce_s,
 )
+from commsched.sim.costs import CommModel
 
 from sim_builders import make_cluster
 

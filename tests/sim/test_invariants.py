@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from commsched.cluster import Cluster
 from commsched.schedule import LOSSLESS, POLICIES
 from commsched.sim import simulate
-from commsched.sim.costs import ring_all_reduce_s
+from commsched.formulas import ring_all_reduce_s
 from commsched.sim.ideal import ideal
 
 from sim_builders import make_cluster, make_workload

@@ -9,7 +9,8 @@ from typing import Any, ClassVar
 import pytest
 
 from commsched.errors import ScheduleError
-from commsched.schedule import Action, Launch, NetworkEstimate, Plan, Scheduler, Wait, build_scheduler
+from commsched.schedule import Action, CommPlan, Launch, NetworkEstimate, Scheduler, Wait, build_scheduler
+from commsched.schedule.knobs import NoKnobs
 from commsched.schedule.base import UpdateMode
 from commsched.schedule.fusion import make_task, whole
 from commsched.sim import SimOptions, Simulation, simulate
@@ -34,11 +35,11 @@ def _run(scheduler: Scheduler, iterations: int = 3, warmup: int = 1) -> Simulati
     return sim
 
 
-def _per_tensor_plan(workload: Workload, update: UpdateMode = "step") -> Plan:
+def _per_tensor_plan(workload: Workload, update: UpdateMode = "step") -> CommPlan:
     tasks = tuple(
         make_task(workload, t, "all_reduce", whole(workload, [t]), f"t{t}") for t in range(len(workload.tensors))
     )
-    return Plan("test", workload, tasks, update)
+    return CommPlan("test", workload, NetworkEstimate(2, 1e9), tasks, update, NoKnobs())
 
 
 def _events(trace: Trace | None, kind: str, worker: int = 0, iteration: int | None = None) -> list[TraceEvent]:
@@ -116,7 +117,7 @@ def test_wait_blocks_the_scheduler_but_not_the_compute() -> None:
     class Pacer(Scheduler):
         name: ClassVar[str] = "pacer"
 
-        def __init__(self, plan: Plan, sim_clock: list) -> None:
+        def __init__(self, plan: CommPlan, sim_clock: list) -> None:
             super().__init__(plan)
             self.clock = sim_clock
 
@@ -228,11 +229,11 @@ def test_unknown_options_and_bad_values_are_clear_errors() -> None:
         simulate(workload, cluster, "ddp", options={"max_concurrent": 0})
     with pytest.raises(ScheduleError, match="unknown algorithm"):
         simulate(workload, cluster, "ddp", options={"algorithm": "butterfly"})
-    with pytest.raises(ScheduleError, match="unknown option"):
+    with pytest.raises(ScheduleError, match="unknown knob"):
         simulate(workload, cluster, "ddp", bucket_size=3)
     with pytest.raises(ScheduleError, match="unknown policy"):
         simulate(workload, cluster, "fastest")
-    with pytest.raises(ScheduleError, match="partition_mb must be > 0"):
+    with pytest.raises(ScheduleError, match="knob .partition_mb. must be a number > 0"):
         simulate(workload, cluster, "bytescheduler", partition_mb=-1)
 
 

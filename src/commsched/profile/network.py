@@ -64,6 +64,7 @@ import torch.distributed as dist
 
 from commsched.cluster import Cluster
 from commsched.errors import RuntimeCommError, SpecError
+from commsched.formulas import ring_factors
 
 __all__ = [
     "DEFAULT_SIZES_BYTES",
@@ -96,15 +97,6 @@ class ProbeSample:
     @property
     def median_s(self) -> float:
         return float(statistics.median(self.seconds))
-
-
-def _ring_factors(op: str, p: int) -> tuple[float, float]:
-    """``(steps, volume)``: T = steps·α + volume·n·β for a ring ``op`` over ``p`` ranks."""
-    if op == "all_reduce":
-        return 2.0 * (p - 1), 2.0 * (p - 1) / p
-    if op in ("reduce_scatter", "all_gather"):
-        return float(p - 1), (p - 1) / p
-    raise SpecError("network probe", [f"op: must be one of {', '.join(OPS)}, got {op!r}"])
 
 
 @dataclass(frozen=True)
@@ -183,7 +175,7 @@ def fit_alpha_beta(samples: Sequence[ProbeSample], op: str = "all_reduce") -> Al
             "network probe", [f"{op}: time does not grow with message size (slope {b:.3g} s/byte); widen the sizes"]
         )
     fitted = a + b * n
-    steps, volume = _ring_factors(op, p)
+    steps, volume = ring_factors(op, p)
     return AlphaBetaFit(
         op=op,
         world_size=p,

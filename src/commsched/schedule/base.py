@@ -2,14 +2,15 @@
 
 A policy has two parts:
 
-* a **static plan** (:class:`Plan`), built once from a :class:`~commsched.workload.Workload`
-  and a :class:`NetworkEstimate`: the communication tasks (buckets, partitions,
-  reduce-scatter/all-gather pairs), their priorities and dependencies, and
-  *when* reduced gradients are applied (``update="step"``: all layers at
-  ``optimizer.step()``, after every task finished, as PyTorch DDP does;
-  ``update="forward"``: each layer just before its next forward, once the
-  tasks carrying its gradients have finished, as DeAR and ByteScheduler's
-  cross-barrier do);
+* a **static plan** (:class:`~commsched.schedule.plan.CommPlan`), built once
+  from a :class:`~commsched.workload.Workload` and a :class:`NetworkEstimate`:
+  the communication tasks (buckets, partitions, reduce-scatter/all-gather
+  pairs, parameter-server push/pull pairs), their priorities, dependencies,
+  transport and loss bound, and *when* reduced gradients are applied
+  (``update="step"``: all layers at ``optimizer.step()``, after every task
+  finished, as PyTorch DDP does; ``update="forward"``: each layer just before
+  its next forward, once the tasks carrying its gradients have finished, as
+  DeAR and ByteScheduler's cross-barrier do);
 * an **online state machine** (:class:`Scheduler`) that turns events into actions.
 
 Events, delivered one at a time in the order the training process produces them:
@@ -33,38 +34,53 @@ Events, delivered one at a time in the order the training process produces them:
 Actions:
 
 ``Launch(task)``
-    issue the collective. Launches are issued **strictly in the order they are
+    start the task. Launches are started **strictly in the order they are
     returned**; a launch whose inputs are not ready yet (gradients of its
-    segments, or tasks in ``deps``) is held by the driver, and every later
-    launch waits behind it. This is what makes the collective order identical
-    on every rank.
+    segments, or tasks in ``deps``) is held, and every later launch waits
+    behind it. This is what makes the collective order identical on every rank.
 ``Wait(task)``
     stop processing events until ``task`` has finished (used for pacing, e.g.
     a credit window). It blocks the scheduler, never the compute.
 
+The contract is interpreted in one place, :class:`commsched.schedule.dispatch.Dispatcher`,
+which both drivers (simulator and runtime) use.
+
 Determinism: a scheduler's decisions must be a function of the event sequence
 (and, for ``uses_completions`` schedulers, of completions as seen by rank 0,
-whose decisions the runtime forwards to every other rank). Nothing may depend
-on a local clock.
+whose decisions every other rank follows). Nothing may depend on a local clock.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Any, ClassVar, Literal
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from commsched.errors import ScheduleError
-from commsched.workload import Workload
+from commsched.formulas import ring_all_reduce_s
+from commsched.schedule.knobs import Knobs, NoKnobs
 
-TaskKind = Literal["all_reduce", "reduce_scatter", "all_gather"]
+if TYPE_CHECKING:
+    from commsched.schedule.plan import CommPlan
+    from commsched.workload import Workload
+
+#: ``push`` sends local gradients to the servers that own them (they sum), ``pull`` fetches the sums:
+#: a parameter server's pair, as ``reduce_scatter``/``all_gather`` is a collective's.
+TaskKind = Literal["all_reduce", "reduce_scatter", "all_gather", "push", "pull"]
+TASK_KINDS: tuple[str, ...] = ("all_reduce", "reduce_scatter", "all_gather", "push", "pull")
 UpdateMode = Literal["step", "forward"]
 
-#: Task kinds whose completion delivers the final, fully reduced gradient.
-FINAL_KINDS: frozenset[str] = frozenset({"all_reduce", "all_gather"})
+#: Task kinds that read this rank's local gradients (their inputs must be ready before they start).
+READING_KINDS: frozenset[str] = frozenset({"all_reduce", "reduce_scatter", "push"})
+#: Task kinds that reduce gradients over ranks (each element exactly once).
+REDUCING_KINDS: frozenset[str] = frozenset({"all_reduce", "reduce_scatter", "push"})
+#: Task kinds whose completion delivers the final, fully reduced gradient (each element exactly once).
+FINAL_KINDS: frozenset[str] = frozenset({"all_reduce", "all_gather", "pull"})
+
+#: The transport every lossless policy uses: gloo/NCCL collectives.
+COLLECTIVE = "collective"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +102,12 @@ class CommTask:
 
     ``priority``: smaller is more urgent (0 = the layer nearest the input).
     ``deps``: ids of tasks that must have finished before this one starts
-    (an all-gather depends on the reduce-scatter of the same group).
+    (an all-gather depends on the reduce-scatter of the same group, a pull
+    on its push).
+    ``transport``: which transport moves the bytes (``"collective"``: gloo or
+    NCCL; a parameter-server or bounded-loss transport registers its own name).
+    ``loss_bound``: the largest fraction of this task's gradient bytes the
+    transport may give up on (0 = lossless: every byte arrives).
     """
 
     id: int
@@ -96,6 +117,8 @@ class CommTask:
     name: str
     priority: int = 0
     deps: tuple[int, ...] = ()
+    transport: str = COLLECTIVE
+    loss_bound: float = 0.0
 
     @property
     def numel(self) -> int:
@@ -141,104 +164,40 @@ class NetworkEstimate:
             raise ScheduleError(f"latency_s must be >= 0, got {self.latency_s}")
 
     def allreduce_s(self, nbytes: float) -> float:
-        """Ring all-reduce estimate: 2(p-1)·alpha + 2(p-1)/p · n / bandwidth."""
-        p = self.world_size
-        if p == 1:
-            return 0.0
-        return 2 * (p - 1) * self.latency_s + 2 * (p - 1) / p * nbytes / self.bandwidth_bytes_per_s
+        """Ring all-reduce estimate (:func:`commsched.formulas.ring_all_reduce_s`)."""
+        return ring_all_reduce_s(nbytes, self.world_size, self.latency_s, self.bandwidth_bytes_per_s)
 
-
-@dataclass(frozen=True)
-class Plan:
-    """The static part of a policy: what is communicated, in which pieces, and when updates apply."""
-
-    policy: str
-    workload: Workload = field(repr=False)
-    tasks: tuple[CommTask, ...]
-    update: UpdateMode
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.check()
-
-    # ---- derived maps ----
-
-    @cached_property
-    def final_tasks_of_tensor(self) -> tuple[tuple[int, ...], ...]:
-        """For each tensor, the tasks whose completion delivers its reduced gradient."""
-        out: list[list[int]] = [[] for _ in self.workload.tensors]
-        for task in self.tasks:
-            if task.kind in FINAL_KINDS:
-                for t in task.tensors:
-                    out[t].append(task.id)
-        return tuple(tuple(x) for x in out)
-
-    @cached_property
-    def final_tasks_of_layer(self) -> tuple[tuple[int, ...], ...]:
-        """For each layer, the tasks that must finish before its update can be applied."""
-        per_layer: list[dict[int, None]] = [{} for _ in self.workload.layers]
-        for t, layer in enumerate(self.workload.tensor_layer):
-            per_layer[layer].update(dict.fromkeys(self.final_tasks_of_tensor[t]))
-        return tuple(tuple(d) for d in per_layer)
-
-    @cached_property
-    def tasks_reading_tensor(self) -> tuple[tuple[int, ...], ...]:
-        """For each tensor, the tasks that read its local gradient (need it ready before launch)."""
-        out: list[list[int]] = [[] for _ in self.workload.tensors]
-        for task in self.tasks:
-            if task.kind != "all_gather":
-                for t in task.tensors:
-                    out[t].append(task.id)
-        return tuple(tuple(x) for x in out)
-
-    @property
-    def total_bytes(self) -> int:
-        """Gradient bytes moved per iteration (an RS+AG pair counts once, like one all-reduce)."""
-        return sum(t.bytes for t in self.tasks if t.kind != "all_gather")
-
-    # ---- validation ----
-
-    def check(self) -> None:
-        """Every gradient element is reduced exactly once and delivered exactly once."""
-        w = self.workload
-        for i, task in enumerate(self.tasks):
-            if task.id != i:
-                raise ScheduleError(f"{self.policy}: task at position {i} has id {task.id}")
-            for d in task.deps:
-                if not 0 <= d < len(self.tasks) or d == i:
-                    raise ScheduleError(f"{self.policy}: task {i} has invalid dependency {d}")
-            for s in task.segments:
-                if not 0 <= s.tensor < len(w.tensors):
-                    raise ScheduleError(f"{self.policy}: task {i} names unknown tensor {s.tensor}")
-                if not 0 <= s.start < s.stop <= w.tensors[s.tensor].numel:
-                    raise ScheduleError(f"{self.policy}: task {i} has segment {s} outside tensor bounds")
-        for role, kinds in (("reduced", {"all_reduce", "reduce_scatter"}), ("delivered", FINAL_KINDS)):
-            covered = [0] * len(w.tensors)
-            for task in self.tasks:
-                if task.kind in kinds:
-                    for s in task.segments:
-                        covered[s.tensor] += s.numel
-            for t, n in enumerate(covered):
-                if n != w.tensors[t].numel:
-                    raise ScheduleError(
-                        f"{self.policy}: tensor {w.tensors[t].name} has {n} of {w.tensors[t].numel} elements {role}"
-                    )
+    def to_dict(self) -> dict[str, float | int]:
+        return {
+            "world_size": self.world_size,
+            "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
+            "latency_s": self.latency_s,
+        }
 
 
 class Scheduler(ABC):
     """Online part of a policy. Subclasses override the events they care about.
 
     A scheduler object lives for the whole training run; ``on_step`` marks the
-    end of each iteration. Subclasses define ``name`` and ``build_plan``.
+    end of each iteration. Subclasses define ``name``, ``Knobs`` (a
+    :class:`~commsched.schedule.knobs.Knobs` dataclass) and
+    ``build_plan(workload, network, knobs) -> CommPlan``.
     """
 
     name: ClassVar[str]
+    Knobs: ClassVar[type[Knobs]] = NoKnobs
     #: True when decisions depend on completion timing (then ``on_comm_done`` is delivered
-    #: and, in the runtime, rank 0 decides for everyone).
+    #: and one rank decides for everyone).
     uses_completions: ClassVar[bool] = False
+    #: False for policies that may give up on part of a gradient (a bounded loss).
+    lossless: ClassVar[bool] = True
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: CommPlan) -> None:
         self.plan = plan
+
+    @classmethod
+    def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
+        raise NotImplementedError
 
     def on_grad_ready(self, tensor: int) -> Sequence[Action]:
         return ()
@@ -259,22 +218,15 @@ class Scheduler(ABC):
         return ()
 
 
-def require_positive(policy: str, **knobs: float | None) -> None:
-    """Raise ``ScheduleError`` naming the first knob that is not a number > 0 (``None`` means unset)."""
-    for knob, value in knobs.items():
-        if value is not None and not value > 0:
-            raise ScheduleError(f"{policy}: {knob} must be > 0, got {value}")
-
-
 class ReadyTracker:
     """Counts ready tensors per task so a policy knows when a task's inputs are complete."""
 
     __slots__ = ("_missing", "_readers")
 
-    def __init__(self, plan: Plan, tasks: Iterable[int] | None = None) -> None:
+    def __init__(self, plan: CommPlan, tasks: Iterable[int] | None = None) -> None:
         chosen = set(range(len(plan.tasks))) if tasks is None else set(tasks)
         self._readers = tuple(tuple(x for x in r if x in chosen) for r in plan.tasks_reading_tensor)
-        self._missing = {i: len(plan.tasks[i].tensors) for i in chosen if plan.tasks[i].kind != "all_gather"}
+        self._missing = {i: len(plan.tasks[i].tensors) for i in chosen if plan.tasks[i].kind in READING_KINDS}
 
     def mark(self, tensor: int) -> list[int]:
         """Record ``tensor`` ready; return the tasks whose inputs just became complete."""
@@ -285,6 +237,6 @@ class ReadyTracker:
                 done.append(task)
         return done
 
-    def reset(self, plan: Plan) -> None:
+    def reset(self, plan: CommPlan) -> None:
         for task in self._missing:
             self._missing[task] = len(plan.tasks[task].tensors)

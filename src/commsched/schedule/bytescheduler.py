@@ -25,13 +25,22 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
-from commsched.schedule.base import Action, CommTask, Launch, NetworkEstimate, Plan, Scheduler, require_positive
+from commsched.schedule.base import Action, CommTask, Launch, NetworkEstimate, Scheduler
 from commsched.schedule.fusion import layer_priority, make_task, partition
+from commsched.schedule.knobs import Knobs, knob
+from commsched.schedule.plan import CommPlan
+from commsched.units import mb_to_bytes
 from commsched.workload import Workload
 
-MiB = 1024 * 1024
+
+@dataclass(frozen=True)
+class ByteSchedulerKnobs(Knobs):
+    policy: ClassVar[str] = "bytescheduler"
+    partition_mb: float = knob(32.0, gt=0, doc="largest partition, MiB")
+    credit_mb: float = knob(64.0, gt=0, doc="bytes in flight, MiB")
 
 
 def partition_tasks(workload: Workload, partition_bytes: int) -> tuple[list[CommTask], list[list[int]]]:
@@ -54,7 +63,7 @@ class CreditQueue:
 
     __slots__ = ("_heap", "_plan", "credit_bytes", "in_flight_bytes")
 
-    def __init__(self, plan: Plan, credit_bytes: int) -> None:
+    def __init__(self, plan: CommPlan, credit_bytes: int) -> None:
         self._plan = plan
         self._heap: list[tuple[int, int]] = []
         self.credit_bytes = credit_bytes
@@ -87,20 +96,19 @@ class CreditQueue:
 
 class ByteSchedulerScheduler(Scheduler):
     name: ClassVar[str] = "bytescheduler"
+    Knobs: ClassVar[type[Knobs]] = ByteSchedulerKnobs
     uses_completions: ClassVar[bool] = True
 
     @classmethod
-    def build_plan(
-        cls, workload: Workload, network: NetworkEstimate, partition_mb: float = 32.0, credit_mb: float = 64.0
-    ) -> Plan:
-        require_positive(cls.name, partition_mb=partition_mb, credit_mb=credit_mb)
-        tasks, _ = partition_tasks(workload, int(partition_mb * MiB))
-        options = {"partition_mb": partition_mb, "credit_mb": credit_mb}
-        return Plan(cls.name, workload, tuple(tasks), "forward", options)
+    def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
+        assert isinstance(knobs, ByteSchedulerKnobs)
+        tasks, _ = partition_tasks(workload, mb_to_bytes(knobs.partition_mb))
+        return CommPlan(cls.name, workload, network, tuple(tasks), "forward", knobs)
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: CommPlan) -> None:
         super().__init__(plan)
-        self._queue = CreditQueue(plan, int(float(plan.options["credit_mb"]) * MiB))
+        assert isinstance(plan.knobs, ByteSchedulerKnobs)
+        self._queue = CreditQueue(plan, mb_to_bytes(plan.knobs.credit_mb))
         self._of_tensor: list[list[int]] = [[] for _ in plan.workload.tensors]
         for task in plan.tasks:
             self._of_tensor[task.segments[0].tensor].append(task.id)

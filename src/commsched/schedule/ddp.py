@@ -23,46 +23,45 @@ cap), ``rebuilt`` (True: buckets in gradient-ready order).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from commsched.errors import ScheduleError
-from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, ReadyTracker, Scheduler
+from commsched.schedule.base import Action, Launch, NetworkEstimate, ReadyTracker, Scheduler
 from commsched.schedule.fusion import fuse_by_threshold, layer_priority, make_task, ready_order, whole
+from commsched.schedule.knobs import Knobs, knob
+from commsched.schedule.plan import CommPlan
+from commsched.units import mb_to_bytes
 from commsched.workload import Workload
 
-MiB = 1024 * 1024
+
+@dataclass(frozen=True)
+class DDPKnobs(Knobs):
+    policy: ClassVar[str] = "ddp"
+    bucket_cap_mb: float = knob(25.0, ge=0, doc="bucket cap, MiB (0: one bucket per tensor)")
+    first_bucket_mb: float | None = knob(1.0, ge=0, doc="cap of the first bucket, MiB (none: the bucket cap)")
+    rebuilt: bool = knob(True, doc="buckets in gradient-ready order (false: DDP's initial buckets)")
 
 
 class DDPScheduler(Scheduler):
     name: ClassVar[str] = "ddp"
+    Knobs: ClassVar[type[Knobs]] = DDPKnobs
 
     @classmethod
-    def build_plan(
-        cls,
-        workload: Workload,
-        network: NetworkEstimate,
-        bucket_cap_mb: float = 25.0,
-        first_bucket_mb: float | None = 1.0,
-        rebuilt: bool = True,
-    ) -> Plan:
-        first = None if first_bucket_mb is None else int(first_bucket_mb * MiB)
-        order = ready_order(workload) if rebuilt else range(len(workload.tensors))
-        groups = fuse_by_threshold(workload, order, int(bucket_cap_mb * MiB), first)
-        if not rebuilt:  # the bucket of the last layers is reduced first
+    def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
+        assert isinstance(knobs, DDPKnobs)
+        first = None if knobs.first_bucket_mb is None else mb_to_bytes(knobs.first_bucket_mb)
+        order = ready_order(workload) if knobs.rebuilt else range(len(workload.tensors))
+        groups = fuse_by_threshold(workload, order, mb_to_bytes(knobs.bucket_cap_mb), first)
+        if not knobs.rebuilt:  # the bucket of the last layers is reduced first
             groups.reverse()
         tasks = []
         for i, group in enumerate(groups):
             segs = whole(workload, group)
             tasks.append(make_task(workload, i, "all_reduce", segs, f"bucket{i}", layer_priority(workload, segs)))
-        return Plan(
-            cls.name,
-            workload,
-            tuple(tasks),
-            "step",
-            {"bucket_cap_mb": bucket_cap_mb, "first_bucket_mb": first_bucket_mb, "rebuilt": rebuilt},
-        )
+        return CommPlan(cls.name, workload, network, tuple(tasks), "step", knobs)
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: CommPlan) -> None:
         super().__init__(plan)
         self._tracker = ReadyTracker(plan)
         self._full = [False] * len(plan.tasks)

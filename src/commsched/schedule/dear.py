@@ -31,22 +31,22 @@ ahead of the forward).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
-from commsched.errors import ScheduleError
-from commsched.schedule.base import (
-    Action,
-    Launch,
-    NetworkEstimate,
-    Plan,
-    ReadyTracker,
-    Scheduler,
-    require_positive,
-)
+from commsched.schedule.base import Action, Launch, NetworkEstimate, ReadyTracker, Scheduler
 from commsched.schedule.fusion import make_task, whole
+from commsched.schedule.knobs import Knobs, knob
+from commsched.schedule.plan import CommPlan
+from commsched.units import mb_to_bytes
 from commsched.workload import Workload
 
-MiB = 1024 * 1024
+
+@dataclass(frozen=True)
+class DeARKnobs(Knobs):
+    policy: ClassVar[str] = "dear"
+    threshold_mb: float = knob(25.0, gt=0, doc="fusion threshold of a group, MiB")
+    lookahead: int = knob(1, ge=1, doc="groups whose all-gather is in flight ahead of the forward")
 
 
 def group_layers(workload: Workload, threshold_bytes: int) -> list[list[int]]:
@@ -69,30 +69,27 @@ def group_layers(workload: Workload, threshold_bytes: int) -> list[list[int]]:
 
 class DeARScheduler(Scheduler):
     name: ClassVar[str] = "dear"
+    Knobs: ClassVar[type[Knobs]] = DeARKnobs
 
     @classmethod
-    def build_plan(
-        cls, workload: Workload, network: NetworkEstimate, threshold_mb: float = 25.0, lookahead: int = 1
-    ) -> Plan:
-        require_positive(cls.name, threshold_mb=threshold_mb)
-        if not (isinstance(lookahead, int | float) and lookahead >= 1 and float(lookahead).is_integer()):
-            raise ScheduleError(f"{cls.name}: lookahead must be a whole number >= 1, got {lookahead!r}")
+    def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
+        assert isinstance(knobs, DeARKnobs)
         tasks = []
         first_tensor = [0]
         for layer in workload.layers:
             first_tensor.append(first_tensor[-1] + len(layer.tensors))
-        for g, layers in enumerate(group_layers(workload, int(threshold_mb * MiB))):
+        for g, layers in enumerate(group_layers(workload, mb_to_bytes(knobs.threshold_mb))):
             tensors = [t for li in layers for t in range(first_tensor[li], first_tensor[li + 1])]
             segs = whole(workload, tensors)
             tasks.append(make_task(workload, 2 * g, "reduce_scatter", segs, f"rs{g}", g))
             tasks.append(make_task(workload, 2 * g + 1, "all_gather", segs, f"ag{g}", g, deps=(2 * g,)))
-        options = {"threshold_mb": threshold_mb, "lookahead": int(lookahead)}
-        return Plan(cls.name, workload, tuple(tasks), "forward", options)
+        return CommPlan(cls.name, workload, network, tuple(tasks), "forward", knobs)
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: CommPlan) -> None:
         super().__init__(plan)
+        assert isinstance(plan.knobs, DeARKnobs)
         self.num_groups = len(plan.tasks) // 2
-        self.lookahead = int(plan.options.get("lookahead", 1))
+        self.lookahead = plan.knobs.lookahead
         self.group_of_layer = [-1] * len(plan.workload.layers)
         for g in range(self.num_groups):
             for t in plan.tasks[2 * g].tensors:

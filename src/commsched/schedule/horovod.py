@@ -20,28 +20,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
-from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, ReadyTracker, Scheduler, require_positive
+from commsched.schedule.base import Action, Launch, NetworkEstimate, ReadyTracker, Scheduler
 from commsched.schedule.fusion import layer_priority, make_task, ready_order, whole
+from commsched.schedule.knobs import Knobs, knob
+from commsched.schedule.plan import CommPlan
+from commsched.units import mb_to_bytes
 from commsched.workload import Workload
 
-MiB = 1024 * 1024
+
+@dataclass(frozen=True)
+class HorovodKnobs(Knobs):
+    policy: ClassVar[str] = "horovod"
+    fusion_threshold_mb: float = knob(128.0, ge=0, doc="largest fusion buffer, MiB (0: no cap)")
+    cycle_time_ms: float = knob(1.0, gt=0, doc="fusion cycle, ms")
 
 
 class HorovodScheduler(Scheduler):
     name: ClassVar[str] = "horovod"
+    Knobs: ClassVar[type[Knobs]] = HorovodKnobs
 
     @classmethod
-    def build_plan(
-        cls,
-        workload: Workload,
-        network: NetworkEstimate,
-        fusion_threshold_mb: float = 128.0,
-        cycle_time_ms: float = 1.0,
-    ) -> Plan:
-        require_positive(cls.name, cycle_time_ms=cycle_time_ms)
-        threshold = int(fusion_threshold_mb * MiB)
+    def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
+        assert isinstance(knobs, HorovodKnobs)
+        cycle_time_ms = knobs.cycle_time_ms
+        threshold = mb_to_bytes(knobs.fusion_threshold_mb)
         ready = workload.grad_ready_ms
         groups: list[list[int]] = []
         current: list[int] = []
@@ -62,10 +67,9 @@ class HorovodScheduler(Scheduler):
         for i, group in enumerate(groups):
             segs = whole(workload, group)
             tasks.append(make_task(workload, i, "all_reduce", segs, f"fusion{i}", layer_priority(workload, segs)))
-        options = {"fusion_threshold_mb": fusion_threshold_mb, "cycle_time_ms": cycle_time_ms}
-        return Plan(cls.name, workload, tuple(tasks), "step", options)
+        return CommPlan(cls.name, workload, network, tuple(tasks), "step", knobs)
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: CommPlan) -> None:
         super().__init__(plan)
         self._tracker = ReadyTracker(plan)
 

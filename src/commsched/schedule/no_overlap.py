@@ -10,26 +10,37 @@ Guarantee: lossless. Knobs: ``bucket_cap_mb`` (0 = one all-reduce of everything)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
-from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, Scheduler
+from commsched.schedule.base import Action, Launch, NetworkEstimate, Scheduler
 from commsched.schedule.fusion import fuse_by_threshold, make_task, ready_order, whole
+from commsched.schedule.knobs import Knobs, knob
+from commsched.schedule.plan import CommPlan
+from commsched.units import mb_to_bytes
 from commsched.workload import Workload
 
-MiB = 1024 * 1024
+
+@dataclass(frozen=True)
+class NoOverlapKnobs(Knobs):
+    policy: ClassVar[str] = "no_overlap"
+    bucket_cap_mb: float = knob(0.0, ge=0, doc="bucket cap, MiB (0: one all-reduce of everything)")
 
 
 class NoOverlapScheduler(Scheduler):
     name: ClassVar[str] = "no_overlap"
+    Knobs: ClassVar[type[Knobs]] = NoOverlapKnobs
 
     @classmethod
-    def build_plan(cls, workload: Workload, network: NetworkEstimate, bucket_cap_mb: float = 0.0) -> Plan:
+    def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
+        assert isinstance(knobs, NoOverlapKnobs)
         order = ready_order(workload)
-        groups = [order] if bucket_cap_mb <= 0 else fuse_by_threshold(workload, order, int(bucket_cap_mb * MiB))
+        cap = mb_to_bytes(knobs.bucket_cap_mb)
+        groups = [order] if cap <= 0 else fuse_by_threshold(workload, order, cap)
         tasks = tuple(
             make_task(workload, i, "all_reduce", whole(workload, g), f"bucket{i}") for i, g in enumerate(groups)
         )
-        return Plan(cls.name, workload, tasks, "step", {"bucket_cap_mb": bucket_cap_mb})
+        return CommPlan(cls.name, workload, network, tasks, "step", knobs)
 
     def on_backward_done(self) -> Sequence[Action]:
         return tuple(Launch(i) for i in range(len(self.plan.tasks)))

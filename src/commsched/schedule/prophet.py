@@ -27,16 +27,27 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from commsched.errors import ScheduleError
-from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, Scheduler, require_positive
+from commsched.schedule.base import Action, Launch, NetworkEstimate, Scheduler
 from commsched.schedule.bytescheduler import CreditQueue, partition_tasks
 from commsched.schedule.fusion import ready_order
+from commsched.schedule.knobs import Knobs, knob
+from commsched.schedule.plan import CommPlan
+from commsched.units import gbps_to_bytes_per_s, mb_to_bytes
 from commsched.workload import Workload
 
-MiB = 1024 * 1024
+
+@dataclass(frozen=True)
+class ProphetKnobs(Knobs):
+    policy: ClassVar[str] = "prophet"
+    partition_mb: float = knob(4.0, gt=0, doc="largest partition, MiB")
+    credit_mb: float = knob(16.0, gt=0, doc="bytes in flight while draining, MiB")
+    gap_factor: float = knob(2.0, gt=0, doc="a ready gap this many times the mean starts a stage")
+    slack_ms: float = knob(0.0, ge=0, doc="added to each gap's budget, ms")
+    bandwidth_gbps: float | None = knob(None, gt=0, doc="overrides the measured bandwidth, Gbit/s")
 
 
 def find_stages(workload: Workload, gap_factor: float) -> list[tuple[list[int], float]]:
@@ -58,53 +69,26 @@ def find_stages(workload: Workload, gap_factor: float) -> list[tuple[list[int], 
 
 class ProphetScheduler(Scheduler):
     name: ClassVar[str] = "prophet"
+    Knobs: ClassVar[type[Knobs]] = ProphetKnobs
     uses_completions: ClassVar[bool] = True
 
     @classmethod
-    def build_plan(
-        cls,
-        workload: Workload,
-        network: NetworkEstimate,
-        partition_mb: float = 4.0,
-        credit_mb: float = 16.0,
-        gap_factor: float = 2.0,
-        slack_ms: float = 0.0,
-        bandwidth_gbps: float | None = None,
-    ) -> Plan:
-        require_positive(
-            cls.name,
-            partition_mb=partition_mb,
-            credit_mb=credit_mb,
-            gap_factor=gap_factor,
-            bandwidth_gbps=bandwidth_gbps,
-        )
-        if bandwidth_gbps is not None:
-            network = replace(network, bandwidth_bytes_per_s=bandwidth_gbps * 1e9 / 8)
-        tasks, _ = partition_tasks(workload, int(partition_mb * MiB))
-        stages = find_stages(workload, gap_factor)
-        options: dict[str, object] = {
-            "partition_mb": partition_mb,
-            "credit_mb": credit_mb,
-            "gap_factor": gap_factor,
-            "slack_ms": slack_ms,
-            "bandwidth_gbps": network.bandwidth_bytes_per_s * 8 / 1e9,
-            "latency_us": network.latency_s * 1e6,
-            "world_size": network.world_size,
-            "stages": [[len(s), gap] for s, gap in stages],
-        }
-        return Plan(cls.name, workload, tuple(tasks), "forward", options)
+    def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
+        """The plan's network is the estimate the blocks are sized with (``bandwidth_gbps`` overrides it)."""
+        assert isinstance(knobs, ProphetKnobs)
+        if knobs.bandwidth_gbps is not None:
+            network = replace(network, bandwidth_bytes_per_s=gbps_to_bytes_per_s(knobs.bandwidth_gbps))
+        tasks, _ = partition_tasks(workload, mb_to_bytes(knobs.partition_mb))
+        return CommPlan(cls.name, workload, network, tuple(tasks), "forward", knobs)
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: CommPlan) -> None:
         super().__init__(plan)
-        opts = plan.options
-        self._network = NetworkEstimate(
-            int(opts["world_size"]),
-            float(opts["bandwidth_gbps"]) * 1e9 / 8,
-            float(opts["latency_us"]) / 1e6,
-        )
-        self._slack_s = float(opts["slack_ms"]) / 1e3
-        self._queue = CreditQueue(plan, int(float(opts["credit_mb"]) * MiB))
-        self._stages = find_stages(plan.workload, float(opts["gap_factor"]))
+        knobs = plan.knobs
+        assert isinstance(knobs, ProphetKnobs)
+        self._network = plan.network
+        self._slack_s = knobs.slack_ms / 1e3
+        self._queue = CreditQueue(plan, mb_to_bytes(knobs.credit_mb))
+        self._stages = find_stages(plan.workload, knobs.gap_factor)
         self._stage_of_tensor = [0] * len(plan.workload.tensors)
         for k, (tensors, _) in enumerate(self._stages):
             for t in tensors:

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import ClassVar
 
-from commsched.schedule.base import Action, Launch, NetworkEstimate, Plan, Scheduler
+from commsched.schedule.base import Action, Launch, NetworkEstimate, Scheduler
 from commsched.schedule.fusion import layer_priority, make_task, whole
+from commsched.schedule.knobs import Knobs
+from commsched.schedule.plan import CommPlan
 from commsched.workload import Workload
 
 
@@ -22,12 +24,12 @@ class WFBPScheduler(Scheduler):
     name: ClassVar[str] = "wfbp"
 
     @classmethod
-    def build_plan(cls, workload: Workload, network: NetworkEstimate) -> Plan:
+    def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
         tasks = []
         for t, tensor in enumerate(workload.tensors):
             segs = whole(workload, [t])
             tasks.append(make_task(workload, t, "all_reduce", segs, tensor.name, layer_priority(workload, segs)))
-        return Plan(cls.name, workload, tuple(tasks), "step")
+        return CommPlan(cls.name, workload, network, tuple(tasks), "step", knobs)
 
     def on_grad_ready(self, tensor: int) -> Sequence[Action]:
         return (Launch(tensor),)

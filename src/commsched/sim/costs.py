@@ -1,19 +1,13 @@
-"""α-β cost models of collectives, and how the simulator maps a cluster onto them.
+"""How the simulator maps a cluster onto the α-β costs of collectives.
 
-Notation: ``p`` ranks, ``n`` bytes per rank (the size of the gradient piece),
-``alpha_s`` the cost of one message or ring step (one-way latency plus the
-per-message software overhead of the link), ``bandwidth`` in bytes/s per
-direction. Reduction arithmetic (γ) is ignored: on GPUs it hides behind the
-transfer. Sources: Thakur, Rabenseifner and Gropp, "Optimization of Collective
-Communication Operations in MPICH", IJHPCA 2005; NCCL's tuning model for the
-tree; ``research/ecosystem.md`` §5 for the table these functions implement.
+The closed forms themselves are in :mod:`commsched.formulas` (notation there).
 
 Every collective is split into :class:`Phase` objects, each a startup latency
 followed by a transfer on one named link resource. The latency part does not
 use bandwidth; the transfer part is ``work_s`` seconds *at the full rate of
 the resource*, and concurrent transfers on one resource share it
 (:mod:`commsched.sim.network`). Without contention the phases of a collective
-add up exactly to the closed forms below (tested).
+add up exactly to those closed forms (tested).
 """
 
 from __future__ import annotations
@@ -24,88 +18,11 @@ from typing import Literal
 
 from commsched.cluster import Cluster, Link
 from commsched.errors import ScheduleError, SpecError
+from commsched.formulas import ring_factors
 from commsched.schedule.base import NetworkEstimate
 
 Algorithm = Literal["ring", "tree", "hierarchical", "ps"]
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical", "ps")
-
-
-# ---- closed forms (pure functions) ----
-
-
-def ring_all_reduce_s(nbytes: float, p: int, alpha_s: float, bandwidth: float) -> float:
-    """Ring all-reduce: ``2(p-1)·α + 2(p-1)/p · n / B``; 0 when ``p == 1``."""
-    if p <= 1:
-        return 0.0
-    return 2 * (p - 1) * alpha_s + 2 * (p - 1) / p * nbytes / bandwidth
-
-
-def ring_reduce_scatter_s(nbytes: float, p: int, alpha_s: float, bandwidth: float) -> float:
-    """Ring reduce-scatter of ``n`` bytes (each rank keeps ``n/p``): ``(p-1)·α + (p-1)/p · n / B``."""
-    if p <= 1:
-        return 0.0
-    return (p - 1) * alpha_s + (p - 1) / p * nbytes / bandwidth
-
-
-def ring_all_gather_s(nbytes: float, p: int, alpha_s: float, bandwidth: float) -> float:
-    """Ring all-gather to ``n`` bytes of output: ``(p-1)·α + (p-1)/p · n / B`` (same as reduce-scatter)."""
-    return ring_reduce_scatter_s(nbytes, p, alpha_s, bandwidth)
-
-
-def tree_all_reduce_s(nbytes: float, p: int, alpha_s: float, bandwidth: float) -> float:
-    """Pipelined double binary tree (NCCL): ``2·⌈log2 p⌉·α + 2 · n / B``.
-
-    Latency grows with ``log p`` instead of ``p``; the bandwidth term is about
-    that of a ring for large ``p`` (NCCL converts tree bus bandwidth to
-    algorithm bandwidth with a factor 1/2).
-    """
-    if p <= 1:
-        return 0.0
-    return 2 * math.ceil(math.log2(p)) * alpha_s + 2 * nbytes / bandwidth
-
-
-def hierarchical_all_reduce_s(
-    nbytes: float,
-    nodes: int,
-    per_node: int,
-    alpha_intra_s: float,
-    bandwidth_intra: float,
-    alpha_inter_s: float,
-    bandwidth_inter: float,
-) -> float:
-    """Intra-node reduce-scatter, inter-node all-reduce of the shards, intra-node all-gather.
-
-    With ``g = per_node`` ranks per node and ``P = nodes``::
-
-        2·[(g-1)·α_in + (g-1)/g · n / B_in]  +  2(P-1)·α_out + 2(P-1)/P · n / B_out
-
-    The inter-node part moves ``n/g`` bytes per rank, but the ``g`` ranks of a
-    node share its NIC, so the node still pushes ``2(P-1)/P · n`` bytes through
-    ``B_out``: the hierarchy saves startup steps (``2(P-1)`` instead of
-    ``2(gP-1)``), not NIC bytes.
-    """
-    intra = 2 * ring_reduce_scatter_s(nbytes, per_node, alpha_intra_s, bandwidth_intra)
-    return intra + ring_all_reduce_s(nbytes, nodes, alpha_inter_s, bandwidth_inter)
-
-
-def ps_push_s(
-    nbytes: float, workers: int, servers: int, alpha_s: float, worker_bandwidth: float, server_bandwidth: float
-) -> float:
-    """Parameter-server push of ``n`` bytes sharded evenly over ``k`` servers by ``N`` workers.
-
-    ``α + max(n / B_worker, N · n / (k · B_server))``: each worker sends ``n``
-    bytes through its own NIC; each server receives ``N·n/k`` bytes through
-    its NIC (incast: ``N`` senders share one server's ingress). A pull is the
-    same in the other direction.
-    """
-    return alpha_s + max(nbytes / worker_bandwidth, workers * nbytes / (servers * server_bandwidth))
-
-
-def ps_push_pull_s(
-    nbytes: float, workers: int, servers: int, alpha_s: float, worker_bandwidth: float, server_bandwidth: float
-) -> float:
-    """Push then pull: ``2α + 2·max(n / B_worker, N · n / (k · B_server))``."""
-    return 2 * ps_push_s(nbytes, workers, servers, alpha_s, worker_bandwidth, server_bandwidth)
 
 
 # ---- phases: what the simulator executes ----
@@ -212,24 +129,22 @@ class CommModel:
             return {"all_reduce": (push, pull), "reduce_scatter": (push,), "all_gather": (pull,)}[kind]
         if self.algorithm == "hierarchical":
             return self._hierarchical(kind, nbytes)
-        half = Phase((p - 1) * self.alpha_s, "ring", (p - 1) / p * nbytes / self.bandwidth)
-        if kind == "all_reduce":
-            if self.algorithm == "tree":
-                return (Phase(2 * math.ceil(math.log2(p)) * self.alpha_s, "ring", 2 * nbytes / self.bandwidth),)
-            return (Phase(2 * half.latency_s, "ring", 2 * half.work_s),)
-        if kind in ("reduce_scatter", "all_gather"):
-            return (half,)
-        raise ScheduleError(f"sim: no cost model for task kind {kind!r}")
+        if kind == "all_reduce" and self.algorithm == "tree":
+            return (Phase(2 * math.ceil(math.log2(p)) * self.alpha_s, "ring", 2 * nbytes / self.bandwidth),)
+        if kind not in ("all_reduce", "reduce_scatter", "all_gather"):
+            raise ScheduleError(f"sim: no cost model for task kind {kind!r}")
+        steps, volume = ring_factors(kind, p)
+        return (Phase(steps * self.alpha_s, "ring", volume * nbytes / self.bandwidth),)
 
     def _ps_transfer_s(self, nbytes: float) -> float:
         return max(nbytes / self.bandwidth, self.world_size * nbytes / (self.servers * self.server_bandwidth))
 
     def _hierarchical(self, kind: str, nbytes: float) -> tuple[Phase, ...]:
         g, nodes = self.per_node, self.nodes
-        intra = Phase((g - 1) * self.alpha_intra_s, "intra", (g - 1) / g * nbytes / self.bandwidth_intra)
-        inter_half = Phase(
-            (nodes - 1) * self.alpha_inter_s, "inter", (nodes - 1) / nodes * nbytes / self.bandwidth_inter
-        )
+        steps, volume = ring_factors("reduce_scatter", g)
+        intra = Phase(steps * self.alpha_intra_s, "intra", volume * nbytes / self.bandwidth_intra)
+        steps, volume = ring_factors("reduce_scatter", nodes)
+        inter_half = Phase(steps * self.alpha_inter_s, "inter", volume * nbytes / self.bandwidth_inter)
         if kind == "all_reduce":
             inter = Phase(2 * inter_half.latency_s, "inter", 2 * inter_half.work_s)
             out: tuple[Phase, ...] = (intra, inter, intra)

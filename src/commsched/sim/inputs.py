@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from commsched.errors import CommschedError, ScheduleError, SpecError
-from commsched.schedule import check_knob
+from commsched.schedule import make_knobs
 from commsched.schedule import knobs as policy_knobs
 from commsched.sim.simulator import SimOptions
 from commsched.workload import Workload
@@ -70,12 +70,15 @@ def split_options(policy: str, options: Mapping[str, Any]) -> tuple[dict[str, An
         if key in sim_names:
             sim_values[key] = value
         elif key in known:
-            knob_values[key] = check_knob(policy, key, value, known[key])
+            knob_values[key] = value
         else:
             names = ", ".join([*known, *sim_names])
             raise ScheduleError(f"{policy}: unknown option {key!r}; known: {names}")
+    make_knobs(policy, knob_values)  # names, types and ranges, before anything runs
     if "max_concurrent" in sim_values and not isinstance(sim_values["max_concurrent"], int):
         raise ScheduleError(f"sim: max_concurrent must be an integer >= 1, got {sim_values['max_concurrent']!r}")
     if "update_ms" in sim_values:
-        sim_values["update_ms"] = check_knob("sim", "update_ms", sim_values["update_ms"], 0.0)
+        value = sim_values["update_ms"]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ScheduleError(f"sim: update_ms must be a number, got {value!r}")
     return knob_values, sim_values

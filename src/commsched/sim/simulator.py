@@ -21,17 +21,13 @@ What one iteration is, on every worker (the runtime does the same):
   then ``on_step()``, the whole update, the next forward. ``"forward"``:
   ``on_step()`` right after backward, then the next forward.
 
-The scheduler is an agent: it processes events strictly in order;
-``Wait(task)`` blocks it (never the compute) until the task completes, and
-later events queue up. As in the runtime, a scheduler with
-``uses_completions`` runs once, on the leader (rank 0), fed the leader's
-events, and its launches go to every worker; any other scheduler runs on
-every worker, fed that worker's own events (one copy per worker class), and
-its launches go to that worker only. ``Launch(task)`` actions are issued in
-order; a launch is held, with everything behind it, until its inputs are
-ready *on that worker* (its gradients, for the iteration the launch belongs
-to, and its ``deps``). The n-th launch of a task belongs to iteration n.
-A collective is ready when every worker has issued it; the network
+The policy runs only through :class:`~commsched.schedule.dispatch.Dispatcher`
+(one per worker class), exactly as in the runtime: the simulator reports each
+class's events to its dispatcher and starts what it returns. The dispatcher
+owns event order, ``Wait``, holding launches until their inputs are ready on
+that worker, instances, and the rule that a ``uses_completions`` scheduler
+runs on the leader (rank 0) only, whose decisions the other classes follow.
+A collective is ready when every worker class has started it; the network
 (:mod:`commsched.sim.network`) starts ready collectives in order, at most
 ``max_concurrent`` at once, and shares link bandwidth between those in
 flight. ``on_comm_done`` is delivered only to schedulers with
@@ -63,9 +59,8 @@ from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
-from commsched.schedule import Launch, Scheduler, Wait, build_scheduler
+from commsched.schedule import CommPlan, Dispatcher, Scheduler, Start, build_scheduler
 from commsched.schedule import knobs as policy_knobs
-from commsched.schedule.base import Plan
 from commsched.schedule.fusion import ready_order
 from commsched.sim.costs import ALGORITHMS, CommModel
 from commsched.sim.engine import EventLoop
@@ -205,103 +200,29 @@ class _Timeline:
     """Mutable state of one worker class."""
 
     __slots__ = (
-        "agent",
         "block_k",
         "block_l",
         "blocked",
         "bstart",
+        "dispatcher",
         "finished",
         "fstart",
-        "gate_pos",
         "leader",
-        "queue",
-        "ready_iter",
-        "ready_pos",
         "stall_since",
         "wc",
     )
 
-    def __init__(self, wc: WorkerClass) -> None:
+    def __init__(self, wc: WorkerClass, dispatcher: Dispatcher) -> None:
         self.wc = wc
         self.leader = wc.index == 0
-        self.ready_iter = -1  # iteration whose gradients are being produced
-        self.ready_pos = 0  # how many gradients (in ready order) of ready_iter are ready
+        self.dispatcher = dispatcher
         self.bstart = 0.0
-        self.queue: deque[tuple[int, int]] = deque()  # launches not issued yet: (task, instance)
         self.blocked = 0
         self.block_k = 0
         self.block_l = 0
         self.stall_since = 0.0
-        self.gate_pos = 0
         self.fstart: list[float] = []
         self.finished = False
-        #: The scheduler this class reports its events to (None: it follows the leader's decisions).
-        self.agent: _Agent | None = None
-
-
-class _Agent:
-    """The scheduler as an agent: events in order, actions in order, ``Wait`` blocks it.
-
-    Its launches go to the launch queues of ``targets`` (one worker class, or
-    all of them for a leader that decides for everyone).
-    """
-
-    __slots__ = ("_actions", "_blocked", "_inbox", "_running", "_sim", "launched", "scheduler", "targets")
-
-    def __init__(self, sim: Simulation, scheduler: Scheduler, targets: list[_Timeline]) -> None:
-        self._sim = sim
-        self.scheduler = scheduler
-        self.targets = targets
-        #: Launches so far per task: the n-th launch of a task belongs to iteration n.
-        self.launched = [0] * len(scheduler.plan.tasks)
-        self._inbox: deque[tuple[str, int | None]] = deque()
-        self._actions: deque[Any] = deque()
-        self._blocked: tuple[int, int] | None = None
-        self._running = False
-
-    def post(self, event: str, arg: int | None = None) -> None:
-        self._inbox.append((event, arg))
-        self.run()
-
-    @property
-    def idle(self) -> bool:
-        return not self._inbox and not self._actions and self._blocked is None
-
-    def describe(self) -> str:
-        if self._blocked is not None:
-            task, inst = self._blocked
-            return f"the scheduler waits on task {self._sim.plan.tasks[task].name!r} of iteration {inst}"
-        return f"the scheduler has {len(self._inbox)} event(s) and {len(self._actions)} action(s) queued"
-
-    def run(self) -> None:
-        if self._running:
-            return
-        self._running = True
-        sim = self._sim
-        try:
-            while True:
-                if self._blocked is not None:
-                    task, inst = self._blocked
-                    if sim.done_count[task] <= inst:
-                        return
-                    self._blocked = None
-                if self._actions:
-                    action = self._actions.popleft()
-                    if type(action) is Launch:
-                        sim.launch(self, action.task)
-                    elif type(action) is Wait:
-                        self._blocked = sim.wait_target(self, action.task)
-                    else:
-                        raise ScheduleError(f"{sim.plan.policy}: unknown action {action!r}")
-                    continue
-                if self._inbox:
-                    event, arg = self._inbox.popleft()
-                    handler = getattr(self.scheduler, event)
-                    self._actions.extend(handler() if arg is None else handler(arg))
-                    continue
-                return
-        finally:
-            self._running = False
 
 
 class Simulation:
@@ -324,7 +245,7 @@ class Simulation:
             raise ScheduleError(f"sim: warmup must be >= 0, got {warmup}")
         self.workload = workload
         self.cluster = cluster
-        self.plan: Plan = scheduler.plan
+        self.plan: CommPlan = scheduler.plan
         self.options = options
         self.comm = comm
         self.iterations = iterations
@@ -332,21 +253,20 @@ class Simulation:
         self.total = warmup + iterations
         self.loop = EventLoop()
         self.network = Network(self.loop, options.max_concurrent, self._completed)
-        self.uses_completions = type(scheduler).uses_completions
         self.trace: Trace | None = Trace() if record_trace else None
         self.classes = worker_classes(cluster, workload.model)
-        self.timelines = [_Timeline(wc) for wc in self.classes]
-        if self.uses_completions:  # rank 0 decides for everyone
-            self.agents = [_Agent(self, scheduler, self.timelines)]
-            self.timelines[0].agent = self.agents[0]
-        else:  # every rank runs its own copy on its own events
-            self.agents = []
-            for tl in self.timelines:
+        #: A ``uses_completions`` scheduler runs on the leader only; the other classes follow its decisions.
+        self.leader_decides = type(scheduler).uses_completions and len(self.classes) > 1
+        self.timelines = []
+        for wc in self.classes:
+            if wc.index == 0:
+                dispatcher = Dispatcher(self.plan, scheduler, forward_decisions=self.leader_decides)
+            elif self.leader_decides:
+                dispatcher = Dispatcher(self.plan, None)
+            else:  # every class runs its own copy of the scheduler on its own events
                 memo: dict[int, Any] = {id(scheduler.plan): scheduler.plan, id(workload): workload}
-                own = scheduler if tl.leader else copy.deepcopy(scheduler, memo)
-                tl.agent = _Agent(self, own, [tl])
-                self.agents.append(tl.agent)
-        self.agent = self.agents[0]
+                dispatcher = Dispatcher(self.plan, copy.deepcopy(scheduler, memo))
+            self.timelines.append(_Timeline(wc, dispatcher))
         self._prepare()
 
     # ---- precomputation ----
@@ -355,17 +275,10 @@ class Simulation:
         w, plan = self.workload, self.plan
         self.gated = plan.update == "forward"
         self.order = ready_order(w)
-        pos_of = [0] * len(w.tensors)
-        for pos, t in enumerate(self.order):
-            pos_of[t] = pos
         tasks = plan.tasks
         self.num_tasks = len(tasks)
-        self.last_pos = [-1 if task.kind == "all_gather" else max(pos_of[t] for t in task.tensors) for task in tasks]
-        self.deps = [task.deps for task in tasks]
         self.phases = [self.comm.phases(task.kind, task.bytes) for task in tasks]
         self.final_of_layer = plan.final_tasks_of_layer
-        self.done_count = [0] * self.num_tasks
-        self.completed_in_iter = [0] * (self.total + 1)
         self.issued: dict[tuple[int, int], int] = {}
         self.reduced_bytes = 0.0
         self.sent_bytes = 0.0
@@ -416,90 +329,64 @@ class Simulation:
         for tl in self.timelines:
             if not tl.finished:
                 what = self._describe_block(tl)
-                agent = tl.agent or self.agent
-                raise ScheduleError(f"{policy}: the simulation stalled: worker {tl.wc.rank} {what}; {agent.describe()}")
-        for tl in self.timelines:
-            if tl.queue and tl.queue[0][1] < self.total:
-                raise ScheduleError(f"{policy}: the simulation stalled: worker {tl.wc.rank} {self._describe_block(tl)}")
-        for task, count in enumerate(self.done_count):
+                raise ScheduleError(
+                    f"{policy}: the simulation stalled: worker {tl.wc.rank} {what}; {tl.dispatcher.describe()}"
+                )
+        done = self.timelines[0].dispatcher.done_count
+        for task, count in enumerate(done):
             if count < self.total:
                 name = self.plan.tasks[task].name
                 raise ScheduleError(
                     f"{policy}: task {name!r} completed {count} time(s) in {self.total} iterations "
                     "(never launched, or launched once too few)"
                 )
-        for agent in self.agents:
-            if not agent.idle:
-                raise ScheduleError(f"{policy}: the simulation ended but {agent.describe()}")
+        for tl in self.timelines:
+            d = tl.dispatcher
+            # Launches past the last iteration (from the trailing forward and flush) stay held.
+            if not d.scheduler_idle or any(inst < self.total for _, inst in d.held):
+                raise ScheduleError(f"{policy}: the simulation ended but {d.describe()}")
 
     def _describe_block(self, tl: _Timeline) -> str:
+        done = tl.dispatcher.done_count
         if tl.blocked == _GATE:
             layer = self.workload.layers[tl.block_l].name
-            missing = [
-                self.plan.tasks[t].name for t in self.final_of_layer[tl.block_l] if self.done_count[t] < tl.block_k
-            ]
+            missing = [self.plan.tasks[t].name for t in self.final_of_layer[tl.block_l] if done[t] < tl.block_k]
             return f"waits before layer {layer!r} of iteration {tl.block_k} for task(s) {missing[:5]}"
         if tl.blocked == _STEP:
-            missing = [self.plan.tasks[t].name for t in range(self.num_tasks) if self.done_count[t] <= tl.block_k]
+            missing = [self.plan.tasks[t].name for t in range(self.num_tasks) if done[t] <= tl.block_k]
             return f"waits at step {tl.block_k} for task(s) {missing[:5]}"
-        if tl.queue and tl.queue[0][1] < self.total:
-            task, inst = tl.queue[0]
-            name = self.plan.tasks[task].name
-            return f"holds the launch of task {name!r} (iteration {inst}): its inputs never became ready"
         return "stopped"
 
-    # ---- scheduler actions ----
+    # ---- the dispatcher's starts ----
 
-    def launch(self, agent: _Agent, task: int) -> None:
-        if not 0 <= task < self.num_tasks:
-            raise ScheduleError(f"{self.plan.policy}: launch of unknown task {task}")
-        inst = agent.launched[task]  # launches past the last iteration (from the trailing forward) stay held
-        agent.launched[task] = inst + 1
-        for tl in agent.targets:
-            tl.queue.append((task, inst))
-            if len(tl.queue) == 1:
-                self._pump(tl)
+    def _report(self, tl: _Timeline, starts: list[Start]) -> None:
+        """Start what a class's dispatcher returned; forward a deciding leader's launches to the others."""
+        self._start(starts)
+        if self.leader_decides and tl.leader:
+            for task, inst in tl.dispatcher.take_decisions():
+                for other in self.timelines[1:]:
+                    self._start(other.dispatcher.follow(task, inst))
 
-    def wait_target(self, agent: _Agent, task: int) -> tuple[int, int] | None:
-        if not 0 <= task < self.num_tasks:
-            raise ScheduleError(f"{self.plan.policy}: wait on unknown task {task}")
-        inst = agent.launched[task] - 1
-        if inst < 0:
-            raise ScheduleError(f"{self.plan.policy}: wait on task {self.plan.tasks[task].name!r}, never launched")
-        return (task, inst) if self.done_count[task] <= inst else None
-
-    def _pump(self, tl: _Timeline) -> None:
-        """Issue the held launches of ``tl`` whose inputs are ready, in order."""
-        queue = tl.queue
-        while queue:
-            task, inst = queue[0]
-            last = self.last_pos[task]
-            if last >= 0 and not (tl.ready_iter > inst or (tl.ready_iter == inst and tl.ready_pos > last)):
-                return
-            for dep in self.deps[task]:
-                if self.done_count[dep] <= inst:
-                    return
-            queue.popleft()
-            if len(self.timelines) == 1:
-                self._ready(task, inst)
+    def _start(self, starts: list[Start]) -> None:
+        """A collective is ready for the network once every worker class has started it."""
+        classes = len(self.timelines)
+        for s in starts:
+            if classes == 1:
+                self._ready(s.task, s.instance)
+                continue
+            key = (s.task, s.instance)
+            count = self.issued.get(key, 0) + 1
+            if count == classes:
+                del self.issued[key]
+                self._ready(s.task, s.instance)
             else:
-                key = (task, inst)
-                count = self.issued.get(key, 0) + 1
-                if count == len(self.timelines):
-                    del self.issued[key]
-                    self._ready(task, inst)
-                else:
-                    self.issued[key] = count
+                self.issued[key] = count
 
     def _ready(self, task: int, inst: int) -> None:
         self.network.ready(Collective(task, inst, self.phases[task], self.loop.now))
 
     def _completed(self, coll: Collective) -> None:
         task, inst = coll.task, coll.instance
-        if self.done_count[task] != inst:
-            raise ScheduleError(f"{self.plan.policy}: task {self.plan.tasks[task].name!r} completed out of order")
-        self.done_count[task] = inst + 1
-        self.completed_in_iter[inst] += 1
         spec = self.plan.tasks[task]
         if self.warmup <= inst < self.total:
             if spec.kind != "all_gather":
@@ -508,14 +395,9 @@ class Simulation:
         if self.trace is not None:
             for wc in self.classes:
                 self.trace.add(TraceEvent(spec.name, spec.kind, wc.rank, coll.start_s, coll.end_s, spec.bytes, inst))
-        if self.uses_completions:
-            self.agent.post("on_comm_done", task)
-        else:
-            for agent in self.agents:
-                agent.run()  # resumes an agent blocked in Wait
         for tl in self.timelines:
-            if tl.queue:
-                self._pump(tl)
+            self._report(tl, tl.dispatcher.completed(task, inst))
+        for tl in self.timelines:
             if tl.blocked:
                 self._try_unblock(tl)
 
@@ -530,24 +412,11 @@ class Simulation:
         self._forward_layer(tl, k, 0)
 
     def _forward_layer(self, tl: _Timeline, k: int, layer: int) -> None:
-        if tl.agent is not None:
-            tl.agent.post("on_forward_pre", layer)
-        if self.gated and k > 0 and not self._gate_open(tl, k, layer):
+        self._report(tl, tl.dispatcher.forward_pre(layer))
+        if self.gated and k > 0 and not tl.dispatcher.layer_ready(layer, k - 1):
             tl.blocked, tl.block_k, tl.block_l, tl.stall_since = _GATE, k, layer, self.loop.now
             return
         self._run_layer(tl, k, layer)
-
-    def _gate_open(self, tl: _Timeline, k: int, layer: int) -> bool:
-        tasks = self.final_of_layer[layer]
-        i = tl.gate_pos
-        done = self.done_count
-        while i < len(tasks) and done[tasks[i]] >= k:
-            i += 1
-        if i == len(tasks):
-            tl.gate_pos = 0
-            return True
-        tl.gate_pos = i
-        return False
 
     def _run_layer(self, tl: _Timeline, k: int, layer: int) -> None:
         c = tl.wc.index
@@ -571,8 +440,6 @@ class Simulation:
         c = tl.wc.index
         now = self.loop.now
         tl.bstart = now
-        tl.ready_iter = k
-        tl.ready_pos = 0
         if self.trace is not None:
             for layer, (offset, duration) in zip(self.workload.layers, self.backward_layers[c], strict=True):
                 self._record(layer.name, "backward", tl, now + offset, now + offset + duration, k)
@@ -584,11 +451,7 @@ class Simulation:
         _, lo, hi = batches[batch]
         order = self.order
         for pos in range(lo, hi):
-            tl.ready_pos = pos + 1
-            if tl.agent is not None:
-                tl.agent.post("on_grad_ready", order[pos])
-            if tl.queue:
-                self._pump(tl)
+            self._report(tl, tl.dispatcher.grad_ready(order[pos]))
         if batch + 1 < len(batches):
             self.loop.schedule(tl.bstart + batches[batch + 1][0], self._grads_ready, tl, k, batch + 1)
         else:
@@ -596,20 +459,17 @@ class Simulation:
             self.loop.schedule(end, self._backward_end, tl, k)
 
     def _backward_end(self, tl: _Timeline, k: int) -> None:
-        if tl.agent is not None:
-            tl.agent.post("on_backward_done")
+        self._report(tl, tl.dispatcher.backward_done())
         if self.gated:
-            if tl.agent is not None:
-                tl.agent.post("on_step")
+            self._report(tl, tl.dispatcher.step())
             self._begin_iteration(tl, k + 1)
-        elif self.completed_in_iter[k] == self.num_tasks:
+        elif tl.dispatcher.iteration_done(k):
             self._step(tl, k)
         else:
             tl.blocked, tl.block_k, tl.stall_since = _STEP, k, self.loop.now
 
     def _step(self, tl: _Timeline, k: int) -> None:
-        if tl.agent is not None:
-            tl.agent.post("on_step")
+        self._report(tl, tl.dispatcher.step())
         update = sum(self.update_s[tl.wc.index])
         if update > 0:
             now = self.loop.now
@@ -620,22 +480,21 @@ class Simulation:
 
     def _try_unblock(self, tl: _Timeline) -> None:
         if tl.blocked == _GATE:
-            if not self._gate_open(tl, tl.block_k, tl.block_l):
+            if not tl.dispatcher.layer_ready(tl.block_l, tl.block_k - 1):
                 return
             tl.blocked = 0
             name = f"wait:{self.workload.layers[tl.block_l].name}"
             self._record(name, "wait", tl, tl.stall_since, self.loop.now, tl.block_k)
             self._run_layer(tl, tl.block_k, tl.block_l)
         elif tl.blocked == _STEP:
-            if self.completed_in_iter[tl.block_k] != self.num_tasks:
+            if not tl.dispatcher.iteration_done(tl.block_k):
                 return
             tl.blocked = 0
             self._record("wait:step", "wait", tl, tl.stall_since, self.loop.now, tl.block_k)
             self._step(tl, tl.block_k)
 
     def _finish(self, tl: _Timeline) -> None:
-        if tl.agent is not None:
-            tl.agent.post("on_flush")
+        self._report(tl, tl.dispatcher.flush())
         tl.finished = True
 
     # ---- results ----

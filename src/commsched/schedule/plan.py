@@ -1,0 +1,239 @@
+"""``CommPlan``: the static part of a policy, typed, versioned and saved as JSON.
+
+A plan says what is communicated (tasks over segments of gradients), in which
+pieces, by which transport with which loss bound, in what dependency order,
+and when reduced gradients are applied. It names the policy whose online state
+machine runs it, that policy's knobs (a typed dataclass, never an untyped
+mapping) and the network estimate it was made for, so a plan made by the
+simulator, a planner or a person can be saved, read and run by the runtime
+unchanged::
+
+    plan = commsched.schedule.build_plan("dear", workload, network, threshold_mb=8)
+    plan.save("plan.json")
+    model, opt = commsched.parallelize(model, opt, plan="plan.json")
+
+The JSON file carries ``format`` and ``version``; a file of another format or
+a newer version is refused with a clear error, as is one that is internally
+inconsistent (:meth:`CommPlan.check`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from commsched.errors import ScheduleError, SpecError
+from commsched.schedule.base import (
+    FINAL_KINDS,
+    READING_KINDS,
+    REDUCING_KINDS,
+    TASK_KINDS,
+    CommTask,
+    NetworkEstimate,
+    Segment,
+    UpdateMode,
+)
+from commsched.schedule.knobs import Knobs
+from commsched.workload import Workload
+
+PLAN_FORMAT = "commsched.CommPlan"
+PLAN_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CommPlan:
+    """The static part of a policy: what is communicated, in which pieces, and when updates apply."""
+
+    policy: str
+    workload: Workload = field(repr=False)
+    network: NetworkEstimate
+    tasks: tuple[CommTask, ...]
+    update: UpdateMode
+    knobs: Knobs
+    version: int = PLAN_VERSION
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    # ---- derived maps ----
+
+    @cached_property
+    def final_tasks_of_tensor(self) -> tuple[tuple[int, ...], ...]:
+        """For each tensor, the tasks whose completion delivers its reduced gradient."""
+        out: list[list[int]] = [[] for _ in self.workload.tensors]
+        for task in self.tasks:
+            if task.kind in FINAL_KINDS:
+                for t in task.tensors:
+                    out[t].append(task.id)
+        return tuple(tuple(x) for x in out)
+
+    @cached_property
+    def final_tasks_of_layer(self) -> tuple[tuple[int, ...], ...]:
+        """For each layer, the tasks that must finish before its update can be applied."""
+        per_layer: list[dict[int, None]] = [{} for _ in self.workload.layers]
+        for t, layer in enumerate(self.workload.tensor_layer):
+            per_layer[layer].update(dict.fromkeys(self.final_tasks_of_tensor[t]))
+        return tuple(tuple(d) for d in per_layer)
+
+    @cached_property
+    def tasks_reading_tensor(self) -> tuple[tuple[int, ...], ...]:
+        """For each tensor, the tasks that read its local gradient (need it ready before they start)."""
+        out: list[list[int]] = [[] for _ in self.workload.tensors]
+        for task in self.tasks:
+            if task.kind in READING_KINDS:
+                for t in task.tensors:
+                    out[t].append(task.id)
+        return tuple(tuple(x) for x in out)
+
+    @property
+    def total_bytes(self) -> int:
+        """Gradient bytes reduced per iteration (an RS+AG or push+pull pair counts once)."""
+        return sum(t.bytes for t in self.tasks if t.kind in REDUCING_KINDS)
+
+    @property
+    def lossless(self) -> bool:
+        return all(t.loss_bound == 0 for t in self.tasks)
+
+    # ---- validation ----
+
+    def check(self) -> None:
+        """Ids in order, known kinds and dependencies, segments in bounds, every element reduced and
+        delivered exactly once, loss bounds in [0, 1)."""
+        w = self.workload
+        if self.update not in ("step", "forward"):
+            raise ScheduleError(f"{self.policy}: update must be 'step' or 'forward', got {self.update!r}")
+        if self.network.world_size < 1:
+            raise ScheduleError(f"{self.policy}: network.world_size must be >= 1, got {self.network.world_size}")
+        for i, task in enumerate(self.tasks):
+            if task.id != i:
+                raise ScheduleError(f"{self.policy}: task at position {i} has id {task.id}")
+            if task.kind not in TASK_KINDS:
+                raise ScheduleError(f"{self.policy}: task {i} has unknown kind {task.kind!r}; known: {TASK_KINDS}")
+            if not 0 <= task.loss_bound < 1:
+                raise ScheduleError(f"{self.policy}: task {i} has loss_bound {task.loss_bound}; must be in [0, 1)")
+            if not task.segments:
+                raise ScheduleError(f"{self.policy}: task {i} ({task.name!r}) has no segments")
+            for d in task.deps:
+                if not 0 <= d < len(self.tasks) or d == i:
+                    raise ScheduleError(f"{self.policy}: task {i} has invalid dependency {d}")
+            for s in task.segments:
+                if not 0 <= s.tensor < len(w.tensors):
+                    raise ScheduleError(f"{self.policy}: task {i} names unknown tensor {s.tensor}")
+                if not 0 <= s.start < s.stop <= w.tensors[s.tensor].numel:
+                    raise ScheduleError(f"{self.policy}: task {i} has segment {s} outside tensor bounds")
+        for role, kinds in (("reduced", REDUCING_KINDS), ("delivered", FINAL_KINDS)):
+            covered = [0] * len(w.tensors)
+            for task in self.tasks:
+                if task.kind in kinds:
+                    for s in task.segments:
+                        covered[s.tensor] += s.numel
+            for t, n in enumerate(covered):
+                if n != w.tensors[t].numel:
+                    raise ScheduleError(
+                        f"{self.policy}: tensor {w.tensors[t].name} has {n} of {w.tensors[t].numel} elements {role}"
+                    )
+
+    # ---- files ----
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "version": self.version,
+            "policy": self.policy,
+            "knobs": self.knobs.to_dict(),
+            "update": self.update,
+            "network": self.network.to_dict(),
+            "tasks": [_task_to_dict(t) for t in self.tasks],
+            "workload": json.loads(self.workload.to_json(indent=None)),
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json() + "\n")
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "plan") -> CommPlan:
+        """A plan from its JSON form; every problem raises SpecError naming ``source`` and the field."""
+        from commsched.schedule.registry import policy_class
+
+        if not isinstance(data, dict):
+            raise SpecError(source, [f"<root>: expected a JSON object, got {type(data).__name__}"])
+        if data.get("format") != PLAN_FORMAT:
+            raise SpecError(source, [f"format: expected {PLAN_FORMAT!r}, got {data.get('format')!r}"])
+        version = data.get("version")
+        if version != PLAN_VERSION:
+            raise SpecError(source, [f"version: this commsched reads version {PLAN_VERSION}, got {version!r}"])
+        missing = [k for k in ("policy", "knobs", "update", "network", "tasks", "workload") if k not in data]
+        if missing:
+            raise SpecError(source, [f"{k}: missing" for k in missing])
+        try:
+            scheduler = policy_class(data["policy"])
+            knobs = scheduler.Knobs.parse(data["knobs"])
+            network = NetworkEstimate(**data["network"])
+            workload = Workload.from_dict(data["workload"], source=f"{source}: workload")
+            tasks = tuple(_task_from_dict(i, t) for i, t in enumerate(data["tasks"]))
+            return cls(data["policy"], workload, network, tasks, data["update"], knobs, version)
+        except (ScheduleError, TypeError, KeyError, ValueError) as exc:
+            if isinstance(exc, SpecError):
+                raise
+            raise SpecError(source, [str(exc)]) from None
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "plan") -> CommPlan:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError(source, [f"not valid JSON: {exc}"]) from None
+        return cls.from_dict(data, source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CommPlan:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise SpecError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
+        return cls.from_json(text, str(path))
+
+
+def _task_to_dict(task: CommTask) -> dict[str, Any]:
+    return {
+        "id": task.id,
+        "kind": task.kind,
+        "name": task.name,
+        "bytes": task.bytes,
+        "priority": task.priority,
+        "deps": list(task.deps),
+        "transport": task.transport,
+        "loss_bound": task.loss_bound,
+        "segments": [[s.tensor, s.start, s.stop] for s in task.segments],
+    }
+
+
+def _task_from_dict(position: int, data: Any) -> CommTask:
+    if not isinstance(data, dict):
+        raise ValueError(f"tasks[{position}]: expected an object, got {type(data).__name__}")
+    try:
+        segments = tuple(Segment(int(t), int(a), int(b)) for t, a, b in data["segments"])
+        return CommTask(
+            id=int(data["id"]),
+            kind=data["kind"],
+            segments=segments,
+            bytes=int(data["bytes"]),
+            name=str(data["name"]),
+            priority=int(data.get("priority", 0)),
+            deps=tuple(int(d) for d in data.get("deps", ())),
+            transport=str(data.get("transport", "collective")),
+            loss_bound=float(data.get("loss_bound", 0.0)),
+        )
+    except KeyError as exc:
+        raise ValueError(f"tasks[{position}].{exc.args[0]}: missing") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"tasks[{position}]: {exc}") from None

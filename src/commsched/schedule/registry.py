@@ -1,0 +1,99 @@
+"""The policies, by name: the one registry every command, driver and planner reads.
+
+``build_plan(name, workload, network, **knobs)`` checks the knobs (names,
+types and ranges, through the policy's :class:`~commsched.schedule.knobs.Knobs`)
+and builds the policy's :class:`~commsched.schedule.plan.CommPlan`;
+``build_scheduler`` adds its online state machine. ``provisional_plan`` is what
+a driver runs before it knows the real order and timings of a model (the
+runtime's warm-up): one all-reduce of every gradient after backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from commsched.errors import ScheduleError
+from commsched.schedule.base import NetworkEstimate, Scheduler
+from commsched.schedule.bytescheduler import ByteSchedulerScheduler
+from commsched.schedule.ddp import DDPScheduler
+from commsched.schedule.dear import DeARScheduler
+from commsched.schedule.horovod import HorovodScheduler
+from commsched.schedule.knobs import Knobs
+from commsched.schedule.no_overlap import NoOverlapScheduler
+from commsched.schedule.plan import CommPlan
+from commsched.schedule.prophet import ProphetScheduler
+from commsched.schedule.wfbp import WFBPScheduler
+from commsched.workload import Workload
+
+POLICIES: dict[str, type[Scheduler]] = {
+    cls.name: cls
+    for cls in (
+        DDPScheduler,
+        WFBPScheduler,
+        HorovodScheduler,
+        ByteSchedulerScheduler,
+        ProphetScheduler,
+        DeARScheduler,
+        NoOverlapScheduler,
+    )
+}
+
+#: Policies that never lose or change a gradient.
+LOSSLESS: frozenset[str] = frozenset(name for name, cls in POLICIES.items() if cls.lossless)
+
+#: PyTorch's own ``DistributedDataParallel``, the baseline the runtime runs as it is (no schedule of ours).
+TORCH_DDP = "torch_ddp"
+
+#: ``torch_ddp`` as a policy of ours: ``find_unused_parameters=True`` keeps DDP's initial buckets (it does
+#: not rebuild them in gradient-ready order), which is ``ddp`` with ``rebuilt=False`` (checked against
+#: ``DistributedDataParallel._get_ddp_logging_data()``, torch 2.13).
+TORCH_DDP_AS_POLICY: tuple[str, dict[str, Any]] = ("ddp", {"rebuilt": False})
+
+#: Every name ``parallelize(policy=...)`` and ``commsched bench`` accept.
+RUNTIME_POLICIES: tuple[str, ...] = (TORCH_DDP, *POLICIES)
+
+
+def policy_class(name: str) -> type[Scheduler]:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ScheduleError(f"policy: unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+
+
+def knob_class(name: str) -> type[Knobs]:
+    return policy_class(name).Knobs
+
+
+def knobs(name: str) -> dict[str, Any]:
+    """A policy's knobs and their defaults."""
+    return knob_class(name).defaults()
+
+
+def make_knobs(name: str, values: Knobs | Mapping[str, Any] | None = None) -> Knobs:
+    """The policy's knobs from a mapping (checked: names, types, ranges) or as given."""
+    cls = knob_class(name)
+    if isinstance(values, Knobs):
+        if not isinstance(values, cls):
+            raise ScheduleError(f"{name}: knobs of type {type(values).__name__} given; expected {cls.__name__}")
+        return values
+    return cls.parse(values)
+
+
+def build_plan(name: str, workload: Workload, network: NetworkEstimate, **knob_values: Any) -> CommPlan:
+    cls = policy_class(name)
+    return cls.build_plan(workload, network, make_knobs(name, knob_values))
+
+
+def build_scheduler(name: str, workload: Workload, network: NetworkEstimate, **knob_values: Any) -> Scheduler:
+    return scheduler_for(build_plan(name, workload, network, **knob_values))
+
+
+def scheduler_for(plan: CommPlan) -> Scheduler:
+    """The online state machine of the plan's policy, over that plan."""
+    return policy_class(plan.policy)(plan)
+
+
+def provisional_plan(workload: Workload, network: NetworkEstimate) -> CommPlan:
+    """What a driver runs before it has measured the model: every gradient all-reduced after backward."""
+    return build_plan(NoOverlapScheduler.name, workload, network)
