@@ -1,4 +1,4 @@
-"""Time gloo's collectives against the ring ops of ``commsched.runtime.collectives``.
+"""Time gloo's collectives against the ring ops of ``commsched.transport.collectives``.
 
     python benchmarks/collectives.py --world 2 4 --sizes-mib 1 4 16 32
 
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from commsched.runtime.collectives import Collectives
+from commsched.transport.collectives import Collectives
 
 OPS = ("all_reduce", "gloo_RS", "gloo_AG", "ring_RS", "ring_AG")
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor

@@ -100,3 +100,7 @@ def spec_error_from_pydantic(source: str, exc: Any) -> SpecError:
         else:
             problems.append(f"{format_path(loc)}: {message}, got {err.get('input')!r}")
     return SpecError(source, problems)
+
+
+class PlanMismatchError(CommschedError, ValueError):
+    """A plan does not fit the model or the run it was given to (names, shapes, world size, order)."""

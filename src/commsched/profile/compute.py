@@ -84,6 +84,7 @@ import torch
 from torch import nn
 
 from commsched.errors import SpecError, UnsupportedError
+from commsched.layers import LayerSpec, call_order, discover_layers
 from commsched.workload import Layer, Provenance, Tensor, Workload
 
 __all__ = [
@@ -146,64 +147,6 @@ class _CudaClock:
 
 
 # ---------------------------------------------------------------- layers
-
-
-@dataclass(frozen=True)
-class _LayerSpec:
-    name: str
-    module: nn.Module
-    params: tuple[tuple[str, nn.Parameter], ...]
-
-
-def _call_order(model: nn.Module, run: Callable[[], object]) -> dict[int, int]:
-    """``id(module) -> rank of its first forward call`` over one run of ``run``."""
-    order: dict[int, int] = {}
-
-    def pre_hook(module: nn.Module, args: Any) -> None:
-        order.setdefault(id(module), len(order))
-
-    handles = [m.register_forward_pre_hook(pre_hook) for m in model.modules()]
-    try:
-        run()
-    finally:
-        for h in handles:
-            h.remove()
-    return order
-
-
-def _layers(model: nn.Module, called: dict[int, int]) -> list[_LayerSpec]:
-    """Layers in forward order, each with the trainable parameters it owns (see the module docstring)."""
-    modules = dict(model.named_modules())
-    name_of = {id(m): name for name, m in modules.items()}
-    root_rank = called.get(id(model), -1)
-
-    def anchor(module: nn.Module) -> nn.Module:
-        name = name_of[id(module)]
-        while id(module) not in called and name:
-            name = name.rpartition(".")[0]
-            module = modules[name]
-        return module if id(module) in called else model
-
-    def rank(module: nn.Module) -> int:
-        return called.get(id(module), root_rank)
-
-    holders: dict[int, list[nn.Module]] = {}
-    for m in modules.values():
-        for p in m.parameters(recurse=False):
-            if p.requires_grad:
-                holders.setdefault(id(p), []).append(m)
-    anchors: dict[int, nn.Module] = {}
-    for hs in holders.values():
-        for h in hs:
-            a = anchor(h)
-            anchors[id(a)] = a
-    owned: dict[int, list[tuple[str, nn.Parameter]]] = {key: [] for key in anchors}
-    for pname, p in model.named_parameters():
-        if p.requires_grad:
-            first = min((anchor(h) for h in holders[id(p)]), key=rank)
-            owned[id(first)].append((pname, p))
-    ordered = sorted(anchors.values(), key=rank)
-    return [_LayerSpec(name_of[id(m)] or type(model).__name__, m, tuple(owned[id(m)])) for m in ordered]
 
 
 # ---------------------------------------------------------------- one iteration
@@ -309,7 +252,7 @@ class _Profiler:
         self.clock = clock
         self.autocast = autocast
         self.params = [p for _, p in model.named_parameters() if p.requires_grad]
-        self.layers: list[_LayerSpec] = []
+        self.layers: list[LayerSpec] = []
         self.order: list[int] = []  # per tensor (workload order): its index in self.params
         self.tensor_layer: list[int] = []  # per tensor: its layer
         self.rec = _Record()
@@ -330,8 +273,8 @@ class _Profiler:
         return t0, t1, t2
 
     def discover(self) -> None:
-        called = _call_order(self.model, self.run)
-        self.layers = _layers(self.model, called)
+        called = call_order(self.model, self.run)
+        self.layers = discover_layers(self.model, called)
         index = {id(p): i for i, p in enumerate(self.params)}
         self.order = [index[id(p)] for spec in self.layers for _, p in spec.params]
         self.tensor_layer = [li for li, spec in enumerate(self.layers) for _ in spec.params]

@@ -16,7 +16,7 @@ per byte on one link (1 / bandwidth)::
 
 gloo's ``all_reduce`` is a ring (``gloo::allreduce`` with no algorithm set runs
 ``ring``), and the runtime's reduce-scatter and all-gather
-(:class:`commsched.runtime.collectives.Collectives` on CPU tensors) are rings of
+(:class:`commsched.transport.collectives.Collectives` on CPU tensors) are rings of
 point-to-point steps. For each op, a straight line ``T(n) = a + b·n`` is fitted
 by least squares to the median times (slowest rank) over the sweep and read
 back through the formula: ``α = a / steps``, ``β = b / volume``, where ``steps``
@@ -253,7 +253,7 @@ def _measure(
     ops: Sequence[str],
     progress: Callable[[str], None] | None,
 ) -> tuple[ProbeSample, ...]:
-    from commsched.runtime.collectives import Collectives
+    from commsched.transport.collectives import Collectives
 
     world = dist.get_world_size(group)
     problems = []

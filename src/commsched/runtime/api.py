@@ -4,21 +4,33 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import math
 import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from commsched.runtime.engine import Engine
-from commsched.schedule import NetworkEstimate, policy_class
+from commsched.errors import RuntimeCommError, UnsupportedError
+from commsched.runtime.engine import Engine, bind_plan
+from commsched.schedule import (
+    RUNTIME_POLICIES,
+    TORCH_DDP,
+    CommPlan,
+    NetworkEstimate,
+    make_knobs,
+    policy_class,
+)
 from commsched.trace import Trace
+from commsched.units import gbps_to_bytes_per_s
 
-RUNTIME_POLICIES = ("torch_ddp", "ddp", "wfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap")
+# Optimizers whose step needs every parameter at once (a closure re-evaluating the loss).
+_UNSPLITTABLE = ("LBFGS",)
 
 
 class ParallelModule(nn.Module):
@@ -52,6 +64,11 @@ class ParallelModule(nn.Module):
         return self._engine.trace
 
     @property
+    def plan(self) -> CommPlan:
+        """The plan in use (the provisional one during warm-up); ``.save(path)`` writes it as a plan file."""
+        return self._engine.plan
+
+    @property
     def engine(self) -> Engine:
         return self._engine
 
@@ -65,6 +82,7 @@ def parallelize(
     optimizer: torch.optim.Optimizer,
     policy: str = "dear",
     *,
+    plan: CommPlan | str | Path | None = None,
     process_group: dist.ProcessGroup | None = None,
     max_grad_norm: float | None = None,
     timeout_s: float = 300.0,
@@ -73,7 +91,8 @@ def parallelize(
     bandwidth_gbps: float | None = None,
     latency_us: float = 0.0,
     trace: bool = False,
-    **options: Any,
+    grad_scaler: torch.amp.GradScaler | None = None,
+    **knobs: Any,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Make ``model`` and ``optimizer`` train data-parallel under a communication policy.
 
@@ -89,26 +108,53 @@ def parallelize(
     records the real forward order, gradient-ready times and bandwidth; the
     policy's plan is built from them and used from then on.
 
-    ``policy="torch_ddp"`` returns ``DistributedDataParallel(model)`` (the
-    baseline). ``options`` are the policy's knobs (see ``commsched.schedule.knobs``).
+    ``plan``: a :class:`~commsched.schedule.CommPlan` or a plan file (``commsched
+    simulate ... --save-plan``) to run instead of a policy by name; it must fit
+    the model (parameter names and shapes) and the world size, skips the
+    warm-up, and the first iteration checks that the model runs in the plan's
+    order. ``policy="torch_ddp"`` returns ``DistributedDataParallel(model)``
+    (the baseline). ``knobs`` are the policy's (``commsched.schedule.knob_class(policy)``).
     ``max_grad_norm`` clips the global norm of the averaged gradients.
+    ``grad_scaler``: the ``torch.amp.GradScaler`` the loop will use, so a policy
+    that cannot take one is refused now rather than at its first step.
     ``timeout_s`` bounds every wait: a crashed or hung peer ends training with
     :class:`commsched.errors.RuntimeCommError`.
+
+    Every bad argument raises here, before any communication: an unknown
+    policy, a knob's name, type or range, an optimizer or scaler the policy
+    cannot use, a plan that does not fit.
     """
-    if policy not in RUNTIME_POLICIES:
-        raise ValueError(f"policy: unknown policy {policy!r}; known: {', '.join(RUNTIME_POLICIES)}")
-    if policy == "torch_ddp":
-        if options:
-            raise ValueError(f"torch_ddp: unknown option(s) {', '.join(sorted(options))}")
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeCommError("parallelize: torch.distributed is not initialised; call init_process_group first")
+    _check_arguments(model, optimizer, max_grad_norm, timeout_s, warmup_iters, bandwidth_gbps, latency_us)
+    world = dist.get_world_size(process_group)
+    if plan is not None:
+        if knobs:
+            raise ValueError(f"parallelize: knobs come from the plan; got {', '.join(sorted(knobs))} as well")
+        plan = plan if isinstance(plan, CommPlan) else CommPlan.load(plan)
+        policy = plan.policy
+        bind_plan(model, plan, world)
+        knob_values = plan.knobs.to_dict()
+    elif policy == TORCH_DDP:
+        if knobs:
+            raise ValueError(f"{TORCH_DDP}: takes no knobs, got {', '.join(sorted(knobs))}")
         return _torch_ddp(model, optimizer, process_group, max_grad_norm)
-    policy_class(policy)
+    elif policy not in RUNTIME_POLICIES:
+        raise ValueError(f"policy: unknown policy {policy!r}; known: {', '.join(RUNTIME_POLICIES)}")
+    else:
+        knob_values = make_knobs(policy, knobs).to_dict()
+    defers = policy_class(policy).update_mode == "forward"
+    if grad_scaler is not None and defers:
+        raise UnsupportedError(_grad_scaler_refusal(policy))
     network = None
     if bandwidth_gbps is not None:
-        network = NetworkEstimate(dist.get_world_size(process_group), bandwidth_gbps * 1e9 / 8, latency_us / 1e6)
+        network = NetworkEstimate(world, gbps_to_bytes_per_s(bandwidth_gbps), latency_us / 1e6)
     engine = Engine(
         model,
         optimizer,
-        policy,
+        policy=policy,
+        knobs=knob_values,
+        plan=plan,
         process_group=process_group,
         max_grad_norm=max_grad_norm,
         timeout_s=timeout_s,
@@ -116,10 +162,71 @@ def parallelize(
         warmup_iters=warmup_iters,
         network=network,
         trace=trace,
-        options=options,
     )
+    _patch_optimizer(optimizer, engine, policy, defers)
     atexit.register(_close_at_exit, weakref.ref(engine))
     return ParallelModule(model, engine), optimizer
+
+
+def _check_arguments(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float | None,
+    timeout_s: float,
+    warmup_iters: int,
+    bandwidth_gbps: float | None,
+    latency_us: float,
+) -> None:
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            f"model: {type(model).__name__} has no trainable parameters (none, or all frozen); nothing to synchronise"
+        )
+    if type(optimizer).__name__ in _UNSPLITTABLE:
+        raise UnsupportedError(
+            f"optimizer: {type(optimizer).__name__} needs every parameter at once (closure); "
+            "commsched applies updates per layer, use a per-parameter optimizer such as SGD or AdamW"
+        )
+    if max_grad_norm is not None and not (_number(max_grad_norm) and max_grad_norm > 0):
+        raise ValueError(f"max_grad_norm: must be a finite number > 0, got {max_grad_norm!r}")
+    if not (_number(timeout_s) and timeout_s > 0):
+        raise ValueError(f"timeout_s: must be a finite number > 0, got {timeout_s!r}")
+    if isinstance(warmup_iters, bool) or not isinstance(warmup_iters, int) or warmup_iters < 1:
+        raise ValueError(f"warmup_iters: must be a whole number >= 1, got {warmup_iters!r}")
+    if bandwidth_gbps is not None and not (_number(bandwidth_gbps) and bandwidth_gbps > 0):
+        raise ValueError(f"bandwidth_gbps: must be a finite number > 0, got {bandwidth_gbps!r}")
+    if not (_number(latency_us) and latency_us >= 0):
+        raise ValueError(f"latency_us: must be a finite number >= 0, got {latency_us!r}")
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _grad_scaler_refusal(policy: str) -> str:
+    steps = ", ".join(
+        name for name in RUNTIME_POLICIES if name == TORCH_DDP or policy_class(name).update_mode == "step"
+    )
+    return (
+        f"GradScaler: {policy} applies updates after step() returns, when the scaler has moved on; "
+        f"use bf16 autocast (no scaler needed) or a policy that updates at step() ({steps})"
+    )
+
+
+def _patch_optimizer(optimizer: torch.optim.Optimizer, engine: Engine, policy: str, defers: bool) -> None:
+    """``step`` and ``state_dict`` go through the engine; bound to the optimizer so LR schedulers can wrap them."""
+
+    def step(opt: torch.optim.Optimizer, closure: Callable[[], float] | None = None, **kwargs: Any) -> None:
+        if "grad_scaler" in kwargs or getattr(opt, "grad_scale", None) is not None:
+            raise UnsupportedError(_grad_scaler_refusal(policy))
+        engine.step(closure)
+
+    def state_dict(opt: torch.optim.Optimizer) -> dict[str, Any]:
+        return engine.optimizer_state_dict()
+
+    optimizer.step = types.MethodType(step, optimizer)  # type: ignore[method-assign]
+    optimizer.state_dict = types.MethodType(state_dict, optimizer)  # type: ignore[method-assign]
+    # A GradScaler hands itself to optimizers that claim to handle scaling: a deferring policy refuses it.
+    optimizer._step_supports_amp_scaling = defers  # type: ignore[attr-defined]
 
 
 def _close_at_exit(ref: weakref.ref[Engine]) -> None:
@@ -129,12 +236,6 @@ def _close_at_exit(ref: weakref.ref[Engine]) -> None:
         # The process is ending: a dead peer must not turn exit into a traceback.
         with contextlib.suppress(Exception):
             engine.close()
-
-
-#: ``torch_ddp`` as a ``commsched.schedule`` policy: ``find_unused_parameters=True`` keeps DDP's
-#: initial buckets (it does not rebuild them in gradient-ready order), which is ``ddp`` with
-#: ``rebuilt=False`` (checked against ``DistributedDataParallel._get_ddp_logging_data()``, torch 2.13).
-TORCH_DDP_AS_POLICY: tuple[str, dict[str, Any]] = ("ddp", {"rebuilt": False})
 
 
 def _torch_ddp(

@@ -191,6 +191,9 @@ class Scheduler(ABC):
     uses_completions: ClassVar[bool] = False
     #: False for policies that may give up on part of a gradient (a bounded loss).
     lossless: ClassVar[bool] = True
+    #: When the policy's plans apply updates (every plan it builds says the same): known before any plan
+    #: exists, so a runtime can refuse what a deferred update cannot support (GradScaler) at once.
+    update_mode: ClassVar[UpdateMode] = "step"
 
     def __init__(self, plan: CommPlan) -> None:
         self.plan = plan

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from commsched.schedule.base import Action, CommTask, Launch, NetworkEstimate, Scheduler
+from commsched.schedule.base import Action, CommTask, Launch, NetworkEstimate, Scheduler, UpdateMode
 from commsched.schedule.fusion import layer_priority, make_task, partition
 from commsched.schedule.knobs import Knobs, knob
 from commsched.schedule.plan import CommPlan
@@ -97,6 +97,7 @@ class CreditQueue:
 class ByteSchedulerScheduler(Scheduler):
     name: ClassVar[str] = "bytescheduler"
     Knobs: ClassVar[type[Knobs]] = ByteSchedulerKnobs
+    update_mode: ClassVar[UpdateMode] = "forward"
     uses_completions: ClassVar[bool] = True
 
     @classmethod

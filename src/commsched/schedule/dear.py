@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from commsched.schedule.base import Action, Launch, NetworkEstimate, ReadyTracker, Scheduler
+from commsched.schedule.base import Action, Launch, NetworkEstimate, ReadyTracker, Scheduler, UpdateMode
 from commsched.schedule.fusion import make_task, whole
 from commsched.schedule.knobs import Knobs, knob
 from commsched.schedule.plan import CommPlan
@@ -70,6 +70,7 @@ def group_layers(workload: Workload, threshold_bytes: int) -> list[list[int]]:
 class DeARScheduler(Scheduler):
     name: ClassVar[str] = "dear"
     Knobs: ClassVar[type[Knobs]] = DeARKnobs
+    update_mode: ClassVar[UpdateMode] = "forward"
 
     @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:

@@ -104,9 +104,7 @@ class Knobs:
     def parse_text(cls, name: str, text: str) -> Any:
         """The value of knob ``name`` from command-line text (``"8"``, ``"true"``, ``"none"``), checked."""
         if name not in cls.names():
-            raise ScheduleError(
-                f"{cls.policy}: unknown knob {name!r}; known: {', '.join(cls.names()) or 'none'}"
-            )
+            raise ScheduleError(f"{cls.policy}: unknown knob {name!r}; known: {', '.join(cls.names()) or 'none'}")
         hints = typing.get_type_hints(cls)
         base, optional = _kind(hints[name])
         f = next(f for f in fields(cls) if f.name == name)
@@ -119,9 +117,7 @@ class Knobs:
             try:
                 number = float(text)
             except ValueError:
-                raise ScheduleError(
-                    f"{cls.policy}: knob {name!r} must be {_describe(base, f)}, got {text!r}"
-                ) from None
+                raise ScheduleError(f"{cls.policy}: knob {name!r} must be {_describe(base, f)}, got {text!r}") from None
             return getattr(cls(**{name: number}), name)
         raise ScheduleError(f"{cls.policy}: knob {name!r} must be {_describe(base, f)}, got {text!r}")
 

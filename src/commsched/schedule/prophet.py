@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from commsched.errors import ScheduleError
-from commsched.schedule.base import Action, Launch, NetworkEstimate, Scheduler
+from commsched.schedule.base import Action, Launch, NetworkEstimate, Scheduler, UpdateMode
 from commsched.schedule.bytescheduler import CreditQueue, partition_tasks
 from commsched.schedule.fusion import ready_order
 from commsched.schedule.knobs import Knobs, knob
@@ -70,6 +70,7 @@ def find_stages(workload: Workload, gap_factor: float) -> list[tuple[list[int], 
 class ProphetScheduler(Scheduler):
     name: ClassVar[str] = "prophet"
     Knobs: ClassVar[type[Knobs]] = ProphetKnobs
+    update_mode: ClassVar[UpdateMode] = "forward"
     uses_completions: ClassVar[bool] = True
 
     @classmethod

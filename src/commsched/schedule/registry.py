@@ -82,7 +82,10 @@ def make_knobs(name: str, values: Knobs | Mapping[str, Any] | None = None) -> Kn
 
 def build_plan(name: str, workload: Workload, network: NetworkEstimate, **knob_values: Any) -> CommPlan:
     cls = policy_class(name)
-    return cls.build_plan(workload, network, make_knobs(name, knob_values))
+    plan = cls.build_plan(workload, network, make_knobs(name, knob_values))
+    if plan.update != cls.update_mode:
+        raise ScheduleError(f"{name}: built a plan with update={plan.update!r}, declares {cls.update_mode!r}")
+    return plan
 
 
 def build_scheduler(name: str, workload: Workload, network: NetworkEstimate, **knob_values: Any) -> Scheduler:

@@ -40,7 +40,7 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.profile.network import ProbeSample, fit_alpha_beta, measured_cluster
-from commsched.runtime.api import TORCH_DDP_AS_POLICY
+from commsched.schedule import TORCH_DDP_AS_POLICY
 from commsched.sim.costs import ring_all_reduce_s
 from commsched.testbed.worker import YARDSTICK, YARDSTICK_BUCKET_MB
 from commsched.validate import predict

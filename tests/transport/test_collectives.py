@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from commsched.errors import RuntimeCommError
-from commsched.runtime.collectives import Collectives
+from commsched.transport.collectives import Collectives
 
 pytestmark = pytest.mark.multiproc
 

@@ -1,0 +1,295 @@
+"""The agent: the dispatcher on a thread of its own, starting real transports.
+
+Threads of one rank (none of them blocks the training thread):
+
+* the **agent** owns the :class:`~commsched.schedule.dispatch.Dispatcher`. It
+  takes items from one FIFO queue — the training thread's events, the
+  watcher's completions, a follower's orders from the leader, plan switches —
+  feeds them to the dispatcher, and starts each returned task on its
+  transport (a non-blocking call). A leader whose scheduler decides on
+  completions forwards its decisions to the other ranks.
+* the **watcher** waits for started tasks in start order, records them in the
+  trace, marks them in :class:`Completions` (what the training thread waits
+  on) and posts them back to the agent.
+* a **follower** (a rank other than 0 under a completion-driven scheduler)
+  receives the leader's decisions on a thread of its own and posts them.
+
+Items carry the *epoch* of the plan they belong to: completions of a plan
+that was switched away from are dropped; a leader's orders for a plan this
+rank has not switched to yet are kept until it has.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from commsched.errors import RuntimeCommError
+from commsched.runtime.buffers import GradientBuffers
+from commsched.schedule import CommPlan, Dispatcher, Start, policy_class, scheduler_for
+from commsched.trace import Trace, TraceEvent
+from commsched.transport import Handle, Transport
+
+#: Items the agent takes: (kind, task or tensor or layer, instance, epoch).
+Item = tuple[str, int, int, int]
+
+
+class Completions:
+    """Completed task instances of the current plan, shared between threads, and the first error."""
+
+    __slots__ = ("_cond", "_done", "_epoch", "error")
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._done: list[int] = []
+        self._epoch = -1
+        self.error: BaseException | None = None
+
+    def reset(self, num_tasks: int, epoch: int) -> None:
+        with self._cond:
+            self._done = [0] * num_tasks
+            self._epoch = epoch
+
+    def mark(self, task: int, instance: int, epoch: int) -> None:
+        with self._cond:
+            if epoch == self._epoch:
+                self._done[task] = max(self._done[task], instance + 1)
+                self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self.error is None:
+                self.error = error
+            self._cond.notify_all()
+
+    def wait(self, task: int, instance: int, timeout_s: float, describe: Callable[[], str]) -> None:
+        """Block until ``task`` of ``instance`` has completed; raise on a failure or after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._done[task] <= instance:
+                self.raise_if_failed()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RuntimeCommError(
+                        f"{describe()} did not finish within {timeout_s:.0f} s; a peer may have crashed or hung"
+                    )
+                self._cond.wait(timeout=min(left, 1.0))
+            self.raise_if_failed()
+
+    def raise_if_failed(self) -> None:
+        err = self.error
+        if err is not None:
+            if isinstance(err, RuntimeCommError):
+                raise RuntimeCommError(f"communication failed: {err}") from err
+            raise RuntimeCommError(f"communication thread failed: {err!r}") from err
+
+
+@dataclass(frozen=True)
+class _Started:
+    task: int
+    instance: int
+    epoch: int
+    handle: Handle
+    start_s: float
+
+
+@dataclass
+class _PlanState:
+    plan: CommPlan
+    dispatcher: Dispatcher
+    buffers: GradientBuffers
+    epoch: int
+    leader_forwards: bool
+
+
+class Agent:
+    """Runs one rank's dispatcher on its own threads; see the module docstring."""
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        transports: Callable[[str], Transport],
+        decision_group: dist.ProcessGroup,
+        timeout_s: float,
+        trace: Trace | None,
+        t0: float,
+    ) -> None:
+        self.rank = rank
+        self.world = world
+        self._transport = transports
+        self._decision_group = decision_group
+        self.timeout_s = timeout_s
+        self._trace = trace
+        self._t0 = t0
+        self.completions = Completions()
+        self._items: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
+        self._started: queue.SimpleQueue[_Started | None] = queue.SimpleQueue()
+        self._plans: dict[int, _PlanState] = {}  # epoch -> plan, handed to the agent thread
+        self._plans_lock = threading.Lock()
+        self._state: _PlanState | None = None
+        self._stashed: list[Item] = []
+        self._follower: threading.Thread | None = None
+        self._closing = False
+        self._threads = [
+            threading.Thread(target=self._guard(self._agent_loop), name=f"commsched-agent-r{rank}", daemon=True),
+            threading.Thread(target=self._guard(self._watch_loop), name=f"commsched-watch-r{rank}", daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # ---- from the training thread ----
+
+    def set_plan(self, plan: CommPlan, buffers: GradientBuffers, epoch: int) -> None:
+        """Switch to ``plan`` (every earlier item is processed under the old one)."""
+        leader_decides = policy_class(plan.policy).uses_completions and self.world > 1
+        scheduler = scheduler_for(plan) if (self.rank == 0 or not leader_decides) else None
+        dispatcher = Dispatcher(plan, scheduler, forward_decisions=leader_decides)
+        state = _PlanState(plan, dispatcher, buffers, epoch, leader_decides and self.rank == 0)
+        self.completions.reset(len(plan.tasks), epoch)
+        with self._plans_lock:
+            self._plans[epoch] = state
+        self._items.put(("plan", 0, 0, epoch))
+        if leader_decides and self.rank != 0 and self._follower is None:
+            self._follower = threading.Thread(
+                target=self._guard(self._follow_loop), name=f"commsched-follow-r{self.rank}", daemon=True
+            )
+            self._follower.start()
+
+    def post(self, event: str, arg: int, epoch: int) -> None:
+        """An event of the training thread: grad_ready, backward_done, step, forward_pre or flush."""
+        self._items.put((event, arg, 0, epoch))
+
+    def close(self, join_timeout_s: float) -> None:
+        """Stop the threads: the leader tells its followers to stop; each join is bounded."""
+        self._closing = True
+        self._items.put(None)
+        for t in self._threads:
+            t.join(timeout=join_timeout_s)
+        if self._follower is not None:
+            self._follower.join(timeout=join_timeout_s)
+
+    # ---- threads ----
+
+    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # reported to the training thread
+                if not self._closing:
+                    self.completions.fail(exc)
+
+        return run
+
+    def _agent_loop(self) -> None:
+        while True:
+            item = self._items.get()
+            if item is None:
+                self._started.put(None)
+                state = self._state
+                if state is not None and state.leader_forwards:
+                    self._send([(-1, -1, -1)])
+                return
+            kind, a, b, epoch = item
+            if kind == "plan":
+                with self._plans_lock:
+                    self._state = self._plans.pop(epoch)
+                stashed, self._stashed = self._stashed, []
+                for old in stashed:
+                    self._items.put(old)
+                continue
+            state = self._state
+            if state is None or epoch < state.epoch:
+                continue  # a completion of a plan switched away from
+            if epoch > state.epoch:
+                self._stashed.append(item)  # the leader's order for a plan this rank has not reached yet
+                continue
+            d = state.dispatcher
+            if kind == "completed":
+                starts = d.completed(a, b)
+            elif kind == "follow":
+                starts = d.follow(a, b)
+            elif kind == "grad_ready":
+                starts = d.grad_ready(a)
+            elif kind == "forward_pre":
+                starts = d.forward_pre(a)
+            elif kind == "backward_done":
+                starts = d.backward_done()
+            elif kind == "step":
+                starts = d.step()
+            elif kind == "flush":
+                starts = d.flush()
+            else:
+                raise AssertionError(kind)
+            for s in starts:
+                self._start(state, s)
+            if state.leader_forwards:
+                decisions = d.take_decisions()
+                if decisions:
+                    self._send([(task, inst, state.epoch) for task, inst in decisions])
+
+    def _start(self, state: _PlanState, s: Start) -> None:
+        task = state.plan.tasks[s.task]
+        start = time.perf_counter()
+        handle = self._transport(task.transport).start(task, state.buffers.buffer(s.task))
+        self._started.put(_Started(s.task, s.instance, state.epoch, handle, start))
+
+    def _watch_loop(self) -> None:
+        while True:
+            started = self._started.get()
+            if started is None:
+                return
+            try:
+                started.handle.wait(self.timeout_s)
+            except RuntimeCommError:
+                raise
+            except Exception as exc:
+                raise RuntimeCommError(f"rank {self.rank}: a transfer failed: {exc}") from exc
+            end = time.perf_counter()
+            if self._trace is not None:
+                with self._plans_lock:
+                    state = self._state
+                if state is not None and state.epoch == started.epoch:
+                    task = state.plan.tasks[started.task]
+                    # From when the transfer began where the handle knows it (ring ops queue behind
+                    # each other on one thread), else from the start, as the simulator's trace counts.
+                    begin = getattr(started.handle, "started_s", None) or started.start_s
+                    self._trace.add(
+                        TraceEvent(
+                            task.name, task.kind, self.rank, begin - self._t0, end - self._t0,
+                            task.bytes, started.instance,
+                        )
+                    )  # fmt: skip
+            self.completions.mark(started.task, started.instance, started.epoch)
+            self._items.put(("completed", started.task, started.instance, started.epoch))
+
+    # ---- the leader's decisions ----
+
+    def _send(self, decisions: list[tuple[int, int, int]]) -> None:
+        msg = torch.tensor([len(decisions), *itertools.chain.from_iterable(decisions)], dtype=torch.long)
+        size = torch.tensor([msg.numel()], dtype=torch.long)
+        for r in range(1, self.world):
+            dst = dist.get_global_rank(self._decision_group, r)
+            dist.send(size, dst=dst, group=self._decision_group)
+            dist.send(msg, dst=dst, group=self._decision_group)
+
+    def _follow_loop(self) -> None:
+        src = dist.get_global_rank(self._decision_group, 0)
+        while True:
+            size = torch.zeros(1, dtype=torch.long)
+            dist.recv(size, src=src, group=self._decision_group)
+            msg = torch.zeros(int(size.item()), dtype=torch.long)
+            dist.recv(msg, src=src, group=self._decision_group)
+            values = msg.tolist()
+            for i in range(values[0]):
+                task, inst, epoch = values[1 + 3 * i : 4 + 3 * i]
+                if task < 0:
+                    return
+                self._items.put(("follow", task, inst, epoch))

@@ -1,0 +1,139 @@
+"""Start-up: the runtime's own process groups, the ranks' agreement, identical replicas.
+
+Every collective the runtime issues runs on a group created here with the
+user's ``timeout_s`` — never on the user's default group, whose timeout is
+30 minutes — so a hung peer ends every rank within ``timeout_s``:
+
+* ``control`` (gloo): the start-up agreement, the plan sent after warm-up, the
+  gradient norm for clipping — the training thread's small messages;
+* ``sync`` (the user's backend): the initial parameter broadcast and the
+  buffer broadcasts before forwards — the training thread's tensors;
+* ``data`` (the user's backend): the transports' tasks, issued by the agent;
+* ``decisions`` (gloo): a deciding leader's orders to its followers.
+
+Before any tensor moves, the ranks exchange a :class:`Fingerprint` (policy,
+knobs or plan, parameter names and shapes, world size, warm-up length); a
+difference ends every rank with one error naming what differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from commsched.errors import RuntimeCommError
+
+
+@dataclass(frozen=True)
+class Groups:
+    control: dist.ProcessGroup
+    sync: dist.ProcessGroup
+    data: dist.ProcessGroup
+    decisions: dist.ProcessGroup
+    ranks: list[int] | None
+
+    def leader(self) -> int:
+        """Global rank of the group's rank 0."""
+        return dist.get_global_rank(self.control, 0)
+
+
+def control_group(process_group: dist.ProcessGroup | None, timeout_s: float) -> dist.ProcessGroup:
+    ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+    return dist.new_group(ranks=ranks, timeout=timedelta(seconds=timeout_s), backend="gloo")
+
+
+def other_groups(process_group: dist.ProcessGroup | None, control: dist.ProcessGroup, timeout_s: float) -> Groups:
+    ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
+    timeout = timedelta(seconds=timeout_s)
+    sync = dist.new_group(ranks=ranks, timeout=timeout)
+    data = dist.new_group(ranks=ranks, timeout=timeout)
+    decisions = dist.new_group(ranks=ranks, timeout=timeout, backend="gloo")
+    return Groups(control, sync, data, decisions, ranks)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What every rank must agree on before training starts."""
+
+    policy: str
+    knobs: str
+    plan: str
+    parameters: tuple[tuple[str, tuple[int, ...], str], ...]
+    world_size: int
+    warmup_iters: int
+
+
+def fingerprint(
+    model: nn.Module, policy: str, knobs: dict[str, Any], plan_json: str | None, world: int, warmup_iters: int
+) -> Fingerprint:
+    params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters() if p.requires_grad)
+    digest = hashlib.sha256(plan_json.encode()).hexdigest()[:16] if plan_json is not None else "none"
+    return Fingerprint(policy, repr(sorted(knobs.items())), digest, params, world, warmup_iters)
+
+
+def agree(mine: Fingerprint, group: dist.ProcessGroup) -> None:
+    """Exchange fingerprints over ``group``; raise on every rank the same error if any rank differs."""
+    world = dist.get_world_size(group)
+    everyone: list[Any] = [None] * world
+    with peers("exchanging the start-up fingerprint"):
+        dist.all_gather_object(everyone, mine, group=group)
+    problem = first_difference(everyone)
+    if problem is not None:
+        raise RuntimeCommError(f"parallelize: the ranks disagree on {problem}")
+
+
+def first_difference(prints: Sequence[Fingerprint]) -> str | None:
+    """The first field on which some rank differs from rank 0, in words (None: all agree)."""
+    ref = prints[0]
+    for r, other in enumerate(prints[1:], start=1):
+        for f in fields(Fingerprint):
+            a, b = getattr(ref, f.name), getattr(other, f.name)
+            if a == b:
+                continue
+            if f.name == "parameters":
+                return f"the model's parameters: {_parameter_difference(a, b, r)}"
+            return f"{f.name.replace('_', ' ')}: rank 0 has {a}, rank {r} has {b}"
+    return None
+
+
+def _parameter_difference(a: Sequence[Any], b: Sequence[Any], r: int) -> str:
+    for x, y in itertools.zip_longest(a, b):
+        if x != y:
+            show = lambda v: "nothing" if v is None else f"{v[0]} {list(v[1])} {v[2]}"  # noqa: E731
+            return f"rank 0 has {show(x)}, rank {r} has {show(y)}"
+    return "they differ"
+
+
+@contextmanager
+def peers(what: str) -> Iterator[None]:
+    """A collective of the training thread: a failing or silent peer becomes a RuntimeCommError."""
+    try:
+        yield
+    except RuntimeCommError:
+        raise
+    except RuntimeError as exc:
+        raise RuntimeCommError(f"{what} failed, a peer may have crashed or hung: {exc}") from exc
+
+
+def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int, group: dist.ProcessGroup, what: str) -> None:
+    """Rank ``src``'s values of ``tensors`` on every rank: one flat broadcast per dtype and device."""
+    by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad(), peers(what):
+        for ts in by_kind.values():
+            flat = torch.cat([t.detach().reshape(-1) for t in ts])
+            dist.broadcast(flat, src=src, group=group)
+            offset = 0
+            for t in ts:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()

@@ -1,0 +1,145 @@
+"""Warm-up and planning: measure the live model, make the real plan, check a plan given in.
+
+During warm-up the runtime runs the provisional plan (every gradient
+all-reduced after backward, :func:`commsched.schedule.provisional_plan`) and,
+in the last warm-up iteration, rank 0 records the order in which layers start
+their forward, when each gradient becomes ready, and how long the all-reduce
+takes. :func:`measured_workload` turns that into a
+:class:`~commsched.workload.Workload` of the live model; rank 0 builds the
+policy's :class:`~commsched.schedule.CommPlan` from it and sends it to every
+rank as plan JSON — the same path a plan file takes.
+
+A plan given to ``parallelize(plan=...)`` skips all of this; instead the first
+iteration records the same orders and :func:`plan_mismatch` compares them with
+the plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+from torch import nn
+
+from commsched.layers import LayerSpec, discover_layers
+from commsched.schedule import CommPlan, NetworkEstimate
+from commsched.schedule.fusion import ready_order
+from commsched.workload import Layer, Provenance, Tensor, Workload
+
+DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float64": "fp64"}
+
+
+class Recorder:
+    """Forward call order and times, gradient-ready times, all-reduce seconds of one iteration."""
+
+    __slots__ = ("active", "allreduce_s", "called", "forward_s", "ready_s")
+
+    def __init__(self) -> None:
+        self.active = False
+        self.called: dict[int, int] = {}  # id(module) -> rank of its first call
+        self.forward_s: dict[int, float] = {}  # id(module) -> time of its first call
+        self.ready_s: dict[int, float] = {}  # id(param) -> time its gradient was ready
+        self.allreduce_s: list[float] = []
+
+    def forward_pre(self, module: nn.Module) -> None:
+        if self.active and id(module) not in self.called:
+            self.called[id(module)] = len(self.called)
+            self.forward_s[id(module)] = time.perf_counter()
+
+    def grad_ready(self, param: nn.Parameter) -> None:
+        if self.active:
+            self.ready_s[id(param)] = time.perf_counter()
+
+
+def measured_workload(model: nn.Module, rec: Recorder) -> tuple[Workload, list[LayerSpec]]:
+    """The live model as a Workload: layers in recorded forward order with measured times."""
+    specs = discover_layers(model, rec.called)
+    starts = [rec.forward_s.get(id(spec.module)) for spec in specs]
+    ready0 = min(rec.ready_s.values(), default=0.0)
+    last_ms = (max(rec.ready_s.values(), default=0.0) - ready0) * 1e3
+    layers = []
+    for i, spec in enumerate(specs):
+        forward_ms = 0.0
+        if starts[i] is not None and i + 1 < len(specs) and starts[i + 1] is not None:
+            forward_ms = max(0.0, (starts[i + 1] - starts[i]) * 1e3)  # type: ignore[operator]
+        tensors, ready = [], []
+        for pname, p in spec.params:
+            tensors.append(Tensor(name=pname, numel=p.numel(), dtype=dtype_name(p), shape=tuple(p.shape)))
+            # A gradient that never came is reported at the end of backward.
+            ready.append((rec.ready_s[id(p)] - ready0) * 1e3 if id(p) in rec.ready_s else last_ms)
+        layers.append(
+            Layer(
+                name=spec.name,
+                tensors=tuple(tensors),
+                forward_ms=forward_ms,
+                backward_ms=0.0,
+                grad_ready_ms=tuple(ready) if rec.ready_s else None,
+            )
+        )
+    return live_workload(model, layers), specs
+
+
+def unmeasured_workload(model: nn.Module) -> Workload:
+    """The live model before anything ran: each parameter holder a layer, registration order, no times."""
+    layers = [
+        Layer(
+            name=spec.name,
+            tensors=tuple(
+                Tensor(name=n, numel=p.numel(), dtype=dtype_name(p), shape=tuple(p.shape)) for n, p in spec.params
+            ),
+            forward_ms=0.0,
+            backward_ms=0.0,
+        )
+        for spec in discover_layers(model)
+    ]
+    return live_workload(model, layers)
+
+
+def live_workload(model: nn.Module, layers: Sequence[Layer]) -> Workload:
+    device = next((str(p.device) for p in model.parameters()), "cpu")
+    return Workload(
+        model=type(model).__name__,
+        batch_size=1,
+        device=device,
+        layers=tuple(layers),
+        provenance=Provenance(kind="measured", source="commsched.runtime warm-up"),
+    )
+
+
+def dtype_name(p: nn.Parameter) -> str:
+    return DTYPE_NAMES.get(str(p.dtype), "fp32")
+
+
+def measured_network(world: int, gradient_bytes: int, rec: Recorder) -> NetworkEstimate | None:
+    """Bandwidth from the fastest warm-up all-reduce of every gradient: ``2(p-1)/p · n / T``."""
+    if world < 2 or not rec.allreduce_s:
+        return None
+    return NetworkEstimate(world, 2 * (world - 1) / world * gradient_bytes / max(min(rec.allreduce_s), 1e-9))
+
+
+def plan_mismatch(plan: CommPlan, layer_order: Sequence[str], ready_tensors: Sequence[int]) -> str | None:
+    """Why the first iteration does not match ``plan`` (None when it does).
+
+    ``layer_order``: names of the plan's layers in the order their forward
+    started; ``ready_tensors``: plan tensors in the order their gradients became
+    ready (those without a gradient left out). The plan's gradient-ready times
+    may tie; tensors with equal times may come in any order.
+    """
+    expected = [layer.name for layer in plan.workload.layers]
+    seen = [name for name in layer_order if name in set(expected)]
+    planned = [name for name in expected if name in set(seen)]
+    for pos, (a, b) in enumerate(zip(planned, seen, strict=True)):
+        if a != b:
+            return f"forward order: the plan runs layer {a!r} at position {pos}, the model ran {b!r}"
+    times = plan.workload.grad_ready_ms
+    rank = {t: pos for pos, t in enumerate(ready_order(plan.workload))}
+    got = list(ready_tensors)
+    for a, b in itertools.pairwise(got):
+        if rank[a] > rank[b] and times[a] != times[b]:
+            names = plan.workload.tensors
+            return (
+                f"gradient-ready order: the plan expects {names[b].name!r} before {names[a].name!r}, "
+                "the model produced them the other way round"
+            )
+    return None

@@ -1,0 +1,20 @@
+"""How bytes move for one task: a transport per task, chosen by the plan.
+
+A :class:`~commsched.schedule.base.CommTask` names its transport
+(``task.transport``); the runtime opens the transports its plan needs with
+:func:`open_transports` and starts each task with ``transport.start(task, buffer)``,
+which returns a :class:`Handle` at once. Today there is one transport,
+``"collective"`` (gloo/NCCL all-reduce, ring reduce-scatter/all-gather:
+:mod:`commsched.transport.collectives`); a parameter-server or bounded-loss
+transport registers a factory in :data:`TRANSPORTS` and nothing else changes.
+
+A transport knows nothing of policies. It may give up on at most
+``task.loss_bound`` of a task's bytes (0 for every transport today).
+"""
+
+from __future__ import annotations
+
+from commsched.transport.base import TRANSPORTS, TaskBuffer, Transport, check_transports, open_transports
+from commsched.transport.collectives import Collectives, Handle
+
+__all__ = ["TRANSPORTS", "Collectives", "Handle", "TaskBuffer", "Transport", "check_transports", "open_transports"]

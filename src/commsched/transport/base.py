@@ -1,0 +1,85 @@
+"""The transport interface and the registry of transports by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from commsched.errors import UnsupportedError
+from commsched.schedule.base import COLLECTIVE, CommTask
+from commsched.transport.collectives import Collectives, Handle
+
+
+@dataclass(frozen=True, slots=True)
+class TaskBuffer:
+    """Where one task's data lives on this rank.
+
+    ``flat``: the task's segments back to back (padded to a multiple of the
+    world size when a shard exists); ``shard``: this rank's ``1/world`` of it,
+    for reduce-scatter/all-gather pairs (``None`` otherwise).
+    """
+
+    flat: torch.Tensor
+    shard: torch.Tensor | None = None
+
+
+class Transport(Protocol):
+    """Moves the bytes of tasks; every rank starts the same tasks in the same order."""
+
+    def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
+        """Begin ``task`` over ``buffer``; return at once. The result is in ``buffer`` after ``wait()``."""
+        ...
+
+    def close(self) -> None:
+        """Finish what was started (bounded by the transport's timeout) and release resources."""
+        ...
+
+
+class CollectiveTransport:
+    """gloo/NCCL collectives: all-reduce in place; reduce-scatter ``flat`` → ``shard``; all-gather back."""
+
+    __slots__ = ("_coll",)
+
+    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float) -> None:
+        self._coll = Collectives(group, timeout_s=timeout_s)
+
+    def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
+        if task.kind == "all_reduce":
+            return self._coll.all_reduce(buffer.flat)
+        if buffer.shard is None or task.kind not in ("reduce_scatter", "all_gather"):
+            raise UnsupportedError(
+                f"transport {COLLECTIVE!r}: cannot run task {task.name!r} of kind {task.kind!r}; "
+                "it runs all_reduce, reduce_scatter and all_gather"
+            )
+        if task.kind == "reduce_scatter":
+            return self._coll.reduce_scatter(buffer.flat, buffer.shard)
+        return self._coll.all_gather(buffer.shard, buffer.flat)
+
+    def close(self) -> None:
+        self._coll.close()
+
+
+#: Transport factories by name: ``factory(group, timeout_s) -> Transport``.
+TRANSPORTS: dict[str, Callable[[dist.ProcessGroup | None, float], Transport]] = {
+    COLLECTIVE: CollectiveTransport,
+}
+
+
+def check_transports(names: Iterable[str]) -> None:
+    """Raise UnsupportedError naming any transport that is not registered."""
+    unknown = sorted(set(names) - set(TRANSPORTS))
+    if unknown:
+        raise UnsupportedError(
+            f"plan: transport(s) {', '.join(map(repr, unknown))} not available; known: {', '.join(TRANSPORTS)}"
+        )
+
+
+def open_transports(names: Iterable[str], group: dist.ProcessGroup | None, timeout_s: float) -> dict[str, Transport]:
+    """One transport per name (collective over ``group``: call on every rank in the same order)."""
+    wanted = sorted(set(names))
+    check_transports(wanted)
+    return {name: TRANSPORTS[name](group, timeout_s) for name in wanted}
