@@ -134,12 +134,11 @@ def plan_mismatch(plan: CommPlan, layer_order: Sequence[str], ready_tensors: Seq
             return f"forward order: the plan runs layer {a!r} at position {pos}, the model ran {b!r}"
     times = plan.workload.grad_ready_ms
     rank = {t: pos for pos, t in enumerate(ready_order(plan.workload))}
-    got = list(ready_tensors)
-    for a, b in itertools.pairwise(got):
-        if rank[a] > rank[b] and times[a] != times[b]:
+    for first, then in itertools.pairwise(ready_tensors):
+        if rank[first] > rank[then] and times[first] != times[then]:
             names = plan.workload.tensors
             return (
-                f"gradient-ready order: the plan expects {names[b].name!r} before {names[a].name!r}, "
+                f"gradient-ready order: the plan expects {names[then].name!r} before {names[first].name!r}, "
                 "the model produced them the other way round"
             )
     return None

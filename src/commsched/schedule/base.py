@@ -179,13 +179,13 @@ class Scheduler(ABC):
     """Online part of a policy. Subclasses override the events they care about.
 
     A scheduler object lives for the whole training run; ``on_step`` marks the
-    end of each iteration. Subclasses define ``name``, ``Knobs`` (a
+    end of each iteration. Subclasses define ``name``, ``knob_type`` (a
     :class:`~commsched.schedule.knobs.Knobs` dataclass) and
     ``build_plan(workload, network, knobs) -> CommPlan``.
     """
 
     name: ClassVar[str]
-    Knobs: ClassVar[type[Knobs]] = NoKnobs
+    knob_type: ClassVar[type[Knobs]] = NoKnobs
     #: True when decisions depend on completion timing (then ``on_comm_done`` is delivered
     #: and one rank decides for everyone).
     uses_completions: ClassVar[bool] = False

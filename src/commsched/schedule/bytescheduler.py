@@ -96,7 +96,7 @@ class CreditQueue:
 
 class ByteSchedulerScheduler(Scheduler):
     name: ClassVar[str] = "bytescheduler"
-    Knobs: ClassVar[type[Knobs]] = ByteSchedulerKnobs
+    knob_type: ClassVar[type[Knobs]] = ByteSchedulerKnobs
     update_mode: ClassVar[UpdateMode] = "forward"
     uses_completions: ClassVar[bool] = True
 

@@ -45,7 +45,7 @@ class DDPKnobs(Knobs):
 
 class DDPScheduler(Scheduler):
     name: ClassVar[str] = "ddp"
-    Knobs: ClassVar[type[Knobs]] = DDPKnobs
+    knob_type: ClassVar[type[Knobs]] = DDPKnobs
 
     @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:

@@ -69,7 +69,7 @@ def group_layers(workload: Workload, threshold_bytes: int) -> list[list[int]]:
 
 class DeARScheduler(Scheduler):
     name: ClassVar[str] = "dear"
-    Knobs: ClassVar[type[Knobs]] = DeARKnobs
+    knob_type: ClassVar[type[Knobs]] = DeARKnobs
     update_mode: ClassVar[UpdateMode] = "forward"
 
     @classmethod

@@ -40,7 +40,7 @@ class HorovodKnobs(Knobs):
 
 class HorovodScheduler(Scheduler):
     name: ClassVar[str] = "horovod"
-    Knobs: ClassVar[type[Knobs]] = HorovodKnobs
+    knob_type: ClassVar[type[Knobs]] = HorovodKnobs
 
     @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:

@@ -29,7 +29,7 @@ class NoOverlapKnobs(Knobs):
 
 class NoOverlapScheduler(Scheduler):
     name: ClassVar[str] = "no_overlap"
-    Knobs: ClassVar[type[Knobs]] = NoOverlapKnobs
+    knob_type: ClassVar[type[Knobs]] = NoOverlapKnobs
 
     @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:

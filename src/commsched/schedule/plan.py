@@ -175,7 +175,7 @@ class CommPlan:
             raise SpecError(source, [f"{k}: missing" for k in missing])
         try:
             scheduler = policy_class(data["policy"])
-            knobs = scheduler.Knobs.parse(data["knobs"])
+            knobs = scheduler.knob_type.parse(data["knobs"])
             network = NetworkEstimate(**data["network"])
             workload = Workload.from_dict(data["workload"], source=f"{source}: workload")
             tasks = tuple(_task_from_dict(i, t) for i, t in enumerate(data["tasks"]))

@@ -69,7 +69,7 @@ def find_stages(workload: Workload, gap_factor: float) -> list[tuple[list[int], 
 
 class ProphetScheduler(Scheduler):
     name: ClassVar[str] = "prophet"
-    Knobs: ClassVar[type[Knobs]] = ProphetKnobs
+    knob_type: ClassVar[type[Knobs]] = ProphetKnobs
     update_mode: ClassVar[UpdateMode] = "forward"
     uses_completions: ClassVar[bool] = True
 

@@ -62,7 +62,7 @@ def policy_class(name: str) -> type[Scheduler]:
 
 
 def knob_class(name: str) -> type[Knobs]:
-    return policy_class(name).Knobs
+    return policy_class(name).knob_type
 
 
 def knobs(name: str) -> dict[str, Any]:

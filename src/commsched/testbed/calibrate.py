@@ -41,7 +41,7 @@ from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.profile.network import ProbeSample, fit_alpha_beta, measured_cluster
 from commsched.schedule import TORCH_DDP_AS_POLICY
-from commsched.sim.costs import ring_all_reduce_s
+from commsched.formulas import ring_all_reduce_s
 from commsched.testbed.worker import YARDSTICK, YARDSTICK_BUCKET_MB
 from commsched.validate import predict
 from commsched.workload import Workload
