@@ -163,9 +163,10 @@ class Agent:
             )
             self._follower.start()
 
-    def post(self, event: str, arg: int, epoch: int) -> None:
-        """An event of the training thread: grad_ready, backward_done, step, forward_pre or flush."""
-        self._items.put((event, arg, 0, epoch))
+    def post(self, event: str, arg: int, epoch: int, instance: int = 0) -> None:
+        """An item for the dispatcher: the training thread's events (grad_ready, backward_done, step,
+        forward_pre, flush); ``completed`` and ``follow`` (with ``instance``) come from the other threads."""
+        self._items.put((event, arg, instance, epoch))
 
     def close(self, join_timeout_s: float) -> None:
         """Stop the threads: the leader tells its followers to stop; each join is bounded."""
@@ -268,7 +269,7 @@ class Agent:
                         )
                     )  # fmt: skip
             self.completions.mark(started.task, started.instance, started.epoch)
-            self._items.put(("completed", started.task, started.instance, started.epoch))
+            self.post("completed", started.task, started.epoch, started.instance)
 
     # ---- the leader's decisions ----
 
@@ -292,4 +293,4 @@ class Agent:
                 task, inst, epoch = values[1 + 3 * i : 4 + 3 * i]
                 if task < 0:
                     return
-                self._items.put(("follow", task, inst, epoch))
+                self.post("follow", task, epoch, inst)
