@@ -102,4 +102,4 @@ def test_none_is_accepted_only_by_knobs_that_take_it() -> None:
     )
     assert code == 0 and "first_bucket_mb=None" in out, out
     code, out = _invoke("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-o", "bucket_cap_mb=none")
-    assert code != 0 and "bucket_cap_mb must be a number" in out, out
+    assert code != 0 and "knob 'bucket_cap_mb' must be a number" in out, out

@@ -113,11 +113,11 @@ def test_a_policy_the_simulator_refuses_keeps_its_measurement_and_says_why() -> 
     out = predict_session(session, cal, ["torch_ddp", "dear"], {"dear": {"lookahead": 0}})
     assert (
         out["rows"]["dear"]["measured_ms"] == 700.0
-        and "lookahead must be a whole number" in out["rows"]["dear"]["error"]
+        and "knob 'lookahead' must be a whole number" in out["rows"]["dear"]["error"]
     )
     assert out["median_abs_error_pct"] == pytest.approx(abs(out["rows"]["torch_ddp"]["error_pct"]))
     session["validation"] = out
-    assert "not simulated: dear: lookahead" in validation_markdown({"sessions": [session]})
+    assert "not simulated: dear: knob 'lookahead'" in validation_markdown({"sessions": [session]})
 
 
 def test_the_calibration_is_refitted_from_its_raw_samples_and_a_saved_report_revalidates() -> None:

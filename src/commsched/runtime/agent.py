@@ -107,6 +107,7 @@ class _PlanState:
     buffers: GradientBuffers
     epoch: int
     leader_forwards: bool
+    first_iteration: int  # training iterations before this plan: traces count iterations from the start
 
 
 class Agent:
@@ -147,12 +148,12 @@ class Agent:
 
     # ---- from the training thread ----
 
-    def set_plan(self, plan: CommPlan, buffers: GradientBuffers, epoch: int) -> None:
+    def set_plan(self, plan: CommPlan, buffers: GradientBuffers, epoch: int, first_iteration: int = 0) -> None:
         """Switch to ``plan`` (every earlier item is processed under the old one)."""
         leader_decides = policy_class(plan.policy).uses_completions and self.world > 1
         scheduler = scheduler_for(plan) if (self.rank == 0 or not leader_decides) else None
         dispatcher = Dispatcher(plan, scheduler, forward_decisions=leader_decides)
-        state = _PlanState(plan, dispatcher, buffers, epoch, leader_decides and self.rank == 0)
+        state = _PlanState(plan, dispatcher, buffers, epoch, leader_decides and self.rank == 0, first_iteration)
         self.completions.reset(len(plan.tasks), epoch)
         with self._plans_lock:
             self._plans[epoch] = state
@@ -265,7 +266,7 @@ class Agent:
                     self._trace.add(
                         TraceEvent(
                             task.name, task.kind, self.rank, begin - self._t0, end - self._t0,
-                            task.bytes, started.instance,
+                            task.bytes, state.first_iteration + started.instance,
                         )
                     )  # fmt: skip
             self.completions.mark(started.task, started.instance, started.epoch)

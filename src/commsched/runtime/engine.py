@@ -131,7 +131,7 @@ class Engine:
         self._instance = -1  # backward passes under this plan, minus one
         self._got_grad = [-1] * len(live.params)
         self._epoch += 1
-        self.agent.set_plan(plan, self.buffers, self._epoch)
+        self.agent.set_plan(plan, self.buffers, self._epoch, self._iteration)
 
     def _replan(self) -> None:
         """After the warm-up: rank 0 plans from what it measured and sends the plan to every rank."""
