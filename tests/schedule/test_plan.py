@@ -1,0 +1,84 @@
+"""CommPlan: typed, versioned, saved and read back as JSON; bad files are refused by field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from commsched.errors import SpecError
+from commsched.schedule import POLICIES, CommPlan, NetworkEstimate, build_plan, knob_class
+from commsched.zoo import load as load_zoo
+
+SMALL = {
+    "ddp": {"bucket_cap_mb": 4.0, "rebuilt": False},
+    "horovod": {"fusion_threshold_mb": 8.0},
+    "bytescheduler": {"partition_mb": 2.0},
+    "prophet": {"partition_mb": 2.0, "bandwidth_gbps": 25.0},
+    "dear": {"threshold_mb": 8.0, "lookahead": 2},
+    "no_overlap": {"bucket_cap_mb": 16.0},
+    "wfbp": {},
+}
+
+
+@pytest.fixture(scope="module")
+def resnet18() -> object:
+    return load_zoo("resnet18")
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_every_policys_plan_survives_a_json_round_trip(policy: str, resnet18: object, tmp_path: Path) -> None:
+    plan = build_plan(policy, resnet18, NetworkEstimate(8, 1.25e9, 20e-6), **SMALL[policy])  # type: ignore[arg-type]
+    path = tmp_path / "sub" / "plan.json"
+    plan.save(path)
+    again = CommPlan.load(path)
+    assert again.tasks == plan.tasks
+    assert again.knobs == plan.knobs and type(again.knobs) is knob_class(policy)
+    assert again.network == plan.network and again.update == plan.update and again.policy == policy
+    assert again.workload == plan.workload
+    assert again.to_dict() == plan.to_dict()
+    assert again.knobs.to_dict() == {**knob_class(policy).defaults(), **SMALL[policy]}
+
+
+def test_the_network_a_plan_was_made_for_is_stated_inside(resnet18: object) -> None:
+    plan = build_plan("prophet", resnet18, NetworkEstimate(8, 1.25e9), bandwidth_gbps=25.0)  # type: ignore[arg-type]
+    assert plan.to_dict()["network"] == {"world_size": 8, "bandwidth_bytes_per_s": 25e9 / 8, "latency_s": 0.0}
+
+
+def _plan_dict(resnet18: object) -> dict:
+    return build_plan("dear", resnet18, NetworkEstimate(2, 1e9)).to_dict()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda d: d.update(format="other"), r"format: expected 'commsched.CommPlan'"),
+        (lambda d: d.update(version=99), r"version: this commsched reads version 1, got 99"),
+        (lambda d: d.pop("tasks"), r"tasks: missing"),
+        (lambda d: d.update(policy="fastest"), r"unknown policy 'fastest'"),
+        (lambda d: d["knobs"].update(threshold_mb=-1), r"knob 'threshold_mb' must be a number > 0, got -1"),
+        (lambda d: d["knobs"].update(colour=1), r"unknown knob\(s\) 'colour'"),
+        (lambda d: d["tasks"][0]["segments"].pop(), r"elements reduced"),
+        (lambda d: d["tasks"][0].update(kind="broadcast"), r"unknown kind 'broadcast'"),
+        (lambda d: d["tasks"][0].update(loss_bound=1.5), r"loss_bound 1.5; must be in \[0, 1\)"),
+        (lambda d: d["tasks"][1].pop("segments"), r"tasks\[1\].segments: missing"),
+    ],
+)
+def test_a_bad_plan_file_is_refused_naming_the_field(change, message: str, resnet18: object, tmp_path: Path) -> None:
+    data = _plan_dict(resnet18)
+    change(data)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(SpecError, match=message) as info:
+        CommPlan.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_file_that_is_not_json_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "plan.json"
+    path.write_text("{not json")
+    with pytest.raises(SpecError, match="not valid JSON"):
+        CommPlan.load(path)
+    with pytest.raises(SpecError, match="cannot read"):
+        CommPlan.load(tmp_path / "missing.json")
