@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from commsched.errors import ScheduleError
 from commsched.schedule import POLICIES, CommPlan, Launch, NetworkEstimate, Wait, build_scheduler, knobs
-from commsched.schedule.knobs import NoKnobs
 from commsched.schedule.base import CommTask, Segment
+from commsched.schedule.knobs import NoKnobs
 from commsched.schedule.prophet import find_stages
 from commsched.workload import Workload
 

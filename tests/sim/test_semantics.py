@@ -10,9 +10,9 @@ import pytest
 
 from commsched.errors import ScheduleError
 from commsched.schedule import Action, CommPlan, Launch, NetworkEstimate, Scheduler, Wait, build_scheduler
-from commsched.schedule.knobs import NoKnobs
 from commsched.schedule.base import UpdateMode
 from commsched.schedule.fusion import make_task, whole
+from commsched.schedule.knobs import NoKnobs
 from commsched.sim import SimOptions, Simulation, simulate
 from commsched.sim.costs import CommModel
 from commsched.trace import Trace, TraceEvent

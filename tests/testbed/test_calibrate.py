@@ -10,8 +10,8 @@ import pytest
 
 from commsched import zoo
 from commsched.cluster import Cluster
-from commsched.profile.network import ProbeSample, fit_alpha_beta
 from commsched.formulas import ring_all_reduce_s
+from commsched.profile.network import ProbeSample, fit_alpha_beta
 from commsched.testbed.calibrate import Calibration, load_calibration, predict_session, revalidate, save_inputs
 from commsched.testbed.report import validation_markdown, validation_table
 from commsched.testbed.worker import YARDSTICK

@@ -51,7 +51,6 @@ import copy
 import itertools
 import math
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from statistics import median
@@ -179,10 +178,12 @@ class SimResult:
     options: SimOptions
     classes: tuple[WorkerClass, ...]
     trace: Trace | None = field(default=None, repr=False, compare=False)
+    #: The plan that was simulated: ``result.plan.save(path)`` writes a plan file ``parallelize`` runs.
+    plan: CommPlan | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data, without the trace."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trace"}
+        """Plain JSON-able data, without the trace and the plan."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("trace", "plan")}
         out["options"] = asdict(self.options)
         out["classes"] = [{"speed": c.speed, "workers": len(c.ranks), "first_rank": c.rank} for c in self.classes]
         out["iteration_ms_each"] = list(self.iteration_ms_each)
@@ -557,6 +558,7 @@ class Simulation:
             options=self.options,
             classes=self.classes,
             trace=self.trace,
+            plan=self.plan,
         )
 
 

@@ -39,9 +39,9 @@ from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
+from commsched.formulas import ring_all_reduce_s
 from commsched.profile.network import ProbeSample, fit_alpha_beta, measured_cluster
 from commsched.schedule import TORCH_DDP_AS_POLICY
-from commsched.formulas import ring_all_reduce_s
 from commsched.testbed.worker import YARDSTICK, YARDSTICK_BUCKET_MB
 from commsched.validate import predict
 from commsched.workload import Workload

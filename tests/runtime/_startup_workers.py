@@ -1,0 +1,205 @@
+"""Rank functions for plan files, start-up agreement, early refusals, hung peers and launch order.
+
+Each writes ``rank{r}.json`` into ``out``; spawned by the tests with :func:`conftest.spawn`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).parent))
+from commsched.runtime.api import parallelize
+
+import _models as M
+from _workers import SMALL_KNOBS, _diff, init
+
+
+def _write(out: str, rank: int, result: dict[str, Any]) -> None:
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def _outcome(fn: Any) -> str:
+    try:
+        fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def _train_always_branch(wrapped: torch.nn.Module, opt: torch.optim.Optimizer, rank: int, steps: int) -> None:
+    M.train(wrapped, opt, rank, steps, branch=lambda step: True)
+
+
+def plan_file(rank: int, world: int, port: int, out: str, plan_path: str, steps: int) -> None:
+    """A plan file made by the simulator, run by parallelize, trains like torch_ddp and like the policy by name."""
+    try:
+        init(rank, world, port)
+        base = M.fresh()
+        results: dict[str, Any] = {}
+        trained = {}
+        for name, kwargs in (
+            ("torch_ddp", {"policy": "torch_ddp"}),
+            ("by_name", {"policy": "dear", **SMALL_KNOBS["dear"]}),
+            ("plan", {"plan": plan_path}),
+        ):
+            model = M.clone(base)
+            opt = M.make_optimizer("adamw", model)
+            wrapped, opt = parallelize(model, opt, **kwargs)
+            _train_always_branch(wrapped, opt, rank, steps)
+            trained[name] = M.snapshot(wrapped)
+            if name == "plan":
+                results["plan_in_use"] = wrapped.plan.policy  # type: ignore[union-attr]
+            if hasattr(wrapped, "close"):
+                wrapped.close()
+        results["plan_vs_ddp"] = _diff(trained["plan"], trained["torch_ddp"])
+        results["by_name_vs_ddp"] = _diff(trained["by_name"], trained["torch_ddp"])
+        results["moved"] = _diff(trained["plan"], M.snapshot(base))
+        # A plan made for another world size is refused at parallelize, before anything runs.
+        from commsched.schedule import CommPlan
+
+        plan = CommPlan.load(plan_path)
+        wrong = CommPlan.from_dict({**plan.to_dict(), "network": {**plan.network.to_dict(), "world_size": world + 1}})
+        model = M.clone(base)
+        results["wrong_world"] = _outcome(lambda: parallelize(model, M.make_optimizer("sgd", model), plan=wrong))
+        # A model that runs in another order than the plan says is refused in its first iteration.
+        model = M.clone(base)
+        opt = M.make_optimizer("sgd", model)
+        reordered = _reorder(plan)
+
+        def run_reordered() -> None:
+            wrapped, o = parallelize(model, opt, plan=reordered, timeout_s=30)
+            _train_always_branch(wrapped, o, rank, 1)
+
+        results["wrong_order"] = _outcome(run_reordered)
+        dist.barrier()
+    except Exception:
+        results = {"error": traceback.format_exc()}
+    _write(out, rank, results)
+    os._exit(0)
+
+
+def _reorder(plan: Any) -> Any:
+    """The plan with gradient-ready times in forward order (a wrong profile: backward runs the other way)."""
+    from commsched.schedule import CommPlan
+
+    data = plan.to_dict()
+    layers = data["workload"]["layers"]
+    assert any(layer.get("grad_ready_ms") for layer in layers), "the profile has gradient-ready times"
+    for k, layer in enumerate(layers):
+        if layer.get("grad_ready_ms"):
+            # the first layer's gradients claim to be ready first, which no backward does
+            layer["grad_ready_ms"] = [10.0 * k] * len(layer["grad_ready_ms"])
+    return CommPlan.from_dict(data)
+
+
+def disagree(rank: int, world: int, port: int, out: str, what: str) -> None:
+    """The last rank differs in ``what``; every rank must end with one error naming the difference."""
+    init(rank, world, port)
+    odd = rank == world - 1
+    policy, knobs = "dear", dict(SMALL_KNOBS["dear"])
+    model = M.fresh()
+    if what == "policy" and odd:
+        policy, knobs = "ddp", dict(SMALL_KNOBS["ddp"])
+    if what == "knob" and odd:
+        knobs["threshold_mb"] = 0.003
+    if what == "shape" and odd:
+        model = M.TrickyNet(dim=17)
+    opt = M.make_optimizer("sgd", model)
+    start = time.monotonic()
+    outcome = _outcome(lambda: parallelize(model, opt, policy=policy, timeout_s=30, **knobs))
+    _write(out, rank, {"outcome": outcome, "seconds": time.monotonic() - start})
+    os._exit(0)
+
+
+def refuse_early(rank: int, world: int, port: int, out: str) -> None:
+    """Rank 0 alone calls parallelize with bad arguments: each must raise at once, not wait for a peer."""
+    init(rank, world, port)
+    results: dict[str, Any] = {}
+    if rank == 0:
+        model = M.fresh()
+        frozen = M.fresh()
+        for p in frozen.parameters():
+            p.requires_grad_(False)
+        sgd = M.make_optimizer("sgd", model)
+        cases = {
+            "unknown_knob": lambda: parallelize(model, sgd, policy="dear", colour=1),
+            "wrong_type": lambda: parallelize(model, sgd, policy="ddp", rebuilt="False"),
+            "out_of_range": lambda: parallelize(model, sgd, policy="dear", threshold_mb=-1),
+            "unknown_policy": lambda: parallelize(model, sgd, policy="fastest"),
+            "grad_scaler": lambda: parallelize(model, sgd, policy="dear", grad_scaler=torch.amp.GradScaler("cpu")),
+            "lbfgs": lambda: parallelize(model, torch.optim.LBFGS(model.parameters()), policy="ddp"),
+            "frozen": lambda: parallelize(frozen, torch.optim.SGD([torch.zeros(1, requires_grad=True)]), "ddp"),
+            "warmup": lambda: parallelize(model, sgd, policy="ddp", warmup_iters=0),
+            "torch_ddp_knobs": lambda: parallelize(model, sgd, policy="torch_ddp", bucket_cap_mb=4),
+        }
+        for name, case in cases.items():
+            start = time.monotonic()
+            results[name] = {"outcome": _outcome(case), "seconds": time.monotonic() - start}
+    dist.barrier()
+    _write(out, rank, results)
+    os._exit(0)
+
+
+def stopped_peer(rank: int, world: int, port: int, out: str, policy: str, where: str, timeout_s: float) -> None:
+    """The last rank stops (SIGSTOP) at step 3, before its forward or its backward; the others must end."""
+    init(rank, world, port, timeout_s=600)  # the user's default group keeps its long timeout
+    model = M.fresh()
+    opt = M.make_optimizer("sgd", model)
+    wrapped, opt = parallelize(model, opt, policy=policy, timeout_s=timeout_s, **SMALL_KNOBS[policy])
+    loss_fn = torch.nn.CrossEntropyLoss()
+    start = None
+    outcome = "finished"
+    try:
+        for step in range(8):
+            if step == 3:
+                start = time.monotonic()
+                if rank == world - 1 and where == "forward":
+                    _write(out, rank, {"stopped": True})
+                    os.kill(os.getpid(), signal.SIGSTOP)
+            x, y = M.batch(rank, step)
+            loss = loss_fn(wrapped(x), y)
+            if step == 3 and rank == world - 1 and where == "backward":
+                _write(out, rank, {"stopped": True})
+                os.kill(os.getpid(), signal.SIGSTOP)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        wrapped(x)
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}: {exc}"
+    seconds = time.monotonic() - start if start is not None else -1.0
+    _write(out, rank, {"outcome": outcome, "seconds": seconds})
+    os._exit(0)
+
+
+def launch_order(rank: int, world: int, port: int, out: str, policy: str, knobs: dict[str, Any], steps: int) -> None:
+    """Train with a trace; write the trace's task order and the plan the runtime made after warm-up."""
+    try:
+        init(rank, world, port)
+        model = M.fresh()
+        opt = M.make_optimizer("sgd", model)
+        wrapped, opt = parallelize(model, opt, policy=policy, trace=True, **knobs)
+        _train_always_branch(wrapped, opt, rank, steps)
+        wrapped.flush()  # type: ignore[operator]
+        trace = wrapped.trace  # type: ignore[union-attr]
+        comm = [e for e in trace.events if e.kind in ("all_reduce", "reduce_scatter", "all_gather")]
+        comm.sort(key=lambda e: e.start_s)
+        result = {
+            "plan": wrapped.plan.to_json(indent=None),  # type: ignore[union-attr]
+            "order": [[e.iteration, e.task] for e in comm],
+        }
+        wrapped.close()  # type: ignore[operator]
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    _write(out, rank, result)
+    os._exit(0)

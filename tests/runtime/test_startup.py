@@ -1,0 +1,161 @@
+"""Plans as files, start-up agreement, refusals before any communication, hung peers, launch order."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+from pathlib import Path
+
+import _startup_workers as S
+import pytest
+
+from commsched.cluster import Cluster
+from commsched.profile import profile_model
+from commsched.schedule import CommPlan
+from commsched.sim import simulate
+
+import _models as M
+from _workers import SMALL_KNOBS
+from conftest import free_port, spawn
+
+pytestmark = pytest.mark.multiproc
+TOL = 1e-5  # see test_equivalence
+
+
+def _two_workers() -> Cluster:
+    nic = {"bandwidth_gbps": 1.0, "latency_us": 50.0}
+    nodes = [
+        {"name": f"n{i}", "devices": [{"name": "cpu", "speed": 1.0, "memory_gib": 16}], "nic": nic} for i in (0, 1)
+    ]
+    return Cluster.from_dict({"name": "two", "nodes": nodes})
+
+
+@pytest.fixture(scope="module")
+def simulated_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Profile the test model, simulate DeAR on two workers, save the plan the simulator ran."""
+    model = M.fresh()
+    loss_fn = __import__("torch").nn.CrossEntropyLoss()
+    workload = profile_model(
+        model, lambda: M.batch(0, 0), loss_fn, batch_size=8, model_name="TrickyNet", warmup=1, repeats=3
+    )
+    result = simulate(workload, _two_workers(), "dear", 3, 1, **SMALL_KNOBS["dear"])
+    assert result.plan is not None
+    path = Path(tmp_path_factory.mktemp("plan")) / "plan.json"
+    result.plan.save(path)
+    return path
+
+
+def test_a_plan_saved_by_the_simulator_trains_like_the_policy_by_name_and_like_ddp(
+    simulated_plan: Path, tmp_path: Path
+) -> None:
+    res = spawn(S.plan_file, 2, tmp_path, str(simulated_plan), 5)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert r["moved"] > 1e-3
+        assert r["plan_vs_ddp"] < TOL and r["by_name_vs_ddp"] < TOL
+        assert r["plan_in_use"] == "dear"
+        assert r["wrong_world"].startswith("PlanMismatchError: plan: made for 3 rank(s), this run has 2")
+        assert r["wrong_order"].startswith("PlanMismatchError: plan: the model does not run as the plan expects")
+
+
+@pytest.mark.parametrize(
+    ("what", "named"),
+    [("policy", "policy: rank 0 has dear, rank 1 has ddp"), ("knob", "knobs: rank 0 has"), ("shape", "parameters")],
+)
+def test_ranks_that_disagree_all_end_with_an_error_naming_the_difference(tmp_path: Path, what: str, named: str) -> None:
+    res = spawn(S.disagree, 2, tmp_path, what, timeout_s=120)
+    for r in res:
+        assert "missing" not in r, r
+        assert r["outcome"].startswith("RuntimeCommError: parallelize: the ranks disagree on"), r["outcome"]
+        assert named in r["outcome"]
+        assert r["seconds"] < 20
+
+
+def test_every_bad_argument_is_refused_at_parallelize_before_any_communication(tmp_path: Path) -> None:
+    res = spawn(S.refuse_early, 2, tmp_path, timeout_s=120)
+    cases = res[0]
+    assert "missing" not in cases, cases
+    expected = {
+        "unknown_knob": "ScheduleError: dear: unknown knob(s) 'colour'; known: threshold_mb, lookahead",
+        "wrong_type": "ScheduleError: ddp: knob 'rebuilt' must be true or false, got 'False'",
+        "out_of_range": "ScheduleError: dear: knob 'threshold_mb' must be a number > 0, got -1",
+        "unknown_policy": "ValueError: policy: unknown policy 'fastest'",
+        "grad_scaler": "UnsupportedError: GradScaler: dear applies updates after step() returns",
+        "lbfgs": "UnsupportedError: optimizer: LBFGS needs every parameter at once",
+        "frozen": "ValueError: model: TrickyNet has no trainable parameters",
+        "warmup": "ValueError: warmup_iters: must be a whole number >= 1, got 0",
+        "torch_ddp_knobs": "ValueError: torch_ddp: takes no knobs, got bucket_cap_mb",
+    }
+    for name, start in expected.items():
+        assert cases[name]["outcome"].startswith(start), (name, cases[name]["outcome"])
+        assert cases[name]["seconds"] < 5, name  # a collective would have waited for rank 1
+
+
+@pytest.mark.parametrize(
+    ("world", "policy", "where"),
+    [(2, "dear", "forward"), (3, "bytescheduler", "backward"), (3, "ddp", "forward")],
+)
+def test_a_stopped_peer_ends_every_other_rank_within_the_timeout(
+    tmp_path: Path, world: int, policy: str, where: str
+) -> None:
+    timeout_s = 15.0
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [
+        ctx.Process(target=S.stopped_peer, args=(r, world, port, str(tmp_path), policy, where, timeout_s))
+        for r in range(world)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        for p in procs[:-1]:
+            p.join(timeout_s + 120)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+    for r in range(world - 1):
+        f = tmp_path / f"rank{r}.json"
+        assert f.exists(), f"rank {r} hung"
+        res = json.loads(f.read_text())
+        assert res["outcome"].startswith("RuntimeCommError"), res["outcome"]
+        assert 0 <= res["seconds"] < timeout_s + 10, res
+
+
+def _steady_order(order: list[list], iteration: int) -> list[str]:
+    return [name for it, name in order if it == iteration]
+
+
+@pytest.mark.parametrize(
+    ("policy", "knobs"),
+    [
+        ("ddp", SMALL_KNOBS["ddp"]),
+        ("wfbp", {}),
+        ("horovod", SMALL_KNOBS["horovod"]),
+        ("dear", SMALL_KNOBS["dear"]),
+        ("no_overlap", SMALL_KNOBS["no_overlap"]),
+        # completion-driven: a credit window that never binds makes their order independent of timing
+        ("bytescheduler", {"partition_mb": 0.0004, "credit_mb": 1000.0}),
+        ("prophet", {"partition_mb": 0.0004, "credit_mb": 1000.0}),
+    ],
+)
+def test_the_runtimes_launch_order_is_the_simulators_on_the_same_profile(
+    tmp_path: Path, policy: str, knobs: dict
+) -> None:
+    steps = 5
+    res = spawn(S.launch_order, 2, tmp_path, policy, knobs, steps)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+    plan = CommPlan.from_json(res[0]["plan"])
+    result = simulate(plan.workload, _two_workers(), policy, 3, 1, **knobs)
+    assert result.trace is not None
+    sim_events = sorted(
+        (e for e in result.trace.events if e.kind in ("all_reduce", "reduce_scatter", "all_gather") and e.worker == 0),
+        key=lambda e: e.start_s,
+    )
+    simulated = [e.task for e in sim_events if e.iteration == 2]
+    assert simulated, "nothing simulated: the test would prove nothing"
+    last_full = steps - 2  # the last iteration whose all-gathers the next forward launched
+    for r in res:
+        assert _steady_order(r["order"], last_full) == simulated, policy
