@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from commsched.cluster import Cluster
+from commsched.formulas import ring_all_reduce_s
 from commsched.schedule import LOSSLESS, POLICIES
 from commsched.sim import simulate
-from commsched.formulas import ring_all_reduce_s
 from commsched.sim.ideal import ideal
 
 from sim_builders import make_cluster, make_workload

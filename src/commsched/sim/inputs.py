@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from commsched.errors import CommschedError, ScheduleError, SpecError
-from commsched.schedule import make_knobs
 from commsched.schedule import knobs as policy_knobs
+from commsched.schedule import make_knobs
 from commsched.sim.simulator import SimOptions
 from commsched.workload import Workload
 
