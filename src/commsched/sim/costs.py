@@ -11,8 +11,8 @@ add up exactly to those closed forms (tested).
 
 Which phases a task becomes depends on its kind and the algorithm:
 :data:`TASK_COSTS` maps ``(algorithm, task kind)`` to a :class:`TaskCost`, so
-a new task kind (a parameter server's ``push``/``pull``) or algorithm is one
-entry, not a branch in every method.
+a new task kind (a parameter server's ``push``/``pull``) is one entry, not a
+branch in every method.
 """
 
 from __future__ import annotations
@@ -289,7 +289,7 @@ def _sends_nothing(m: CommModel, nbytes: float) -> float:
     return 0.0
 
 
-#: ``(algorithm, task kind) -> TaskCost``. A new task kind or algorithm is one :func:`register_cost` call.
+#: ``(algorithm, task kind) -> TaskCost``. Giving an algorithm a task kind is one :func:`register_cost` call.
 TASK_COSTS: dict[tuple[str, str], TaskCost] = {
     ("ring", "all_reduce"): _ring("all_reduce"),
     ("ring", "reduce_scatter"): _ring("reduce_scatter"),
