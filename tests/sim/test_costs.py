@@ -1,21 +1,28 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import ClassVar
 
 import pytest
 
-from commsched.errors import SpecError
+from commsched.errors import ScheduleError, SpecError
 from commsched.formulas import (
     hierarchical_all_reduce_s,
     ps_push_pull_s,
+    ps_push_s,
     ring_all_gather_s,
     ring_all_reduce_s,
     ring_reduce_scatter_s,
     tree_all_reduce_s,
 )
-from commsched.sim.costs import CommModel
+from commsched.schedule import Action, CommPlan, Launch, Scheduler
+from commsched.schedule.fusion import make_task, whole
+from commsched.schedule.knobs import NoKnobs
+from commsched.sim import SimOptions, Simulation, costs, simulate
+from commsched.sim.costs import CommModel, Phase, register_cost
 
-from sim_builders import make_cluster
+from sim_builders import make_cluster, make_workload
 
 MB = 1e6
 
@@ -110,3 +117,72 @@ def test_hierarchical_needs_equal_nodes_and_ps_needs_servers() -> None:
     )
     with pytest.raises(SpecError, match="equal devices per node"):
         CommModel.from_cluster(uneven, "hierarchical")
+
+
+def test_push_and_pull_under_ps_are_the_halves_of_a_push_pull() -> None:
+    cluster = make_cluster(8, gbps=10, latency_us=30, servers=2)
+    model = CommModel.from_cluster(cluster, "ps")
+    bw = 10e9 / 8
+    push, pull = model.phases("push", MB), model.phases("pull", MB)
+    assert [p.resource for p in push] == ["ps_push"] and [p.resource for p in pull] == ["ps_pull"]
+    assert model.cost_s("push", MB) == pytest.approx(ps_push_s(MB, 8, 2, 30e-6, bw, bw))
+    assert model.cost_s("push", MB) + model.cost_s("pull", MB) == pytest.approx(ps_push_pull_s(MB, 8, 2, 30e-6, bw, bw))
+    assert push + pull == model.phases("all_reduce", MB)
+    assert model.sent_bytes("push", MB) == MB and model.sent_bytes("pull", MB) == 0.0
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "hierarchical"])
+@pytest.mark.parametrize("kind", ["push", "pull"])
+def test_push_and_pull_under_a_collective_algorithm_are_refused_naming_the_known_kinds(
+    algorithm: str, kind: str
+) -> None:
+    model = CommModel.from_cluster(make_cluster(8, per_node=4), algorithm)
+    message = (
+        f"no cost model for task kind '{kind}' under algorithm '{algorithm}'; "
+        "known: all_reduce, reduce_scatter, all_gather"
+    )
+    for call in (model.phases, model.sent_bytes):
+        with pytest.raises(ScheduleError, match=message):
+            call(kind, MB)
+
+
+def test_a_registered_cost_gives_an_algorithm_a_new_task_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(costs, "TASK_COSTS", dict(costs.TASK_COSTS))
+    model = CommModel.from_cluster(make_cluster(4), "ring")
+    with pytest.raises(ScheduleError, match="no cost model"):
+        model.phases("push", MB)
+    register_cost("ring", "push", lambda m, n: (Phase(m.alpha_s, "ring", n / m.bandwidth),), lambda m, n: n)
+    assert model.cost_s("push", MB) == pytest.approx(MB / model.bandwidth)
+    assert model.sent_bytes("push", MB) == MB
+
+
+def test_a_plan_of_push_and_pull_tasks_runs_under_ps_like_all_reduces() -> None:
+    """One push and one pull per tensor, the pull after its push: the network sees push, pull, push, ... ."""
+    workload = make_workload([2.0, 3.0, 1.0], [4.0, 2.0, 3.0], [300_000, 200_000, 500_000])
+    cluster = make_cluster(4, gbps=10, latency_us=20, servers=2)
+    estimate = CommModel.from_cluster(cluster, "ps").estimate()
+    tensors = range(len(workload.tensors))
+    tasks = []
+    for t in tensors:
+        tasks.append(make_task(workload, 2 * t, "push", whole(workload, [t]), f"push{t}"))
+        tasks.append(make_task(workload, 2 * t + 1, "pull", whole(workload, [t]), f"pull{t}", deps=(2 * t,)))
+    plan = CommPlan("pushpull", workload, estimate, tuple(tasks), "step", NoKnobs())
+
+    class PushPull(Scheduler):
+        name: ClassVar[str] = "pushpull"
+
+        def on_grad_ready(self, tensor: int) -> Sequence[Action]:
+            return [Launch(2 * tensor), Launch(2 * tensor + 1)]
+
+    options = SimOptions(algorithm="ps")
+    sim = Simulation(
+        workload, cluster, PushPull(plan), 3, 1, options, CommModel.from_cluster(cluster, "ps"), record_trace=False
+    )
+    sim.run()
+    result = sim.result({}, 0.0)
+    reference = simulate(workload, cluster, "wfbp", 3, 1, options=options, trace=False)  # one all-reduce per tensor
+    assert result.iteration_ms == pytest.approx(reference.iteration_ms)
+    assert result.gradient_bytes == reference.gradient_bytes == workload.total_bytes  # a push-pull pair counts once
+    assert result.sent_bytes_per_worker == reference.sent_bytes_per_worker
+    with pytest.raises(ScheduleError, match="no cost model for task kind 'push' under algorithm 'ring'"):
+        Simulation(workload, cluster, PushPull(plan), 3, 1, SimOptions(), CommModel.from_cluster(cluster))

@@ -233,7 +233,7 @@ def test_unknown_options_and_bad_values_are_clear_errors() -> None:
         simulate(workload, cluster, "ddp", bucket_size=3)
     with pytest.raises(ScheduleError, match="unknown policy"):
         simulate(workload, cluster, "fastest")
-    with pytest.raises(ScheduleError, match="knob .partition_mb. must be a number > 0"):
+    with pytest.raises(ScheduleError, match=r"knob .partition_mb. must be a number > 0"):
         simulate(workload, cluster, "bytescheduler", partition_mb=-1)
 
 

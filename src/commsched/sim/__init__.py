@@ -5,19 +5,31 @@ utilisation and a :class:`~commsched.trace.Trace`; ``ideal(workload, cluster)``
 is the lower bound no schedule can beat under the same cost model.
 """
 
-from commsched.sim.costs import ALGORITHMS, CommModel, Phase
+from commsched.sim.compute import ClassCompute, ComputeModel, ProfileCompute, WorkerClass, worker_classes
+from commsched.sim.costs import ALGORITHMS, TASK_COSTS, CommModel, Phase, TaskCost, register_cost
 from commsched.sim.engine import EventLoop
-from commsched.sim.simulator import SimOptions, SimResult, Simulation, WorkerClass, simulate, worker_classes
+from commsched.sim.network import NETWORK_MODELS, NetworkContext, NetworkFactory, NetworkModel
+from commsched.sim.simulator import SimOptions, SimResult, Simulation, simulate
 
 __all__ = [
     "ALGORITHMS",
+    "NETWORK_MODELS",
+    "TASK_COSTS",
+    "ClassCompute",
     "CommModel",
+    "ComputeModel",
     "EventLoop",
+    "NetworkContext",
+    "NetworkFactory",
+    "NetworkModel",
     "Phase",
+    "ProfileCompute",
     "SimOptions",
     "SimResult",
     "Simulation",
+    "TaskCost",
     "WorkerClass",
+    "register_cost",
     "simulate",
     "worker_classes",
 ]

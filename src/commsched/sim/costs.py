@@ -8,11 +8,17 @@ use bandwidth; the transfer part is ``work_s`` seconds *at the full rate of
 the resource*, and concurrent transfers on one resource share it
 (:mod:`commsched.sim.network`). Without contention the phases of a collective
 add up exactly to those closed forms (tested).
+
+Which phases a task becomes depends on its kind and the algorithm:
+:data:`TASK_COSTS` maps ``(algorithm, task kind)`` to a :class:`TaskCost`, so
+a new task kind (a parameter server's ``push``/``pull``) is one entry, not a
+branch in every method.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,7 +61,11 @@ class CommModel:
     ``hierarchical``: intra-node ring, inter-node ring over nodes, intra-node
     ring (needs the same number of devices on every node).
     ``ps``: push to and pull from the cluster's parameter servers; a
-    reduce-scatter is a push, an all-gather a pull, an all-reduce both.
+    reduce-scatter is a push, an all-gather a pull, an all-reduce both, and
+    ``push``/``pull`` tasks are what they say.
+
+    What each task kind costs under each algorithm is the table
+    :data:`TASK_COSTS`; :func:`register_cost` adds an entry.
     """
 
     algorithm: Algorithm
@@ -116,60 +126,33 @@ class CommModel:
             server_bandwidth=min(link.bandwidth_bytes_per_s for link in server_links),
         )
 
-    # ---- phases of one collective ----
+    # ---- phases of one task ----
 
     def phases(self, kind: str, nbytes: float) -> tuple[Phase, ...]:
-        """The phases of one collective of ``kind`` over ``nbytes`` bytes (per rank)."""
-        p = self.world_size
-        if p <= 1 or nbytes <= 0:
+        """The phases of one task of ``kind`` over ``nbytes`` bytes (per rank); see :data:`TASK_COSTS`.
+
+        Raises ScheduleError when no cost is registered for ``kind`` under this algorithm.
+        """
+        cost = self._cost(kind)
+        if self.world_size <= 1 or nbytes <= 0:
             return ()
-        if self.algorithm == "ps":
-            push = Phase(self.alpha_s, "ps_push", self._ps_transfer_s(nbytes))
-            pull = Phase(self.alpha_s, "ps_pull", self._ps_transfer_s(nbytes))
-            return {"all_reduce": (push, pull), "reduce_scatter": (push,), "all_gather": (pull,)}[kind]
-        if self.algorithm == "hierarchical":
-            return self._hierarchical(kind, nbytes)
-        if kind == "all_reduce" and self.algorithm == "tree":
-            return (Phase(2 * math.ceil(math.log2(p)) * self.alpha_s, "ring", 2 * nbytes / self.bandwidth),)
-        if kind not in ("all_reduce", "reduce_scatter", "all_gather"):
-            raise ScheduleError(f"sim: no cost model for task kind {kind!r}")
-        steps, volume = ring_factors(kind, p)
-        return (Phase(steps * self.alpha_s, "ring", volume * nbytes / self.bandwidth),)
-
-    def _ps_transfer_s(self, nbytes: float) -> float:
-        return max(nbytes / self.bandwidth, self.world_size * nbytes / (self.servers * self.server_bandwidth))
-
-    def _hierarchical(self, kind: str, nbytes: float) -> tuple[Phase, ...]:
-        g, nodes = self.per_node, self.nodes
-        steps, volume = ring_factors("reduce_scatter", g)
-        intra = Phase(steps * self.alpha_intra_s, "intra", volume * nbytes / self.bandwidth_intra)
-        steps, volume = ring_factors("reduce_scatter", nodes)
-        inter_half = Phase(steps * self.alpha_inter_s, "inter", volume * nbytes / self.bandwidth_inter)
-        if kind == "all_reduce":
-            inter = Phase(2 * inter_half.latency_s, "inter", 2 * inter_half.work_s)
-            out: tuple[Phase, ...] = (intra, inter, intra)
-        elif kind == "reduce_scatter":
-            out = (intra, inter_half)
-        elif kind == "all_gather":
-            out = (inter_half, intra)
-        else:
-            raise ScheduleError(f"sim: no cost model for task kind {kind!r}")
-        return tuple(ph for ph in out if ph.latency_s > 0 or ph.work_s > 0)
+        return cost.phases(self, nbytes)
 
     def sent_bytes(self, kind: str, nbytes: float) -> float:
-        """Bytes one worker sends for one collective (ring all-reduce: ``2(p-1)/p · n``; PS push: ``n``)."""
-        p = self.world_size
-        if p <= 1:
+        """Bytes one worker sends for one task (ring all-reduce: ``2(p-1)/p · n``; PS push: ``n``)."""
+        cost = self._cost(kind)
+        if self.world_size <= 1:
             return 0.0
-        halves = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}[kind]
-        if self.algorithm == "ps":
-            return nbytes if kind != "all_gather" else 0.0
-        if self.algorithm == "tree" and kind == "all_reduce":
-            return 2.0 * nbytes
-        if self.algorithm == "hierarchical":
-            g, nodes = self.per_node, self.nodes
-            return halves * ((g - 1) / g * nbytes + (nodes - 1) / nodes * nbytes / g)
-        return halves * (p - 1) / p * nbytes
+        return cost.sent_bytes(self, nbytes)
+
+    def _cost(self, kind: str) -> TaskCost:
+        cost = TASK_COSTS.get((self.algorithm, kind))
+        if cost is None:
+            known = ", ".join(k for (a, k) in TASK_COSTS if a == self.algorithm)
+            raise ScheduleError(
+                f"sim: no cost model for task kind {kind!r} under algorithm {self.algorithm!r}; known: {known}"
+            )
+        return cost
 
     def cost_s(self, kind: str, nbytes: float) -> float:
         """Time of one collective alone on the network: the sum of its phases."""
@@ -204,3 +187,133 @@ class CommModel:
         bandwidth = 2 * (p - 1) / p * probe / work if work > 0 else 1e12
         latency = self.startup_s("all_reduce") / (2 * (p - 1))
         return NetworkEstimate(p, bandwidth, latency)
+
+
+# ---- the cost of each task kind under each algorithm ----
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCost:
+    """How one task kind costs under one algorithm, for ``p > 1`` ranks and ``n > 0`` bytes.
+
+    ``phases(model, n)``: what the network executes. ``sent_bytes(model, n)``:
+    bytes one worker sends (reported as ``sent_bytes_per_worker``).
+    """
+
+    phases: Callable[[CommModel, float], tuple[Phase, ...]]
+    sent_bytes: Callable[[CommModel, float], float]
+
+
+_HALVES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
+
+
+def _ring(kind: str) -> TaskCost:
+    """One flat ring over all ranks (:func:`commsched.formulas.ring_factors`)."""
+    halves = _HALVES[kind]
+
+    def phases(m: CommModel, nbytes: float) -> tuple[Phase, ...]:
+        steps, volume = ring_factors(kind, m.world_size)
+        return (Phase(steps * m.alpha_s, "ring", volume * nbytes / m.bandwidth),)
+
+    def sent_bytes(m: CommModel, nbytes: float) -> float:
+        p = m.world_size
+        return halves * (p - 1) / p * nbytes
+
+    return TaskCost(phases, sent_bytes)
+
+
+def _tree_all_reduce(m: CommModel, nbytes: float) -> tuple[Phase, ...]:
+    """NCCL's double binary tree: ``2·⌈log2 p⌉·α + 2·n/B``."""
+    return (Phase(2 * math.ceil(math.log2(m.world_size)) * m.alpha_s, "ring", 2 * nbytes / m.bandwidth),)
+
+
+def _hierarchical(kind: str) -> TaskCost:
+    """Intra-node ring, inter-node ring over nodes, intra-node ring (the parts ``kind`` needs)."""
+    halves = _HALVES[kind]
+
+    def phases(m: CommModel, nbytes: float) -> tuple[Phase, ...]:
+        steps, volume = ring_factors("reduce_scatter", m.per_node)
+        intra = Phase(steps * m.alpha_intra_s, "intra", volume * nbytes / m.bandwidth_intra)
+        steps, volume = ring_factors("reduce_scatter", m.nodes)
+        inter_half = Phase(steps * m.alpha_inter_s, "inter", volume * nbytes / m.bandwidth_inter)
+        if kind == "all_reduce":
+            inter = Phase(2 * inter_half.latency_s, "inter", 2 * inter_half.work_s)
+            out: tuple[Phase, ...] = (intra, inter, intra)
+        elif kind == "reduce_scatter":
+            out = (intra, inter_half)
+        else:
+            out = (inter_half, intra)
+        return tuple(ph for ph in out if ph.latency_s > 0 or ph.work_s > 0)
+
+    def sent_bytes(m: CommModel, nbytes: float) -> float:
+        g, nodes = m.per_node, m.nodes
+        return halves * ((g - 1) / g * nbytes + (nodes - 1) / nodes * nbytes / g)
+
+    return TaskCost(phases, sent_bytes)
+
+
+def _ps_transfer_s(m: CommModel, nbytes: float) -> float:
+    """``max(n / B_worker, N · n / (k · B_server))`` (:func:`commsched.formulas.ps_push_s`)."""
+    return max(nbytes / m.bandwidth, m.world_size * nbytes / (m.servers * m.server_bandwidth))
+
+
+def _ps_push(m: CommModel, nbytes: float) -> Phase:
+    return Phase(m.alpha_s, "ps_push", _ps_transfer_s(m, nbytes))
+
+
+def _ps_pull(m: CommModel, nbytes: float) -> Phase:
+    return Phase(m.alpha_s, "ps_pull", _ps_transfer_s(m, nbytes))
+
+
+def _tree_sent_bytes(m: CommModel, nbytes: float) -> float:
+    return 2.0 * nbytes
+
+
+def _ps_push_pull(m: CommModel, nbytes: float) -> tuple[Phase, ...]:
+    return (_ps_push(m, nbytes), _ps_pull(m, nbytes))
+
+
+def _ps_push_only(m: CommModel, nbytes: float) -> tuple[Phase, ...]:
+    return (_ps_push(m, nbytes),)
+
+
+def _ps_pull_only(m: CommModel, nbytes: float) -> tuple[Phase, ...]:
+    return (_ps_pull(m, nbytes),)
+
+
+def _sends_all(m: CommModel, nbytes: float) -> float:
+    return nbytes
+
+
+def _sends_nothing(m: CommModel, nbytes: float) -> float:
+    return 0.0
+
+
+#: ``(algorithm, task kind) -> TaskCost``. Giving an algorithm a task kind is one :func:`register_cost` call.
+TASK_COSTS: dict[tuple[str, str], TaskCost] = {
+    ("ring", "all_reduce"): _ring("all_reduce"),
+    ("ring", "reduce_scatter"): _ring("reduce_scatter"),
+    ("ring", "all_gather"): _ring("all_gather"),
+    ("tree", "all_reduce"): TaskCost(_tree_all_reduce, _tree_sent_bytes),
+    ("tree", "reduce_scatter"): _ring("reduce_scatter"),  # NCCL has no tree for these
+    ("tree", "all_gather"): _ring("all_gather"),
+    ("hierarchical", "all_reduce"): _hierarchical("all_reduce"),
+    ("hierarchical", "reduce_scatter"): _hierarchical("reduce_scatter"),
+    ("hierarchical", "all_gather"): _hierarchical("all_gather"),
+    # a parameter server: a reduce-scatter is a push, an all-gather a pull, an all-reduce both
+    ("ps", "all_reduce"): TaskCost(_ps_push_pull, _sends_all),
+    ("ps", "reduce_scatter"): TaskCost(_ps_push_only, _sends_all),
+    ("ps", "all_gather"): TaskCost(_ps_pull_only, _sends_nothing),
+    ("ps", "push"): TaskCost(_ps_push_only, _sends_all),
+    ("ps", "pull"): TaskCost(_ps_pull_only, _sends_nothing),
+}
+
+
+def register_cost(
+    algorithm: str,
+    kind: str,
+    phases: Callable[[CommModel, float], tuple[Phase, ...]],
+    sent_bytes: Callable[[CommModel, float], float],
+) -> None:
+    """Make ``kind`` tasks cost ``phases`` under ``algorithm`` (replacing any earlier registration)."""
+    TASK_COSTS[(algorithm, kind)] = TaskCost(phases, sent_bytes)

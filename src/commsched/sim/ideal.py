@@ -23,7 +23,8 @@ bound and the largest counts, unless collectives run one at a time
 (``max_concurrent=1``): then at most one resource transfers at any moment and
 their work adds up. ``c_t`` takes the cheaper of one all-reduce and a
 reduce-scatter plus all-gather. On a heterogeneous cluster the slowest
-worker's compute is used.
+worker class's compute is used (same compute model and per-rank batch sizes
+as :func:`~commsched.sim.simulate`).
 
 Assumptions it shares with the simulator: ready times and compute times are
 fixed, compute is not slowed by communication, and every collective of the
@@ -33,11 +34,12 @@ model costs at least its bandwidth term plus ``α₁``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from commsched.cluster import Cluster
+from commsched.sim.compute import PROFILE, ComputeModel, worker_classes
 from commsched.sim.costs import CommModel
 from commsched.sim.simulator import SimOptions
 from commsched.workload import Workload
@@ -89,18 +91,24 @@ def fluid_priority_s(
     return s_prev + update_s[-1] + forward_s[-1]
 
 
-def ideal(workload: Workload, cluster: Cluster, options: SimOptions | Mapping[str, Any] | None = None) -> IdealResult:
+def ideal(
+    workload: Workload,
+    cluster: Cluster,
+    options: SimOptions | Mapping[str, Any] | None = None,
+    *,
+    compute: ComputeModel = PROFILE,
+    batch_sizes: Sequence[int] | None = None,
+) -> IdealResult:
     """Lower bound on the steady-state iteration time of any lossless policy (module docstring)."""
     opts = SimOptions.from_mapping(options)
     comm = CommModel.from_cluster(cluster, opts.algorithm)
-    speed = min(cluster.worker_speeds(workload.model))
-    scale = 1e-3 / speed
     w = workload
-    forward_s = [layer.forward_ms * scale for layer in w.layers]
-    total_bytes = w.total_bytes
-    update_s = [opts.update_ms * layer.bytes / total_bytes * scale for layer in w.layers]
-    ready_s = [r * scale for r in w.grad_ready_ms]
-    backward_s = max(w.backward_ms, max(w.grad_ready_ms)) * scale
+    classes = worker_classes(cluster, w.model, batch_sizes, w.batch_size)
+    timing = max((compute.timings(w, wc, opts.update_ms) for wc in classes), key=lambda t: t.compute_s)
+    forward_s = list(timing.forward_s)
+    update_s = list(timing.update_s)
+    ready_s = list(timing.grad_ready_s)
+    backward_s = timing.backward_s
     layer_of = list(w.tensor_layer)
     startup = min(comm.first_startup_s("all_reduce"), comm.first_startup_s("reduce_scatter"))
 
@@ -127,14 +135,14 @@ def ideal(workload: Workload, cluster: Cluster, options: SimOptions | Mapping[st
         transfer = max(transfer, sum(transfer_s))
         bound = fluid_priority_s(forward_s, update_s, backward_s, layer_of, ready_s, transfer_s, startup)
         best = max(best, bound)
-    compute = sum(forward_s) + sum(update_s) + backward_s
+    compute_s = sum(forward_s) + sum(update_s) + backward_s
     return IdealResult(
         model=w.model,
         cluster=cluster.name,
         num_workers=cluster.num_workers,
         iteration_ms=best * 1e3,
-        samples_per_s=w.batch_size * cluster.num_workers / best if best > 0 else math.inf,
-        compute_ms=compute * 1e3,
-        exposed_comm_ms=max(0.0, best - compute) * 1e3,
+        samples_per_s=sum(wc.batch_size * len(wc.ranks) for wc in classes) / best if best > 0 else math.inf,
+        compute_ms=compute_s * 1e3,
+        exposed_comm_ms=max(0.0, best - compute_s) * 1e3,
         transfer_ms=transfer * 1e3,
     )

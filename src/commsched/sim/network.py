@@ -1,6 +1,16 @@
-"""Communication channels: collectives run in phases on shared link resources.
+"""The simulator's network: what it needs from one, and the flow-level model it uses today.
 
-A collective is *ready* once every participating worker has issued it. Ready
+:class:`NetworkModel` is the contract. The simulator hands the network each
+collective once every worker has issued it (:meth:`NetworkModel.ready`); the
+network calls the completion callback it was built with when the collective
+is done (never from inside ``ready``), with ``start_s`` and ``end_s`` set; and
+it exposes ``links``, the resources whose busy time the simulator reports as
+utilisation. A model is built by a :data:`NetworkFactory` from a
+:class:`NetworkContext` (event loop, cluster, cost model, plan tasks,
+``max_concurrent``, callback); :data:`NETWORK_MODELS` names the factories
+``SimOptions.network`` selects from. A packet-level model registers there.
+
+The flow-level model, :class:`Network`: a collective is *ready* once every participating worker has issued it. Ready
 collectives start in the order they became ready, at most
 ``max_concurrent`` at a time (a communicator's stream: NCCL runs the
 collectives of one communicator one after another, gloo runs a few at once
@@ -16,10 +26,13 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from commsched.sim.costs import Phase
+from commsched.cluster import Cluster
+from commsched.schedule.base import CommTask
+from commsched.sim.costs import CommModel, Phase
 from commsched.sim.engine import COMM, EventLoop
 
 
@@ -115,8 +128,50 @@ class Collective:
     phase_starts: list[float] = field(default_factory=list)
 
 
+class LinkUsage(Protocol):
+    """A link resource as the simulator's metrics see it."""
+
+    def busy_within(self, start_s: float, end_s: float) -> float:
+        """Seconds in ``[start_s, end_s]`` during which the resource carried data."""
+        ...
+
+
+class NetworkModel(Protocol):
+    """What the simulator needs from a network model (module docstring)."""
+
+    @property
+    def links(self) -> Mapping[str, LinkUsage]:
+        """Link resources by name, for ``SimResult.link_utilisation``."""
+        ...
+
+    def ready(self, coll: Collective) -> None:
+        """Every participant has issued ``coll``: run it, and report it through the callback when done."""
+        ...
+
+
+@dataclass(frozen=True)
+class NetworkContext:
+    """Everything a network factory may use to build a model for one simulation.
+
+    ``tasks``: the plan's tasks (a collective's ``task`` indexes them: kind,
+    bytes, priority, transport). ``comm``: the α-β cost model, whose phases
+    each collective carries. ``done``: call it with each finished collective.
+    """
+
+    loop: EventLoop
+    cluster: Cluster
+    comm: CommModel
+    tasks: tuple[CommTask, ...]
+    max_concurrent: int
+    done: Callable[[Collective], None]
+
+
+#: Builds a network model for one simulation.
+NetworkFactory = Callable[[NetworkContext], NetworkModel]
+
+
 class Network:
-    """Ready queue, concurrency limit and phase execution for all collectives of one job."""
+    """The flow-level model: ready queue, concurrency limit and phase execution for all collectives of one job."""
 
     __slots__ = ("_done", "_loop", "_queue", "links", "max_concurrent", "running")
 
@@ -175,3 +230,12 @@ class Network:
         self.running -= 1
         self._start_queued()
         self._done(coll)
+
+
+def flow_network(context: NetworkContext) -> Network:
+    """The flow-level model (:class:`Network`): α-β phases, processor sharing on each link resource."""
+    return Network(context.loop, context.max_concurrent, context.done)
+
+
+#: Network models by the name ``SimOptions.network`` accepts.
+NETWORK_MODELS: dict[str, NetworkFactory] = {"flow": flow_network}

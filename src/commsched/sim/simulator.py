@@ -7,7 +7,9 @@ scheduler, in the order the scheduler chose.
 
 What one iteration is, on every worker (the runtime does the same):
 
-* **Forward**, layers ``0..L-1``, each taking ``forward_ms / speed``. Just
+* **Forward**, layers ``0..L-1``, each taking ``forward_ms / speed``
+  (all compute times come from the compute model, :mod:`commsched.sim.compute`;
+  the default scales the profile by speed and batch size). Just
   before layer ``l`` the leader (rank 0) delivers ``on_forward_pre(l)``. With
   ``plan.update == "forward"`` the layer then waits until the tasks of
   ``plan.final_tasks_of_layer[l]`` launched for the previous iteration's
@@ -28,13 +30,16 @@ owns event order, ``Wait``, holding launches until their inputs are ready on
 that worker, instances, and the rule that a ``uses_completions`` scheduler
 runs on the leader (rank 0) only, whose decisions the other classes follow.
 A collective is ready when every worker class has started it; the network
-(:mod:`commsched.sim.network`) starts ready collectives in order, at most
+model (:mod:`commsched.sim.network`, chosen by ``SimOptions.network``; the
+flow-level one today) starts ready collectives in order, at most
 ``max_concurrent`` at once, and shares link bandwidth between those in
-flight. ``on_comm_done`` is delivered only to schedulers with
+flight. What a task costs comes from its kind and the algorithm
+(:data:`~commsched.sim.costs.TASK_COSTS`). ``on_comm_done`` is delivered only to schedulers with
 ``uses_completions``.
 
-Symmetry: workers with the same compute speed behave identically, so the
-simulation keeps one timeline per *worker class* (distinct speed), and a
+Symmetry: workers with the same compute speed and batch size behave
+identically, so the simulation keeps one timeline per *worker class*
+(:class:`~commsched.sim.compute.WorkerClass`), and a
 homogeneous cluster of 1024 workers costs as much as one of 2. Trace events of
 a class carry the class's lowest rank as ``worker``.
 
@@ -51,7 +56,7 @@ import copy
 import itertools
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from statistics import median
 from typing import Any
@@ -60,10 +65,12 @@ from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import CommPlan, Dispatcher, Scheduler, Start, build_scheduler
 from commsched.schedule import knobs as policy_knobs
+from commsched.schedule.base import REDUCING_KINDS
 from commsched.schedule.fusion import ready_order
+from commsched.sim.compute import PROFILE, ComputeModel, WorkerClass, worker_classes
 from commsched.sim.costs import ALGORITHMS, CommModel
 from commsched.sim.engine import EventLoop
-from commsched.sim.network import Collective, Network
+from commsched.sim.network import NETWORK_MODELS, Collective, NetworkContext, NetworkFactory
 from commsched.trace import Trace, TraceEvent
 from commsched.workload import Workload
 
@@ -85,11 +92,14 @@ class SimOptions:
     ``update_ms``: optimizer time per iteration on the profiled device
     (scaled by worker speed), spread over layers in proportion to their bytes.
     0 by default because the shipped profiles fold it into backward.
+    ``network``: the network model (:data:`~commsched.sim.network.NETWORK_MODELS`):
+    ``flow`` (α-β phases, bandwidth shared fairly on each link resource).
     """
 
     algorithm: str = "ring"
     max_concurrent: int = 1
     update_ms: float = 0.0
+    network: str = "flow"
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -100,6 +110,10 @@ class SimOptions:
             raise ScheduleError(f"sim: max_concurrent must be >= 1, got {self.max_concurrent}")
         if not (self.update_ms >= 0 and math.isfinite(self.update_ms)):
             raise ScheduleError(f"sim: update_ms must be a finite number >= 0, got {self.update_ms!r}")
+        if self.network not in NETWORK_MODELS:
+            known = ", ".join(NETWORK_MODELS)
+            what = "packet-level network not available yet" if self.network == "packet" else "unknown network model"
+            raise ScheduleError(f"sim: {what} ({self.network!r}); network must be one of: {known}")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -118,34 +132,12 @@ class SimOptions:
 
 
 @dataclass(frozen=True)
-class WorkerClass:
-    """Workers that share one simulated timeline (same compute speed)."""
-
-    index: int
-    speed: float
-    ranks: tuple[int, ...]
-
-    @property
-    def rank(self) -> int:
-        """The representative rank (the lowest), used as ``worker`` in the trace."""
-        return self.ranks[0]
-
-
-def worker_classes(cluster: Cluster, model: str | None = None) -> tuple[WorkerClass, ...]:
-    """Group ranks by compute speed; the class of rank 0 (the leader) comes first."""
-    by_speed: dict[float, list[int]] = {}
-    for rank, speed in enumerate(cluster.worker_speeds(model)):
-        by_speed.setdefault(speed, []).append(rank)
-    return tuple(WorkerClass(i, speed, tuple(ranks)) for i, (speed, ranks) in enumerate(by_speed.items()))
-
-
-@dataclass(frozen=True)
 class SimResult:
     """What one simulated run predicts. Times are per iteration unless named otherwise.
 
     ``iteration_ms``: median over the steady-state iterations (leader's
-    forward start to forward start). ``samples_per_s`` = batch × workers /
-    iteration. ``gpu_busy``: compute time / iteration time, averaged over
+    forward start to forward start). ``samples_per_s``: the batch sizes of
+    all ranks / iteration. ``gpu_busy``: compute time / iteration time, averaged over
     workers. ``link_utilisation``: per link resource, the fraction of the
     steady-state window during which it carried data. ``exposed_comm_ms``:
     iteration time minus the compute time of the slowest worker (what
@@ -185,7 +177,10 @@ class SimResult:
         """Plain JSON-able data, without the trace and the plan."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("trace", "plan")}
         out["options"] = asdict(self.options)
-        out["classes"] = [{"speed": c.speed, "workers": len(c.ranks), "first_rank": c.rank} for c in self.classes]
+        out["classes"] = [
+            {"speed": c.speed, "batch_size": c.batch_size, "workers": len(c.ranks), "first_rank": c.rank}
+            for c in self.classes
+        ]
         out["iteration_ms_each"] = list(self.iteration_ms_each)
         out["gpu_busy_by_class"] = list(self.gpu_busy_by_class)
         return out
@@ -227,7 +222,13 @@ class _Timeline:
 
 
 class Simulation:
-    """One simulated training run. Build it, call :meth:`run` once."""
+    """One simulated training run. Build it, call :meth:`run` once.
+
+    ``compute``: the compute model (default :data:`~commsched.sim.compute.PROFILE`).
+    ``network``: a factory for the network model (default the one
+    ``options.network`` names). ``batch_sizes``: one per rank (default the
+    workload's batch size for every rank).
+    """
 
     def __init__(
         self,
@@ -239,6 +240,10 @@ class Simulation:
         options: SimOptions,
         comm: CommModel,
         record_trace: bool = True,
+        *,
+        compute: ComputeModel = PROFILE,
+        network: NetworkFactory | None = None,
+        batch_sizes: Sequence[int] | None = None,
     ) -> None:
         if iterations < 1:
             raise ScheduleError(f"sim: iterations must be >= 1, got {iterations}")
@@ -253,9 +258,12 @@ class Simulation:
         self.warmup = warmup
         self.total = warmup + iterations
         self.loop = EventLoop()
-        self.network = Network(self.loop, options.max_concurrent, self._completed)
+        factory = network if network is not None else NETWORK_MODELS[options.network]
+        context = NetworkContext(self.loop, cluster, comm, self.plan.tasks, options.max_concurrent, self._completed)
+        self.network = factory(context)
         self.trace: Trace | None = Trace() if record_trace else None
-        self.classes = worker_classes(cluster, workload.model)
+        self.compute = compute
+        self.classes = worker_classes(cluster, workload.model, batch_sizes, workload.batch_size)
         #: A ``uses_completions`` scheduler runs on the leader only; the other classes follow its decisions.
         self.leader_decides = type(scheduler).uses_completions and len(self.classes) > 1
         self.timelines = []
@@ -284,25 +292,23 @@ class Simulation:
         self.reduced_bytes = 0.0
         self.sent_bytes = 0.0
 
-        ready_ms = w.grad_ready_ms
-        backward_ms = max(w.backward_ms, max(ready_ms))
-        layer_bytes = [layer.bytes for layer in w.layers]
-        total_bytes = sum(layer_bytes)
-        update_ms = [self.options.update_ms * b / total_bytes for b in layer_bytes]
-        self.forward_s: list[list[float]] = []
-        self.update_s: list[list[float]] = []
+        self.sent_of_task = [self.comm.sent_bytes(task.kind, task.bytes) for task in tasks]
+        self.reduced_of_task = [float(task.bytes) if task.kind in REDUCING_KINDS else 0.0 for task in tasks]
+
+        self.forward_s: list[tuple[float, ...]] = []
+        self.update_s: list[tuple[float, ...]] = []
         self.backward_s: list[float] = []
         self.batches: list[list[tuple[float, int, int]]] = []  # (offset, first pos, end pos) per ready time
         self.backward_layers: list[list[tuple[float, float]]] = []  # per layer (offset, duration)
         self.compute_s: list[float] = []
         for wc in self.classes:
-            scale = 1e-3 / wc.speed
-            self.forward_s.append([layer.forward_ms * scale for layer in w.layers])
-            self.update_s.append([u * scale for u in update_ms])
-            self.backward_s.append(backward_ms * scale)
+            timing = self.compute.timings(w, wc, self.options.update_ms)
+            self.forward_s.append(timing.forward_s)
+            self.update_s.append(timing.update_s)
+            self.backward_s.append(timing.backward_s)
             batches: list[tuple[float, int, int]] = []
             for pos, t in enumerate(self.order):
-                offset = ready_ms[t] * scale
+                offset = timing.grad_ready_s[t]
                 if batches and batches[-1][0] == offset:
                     batches[-1] = (offset, batches[-1][1], pos + 1)
                 else:
@@ -311,11 +317,11 @@ class Simulation:
             layers: list[tuple[float, float]] = [(0.0, 0.0)] * len(w.layers)
             elapsed = 0.0
             for li in range(len(w.layers) - 1, -1, -1):
-                duration = w.layers[li].backward_ms * scale
+                duration = timing.backward_layer_s[li]
                 layers[li] = (elapsed, duration)
                 elapsed += duration
             self.backward_layers.append(layers)
-            self.compute_s.append((w.forward_ms + backward_ms + self.options.update_ms) * scale)
+            self.compute_s.append(timing.compute_s)
 
     # ---- running ----
 
@@ -390,9 +396,8 @@ class Simulation:
         task, inst = coll.task, coll.instance
         spec = self.plan.tasks[task]
         if self.warmup <= inst < self.total:
-            if spec.kind != "all_gather":
-                self.reduced_bytes += spec.bytes
-            self.sent_bytes += self.comm.sent_bytes(spec.kind, spec.bytes)
+            self.reduced_bytes += self.reduced_of_task[task]
+            self.sent_bytes += self.sent_of_task[task]
         if self.trace is not None:
             for wc in self.classes:
                 self.trace.add(TraceEvent(spec.name, spec.kind, wc.rank, coll.start_s, coll.end_s, spec.bytes, inst))
@@ -519,6 +524,7 @@ class Simulation:
         }
         w = self.workload
         num_workers = self.cluster.num_workers
+        samples = sum(wc.batch_size * len(wc.ranks) for wc in self.classes)
         if self.trace is not None:
             self.trace.meta.update(
                 {
@@ -530,7 +536,10 @@ class Simulation:
                     "update": self.plan.update,
                     "options": asdict(self.options),
                     "knobs": dict(knobs),
-                    "classes": [{"rank": wc.rank, "workers": len(wc.ranks), "speed": wc.speed} for wc in self.classes],
+                    "classes": [
+                        {"rank": wc.rank, "workers": len(wc.ranks), "speed": wc.speed, "batch_size": wc.batch_size}
+                        for wc in self.classes
+                    ],
                     "iteration_starts_s": list(starts),
                 }
             )
@@ -543,7 +552,7 @@ class Simulation:
             warmup=self.warmup,
             iteration_ms=iteration_s * 1e3,
             iteration_ms_each=tuple(p * 1e3 for p in steady),
-            samples_per_s=w.batch_size * num_workers / iteration_s if iteration_s > 0 else math.inf,
+            samples_per_s=samples / iteration_s if iteration_s > 0 else math.inf,
             compute_ms=slowest * 1e3,
             gpu_busy=gpu_busy,
             gpu_busy_by_class=busy,
@@ -571,13 +580,18 @@ def simulate(
     *,
     options: SimOptions | Mapping[str, Any] | None = None,
     trace: bool = True,
+    compute: ComputeModel = PROFILE,
+    batch_sizes: Sequence[int] | None = None,
     **knobs: Any,
 ) -> SimResult:
     """Simulate ``warmup + iterations`` iterations of ``policy`` on ``cluster``.
 
     ``knobs`` are the policy's (``schedule.knobs(policy)``); ``options`` the
     simulator's (:class:`SimOptions`). ``trace=False`` skips recording the
-    Trace (faster, for searches). Raises ScheduleError for an unknown policy,
+    Trace (faster, for searches). ``compute``: the compute model
+    (:mod:`commsched.sim.compute`; default: the workload's profile scaled by
+    speed and batch size). ``batch_sizes``: one per rank (default: the
+    workload's batch size on every rank). Raises ScheduleError for an unknown policy,
     knob or option, a bad value, or a scheduler that breaks the contract
     (a deadlock is reported with what was waiting on what).
 
@@ -593,6 +607,17 @@ def simulate(
     except (TypeError, ValueError, ArithmeticError) as exc:
         raise ScheduleError(f"{policy}: bad option value ({exc})") from None
     start = time.perf_counter()
-    sim = Simulation(workload, cluster, scheduler, iterations, warmup, sim_options, comm, record_trace=trace)
+    sim = Simulation(
+        workload,
+        cluster,
+        scheduler,
+        iterations,
+        warmup,
+        sim_options,
+        comm,
+        record_trace=trace,
+        compute=compute,
+        batch_sizes=batch_sizes,
+    )
     sim.run()
     return sim.result({**policy_knobs(policy), **knobs}, time.perf_counter() - start)

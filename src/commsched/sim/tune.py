@@ -92,7 +92,7 @@ def tune(
     quick = max(4, iterations // 4)
 
     def objective(trial: optuna.Trial) -> float:
-        knobs = {
+        knobs: dict[str, Any] = {
             name: trial.suggest_int(name, int(lo), int(hi), log=True)
             if isinstance(lo, int)
             else trial.suggest_float(name, lo, hi, log=True)
