@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from commsched.schedule.base import Action, Launch, NetworkEstimate, ReadyTracker, Scheduler, UpdateMode
-from commsched.schedule.fusion import make_task, whole
+from commsched.schedule.fusion import fuse_below_threshold, make_task, whole
 from commsched.schedule.knobs import Knobs, knob
 from commsched.schedule.plan import CommPlan
 from commsched.units import mb_to_bytes
@@ -51,20 +51,8 @@ class DeARKnobs(Knobs):
 
 def group_layers(workload: Workload, threshold_bytes: int) -> list[list[int]]:
     """Consecutive layers (forward order) fused while the group stays below the threshold."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    current_bytes = 0
-    for li, layer in enumerate(workload.layers):
-        if not layer.tensors:
-            continue
-        if current and current_bytes + layer.bytes >= threshold_bytes:
-            groups.append(current)
-            current, current_bytes = [], 0
-        current.append(li)
-        current_bytes += layer.bytes
-    if current:
-        groups.append(current)
-    return groups
+    layers = [li for li, layer in enumerate(workload.layers) if layer.tensors]
+    return fuse_below_threshold(layers, [layer.bytes for layer in workload.layers], threshold_bytes)
 
 
 class DeARScheduler(Scheduler):

@@ -43,17 +43,16 @@ def fuse_by_threshold(
     return groups
 
 
-def fuse_below_threshold(workload: Workload, order: Sequence[int], threshold_bytes: int) -> list[list[int]]:
-    """DeAR's rule: add a tensor while the running total stays below the threshold.
+def fuse_below_threshold(items: Sequence[int], sizes: Sequence[int], threshold_bytes: int) -> list[list[int]]:
+    """DeAR's rule: add an item (``sizes[item]`` bytes) while the running total stays below the threshold.
 
-    A tensor larger than the threshold forms its own group; tensors are never split.
+    An item larger than the threshold forms its own group; items are never split.
     """
-    tensors = workload.tensors
     groups: list[list[int]] = []
     current: list[int] = []
     current_bytes = 0
-    for t in order:
-        nbytes = tensors[t].bytes
+    for t in items:
+        nbytes = sizes[t]
         if current and current_bytes + nbytes >= threshold_bytes:
             groups.append(current)
             current, current_bytes = [], 0
