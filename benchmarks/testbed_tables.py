@@ -15,9 +15,9 @@ import json
 import statistics
 from pathlib import Path
 
-from commsched.testbed.bench import resummarise
-from commsched.testbed.calibrate import revalidate
-from commsched.testbed.report import markdown_table, phase_table, plot, validation_markdown
+from commsched.bench.calibrate import revalidate
+from commsched.bench.report import markdown_table, phase_table, plot, validation_markdown
+from commsched.bench.run import resummarise
 
 
 def main() -> None:

@@ -11,12 +11,12 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from commsched.bench.report import plot, session_table, validation_table
+from commsched.bench.run import DEFAULT_POLICIES, BenchConfig, run_bench
+from commsched.cli.inputs import parse_value
 from commsched.models import MODELS
 from commsched.runtime import RUNTIME_POLICIES
-from commsched.sim.inputs import parse_value
 from commsched.testbed import LinkShape, parse_rate
-from commsched.testbed.bench import DEFAULT_POLICIES, BenchConfig, run_bench
-from commsched.testbed.report import plot, session_table, validation_table
 
 
 def _knob(text: str) -> tuple[str, str, Any]:

@@ -9,12 +9,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from commsched.cli.inputs import load_workload, parse_pairs, split_options
 from commsched.cluster import load_cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import POLICIES
 from commsched.sim import SimResult, simulate
 from commsched.sim.ideal import ideal
-from commsched.sim.inputs import load_workload, parse_pairs, split_options
 from commsched.sim.plot import plot_bars
 from commsched.sim.simulator import SimOptions
 
@@ -205,9 +205,10 @@ def _compare_measured(
     skip_measured: int,
 ) -> None:
     """Predicted vs measured for one policy: per task, then per iteration."""
+    from commsched.bench.validate import gloo_options
     from commsched.cli.profile import comparison_summary, comparison_table
     from commsched.trace import Trace
-    from commsched.validate import compare_traces, gloo_options, trace_iteration_ms
+    from commsched.trace.compare import compare_traces, trace_iteration_ms
 
     if len(names) != 1:
         raise click.UsageError("--measured compares one policy: give exactly one with --policies")

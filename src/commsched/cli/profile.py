@@ -20,7 +20,7 @@ from commsched.errors import SpecError
 from commsched.trace import Trace
 
 if TYPE_CHECKING:
-    from commsched.validate import TaskComparison
+    from commsched.trace.compare import TaskComparison
 
 _SETTINGS = {"help_option_names": ["-h", "--help"]}
 
@@ -362,7 +362,7 @@ def compare_trace_command(
     Example:
       commsched profile compare-trace -p sim.json -m run.json --skip-measured 3
     """
-    from commsched.validate import compare_traces, summarize, trace_iteration_ms
+    from commsched.trace.compare import compare_traces, summarize, trace_iteration_ms
 
     pred_trace, meas_trace = _load_trace(predicted), _load_trace(measured)
     rows = compare_traces(
@@ -410,7 +410,7 @@ def comparison_summary(
     rows: Sequence[TaskComparison], iteration_predicted_ms: float | None, iteration_measured_ms: float | None
 ) -> str:
     """One line: tasks matched, median and time-weighted |error|, and the iteration times when known."""
-    from commsched.validate import summarize
+    from commsched.trace.compare import summarize
 
     summary = summarize(rows)
     parts = [f"{summary.matched} task(s) in both"]

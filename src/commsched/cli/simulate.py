@@ -9,10 +9,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from commsched.cli.inputs import load_workload, parse_pairs, split_options
 from commsched.cluster import load_cluster
 from commsched.schedule import POLICIES
 from commsched.sim import SimResult, simulate
-from commsched.sim.inputs import load_workload, parse_pairs, split_options
 from commsched.sim.plot import plot_timeline
 
 OPTION_HELP = (
@@ -106,7 +106,7 @@ def command(
     knobs, sim_options = split_options(policy, parse_pairs(option_pairs))
     tuned = None
     if do_tune:
-        from commsched.sim.tune import tune
+        from commsched.plan.tune import tune
 
         tuned = tune(workload, spec, policy, trials, iterations, warmup, seed, sim_options, **knobs)
         result = tuned.best

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from commsched.testbed.bench import REFERENCES, YARDSTICK
+from commsched.bench.run import REFERENCES, YARDSTICK
 
 COLUMNS = ("policy", "iter ms", "min–max", "samples/s", "speed-up", "÷ ideal", "max |Δp|")
 CAPTION = (

@@ -46,14 +46,14 @@ from typing import Any
 
 import torch
 
+from commsched.bench.calibrate import load_calibration, predict_session, save_inputs
+from commsched.bench.worker import YARDSTICK, calibration_sizes
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.runtime import RUNTIME_POLICIES
-from commsched.testbed.calibrate import load_calibration, predict_session, save_inputs
 from commsched.testbed.commands import LinkShape
 from commsched.testbed.launch import run_workers
 from commsched.testbed.netns import Isolation, NetnsTestbed, Testbed, TestbedError, open_testbed
 from commsched.testbed.probe import probe_link
-from commsched.testbed.worker import YARDSTICK, calibration_sizes
 from commsched.trace import Trace
 
 DEFAULT_POLICIES = tuple(RUNTIME_POLICIES)
@@ -88,7 +88,7 @@ DEFINITIONS = {
     "validation": "--validate: per session, the simulator's iteration time of each policy (calibrated before the "
     "policies ran: alpha-beta of gloo's all-reduce on the shaped links, rank 0's per-layer profile taken in "
     "lock-step with every rank, optimizer step time) beside the measured median; error_pct = (predicted - "
-    "measured) / measured * 100; see commsched.testbed.calibrate",
+    "measured) / measured * 100; see commsched.bench.calibrate",
 }
 
 
@@ -304,7 +304,7 @@ def _launch(
     tail = _ProgressTail(session_dir / "progress.jsonl", on_step, stall_s)
     run_workers(
         bed,
-        [sys.executable, "-m", "commsched.testbed.worker", str(job_path)],
+        [sys.executable, "-m", "commsched.bench.worker", str(job_path)],
         log_dir=session_dir / "logs",
         # A backstop only: a hang is caught much earlier by the progress tail.
         timeout_s=300.0 + steps * max(30.0, config.comm_timeout_s / 2),

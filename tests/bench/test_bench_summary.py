@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from commsched.bench.report import markdown_table, plot
+from commsched.bench.run import BenchConfig, _add_ratios, _collect, _rank_iteration_ms
 from commsched.testbed import LinkShape
-from commsched.testbed.bench import BenchConfig, _add_ratios, _collect, _rank_iteration_ms
-from commsched.testbed.report import markdown_table, plot
 
 
 def test_rank_iteration_time_is_the_mean_over_the_timed_window() -> None:
