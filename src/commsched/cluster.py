@@ -73,7 +73,9 @@ NonNegativeFloat = Annotated[float, _Number, Field(ge=0, allow_inf_nan=False)]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a string is never read as a number (bandwidth_gbps: "10" is refused, not taken as 10);
+    # only the sequences (YAML lists) are converted, by ``strict=False`` on those fields
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
 class Device(_Frozen):
@@ -119,7 +121,7 @@ class Node(_Frozen):
     """
 
     name: str = Field(min_length=1)
-    devices: tuple[Device, ...] = ()
+    devices: tuple[Device, ...] = Field((), strict=False)
     count: Annotated[int, _Number, Field(ge=1)] | None = Field(None, exclude=True, repr=False)
     device: Device | None = Field(None, exclude=True, repr=False)
     nic: Link
@@ -190,7 +192,7 @@ class Cluster(_Frozen):
 
     name: str = Field(min_length=1)
     description: str = ""
-    nodes: tuple[Node, ...]
+    nodes: tuple[Node, ...] = Field(strict=False)
     servers: ParameterServers | None = None
 
     @field_validator("nodes")

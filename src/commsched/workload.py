@@ -36,7 +36,9 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "int6
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a string is never read as a number ("16" for batch_size is refused, not taken as 16);
+    # only the sequences (JSON arrays) are converted, by ``strict=False`` on those fields
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
 class Tensor(_Frozen):
@@ -45,7 +47,7 @@ class Tensor(_Frozen):
     name: str = Field(min_length=1)
     numel: int = Field(gt=0)
     dtype: DType = "fp32"
-    shape: tuple[int, ...] | None = None
+    shape: tuple[int, ...] | None = Field(None, strict=False)
 
     @model_validator(mode="after")
     def _shape_matches_numel(self) -> Tensor:
@@ -67,10 +69,10 @@ class Layer(_Frozen):
     """A module that owns parameters directly, with its compute times in ms."""
 
     name: str = Field(min_length=1)
-    tensors: tuple[Tensor, ...] = ()
+    tensors: tuple[Tensor, ...] = Field((), strict=False)
     forward_ms: float = Field(ge=0, allow_inf_nan=False)
     backward_ms: float = Field(ge=0, allow_inf_nan=False)
-    grad_ready_ms: tuple[float, ...] | None = None
+    grad_ready_ms: tuple[float, ...] | None = Field(None, strict=False)
 
     @field_validator("grad_ready_ms")
     @classmethod
@@ -118,7 +120,7 @@ class Workload(_Frozen):
     batch_size: int = Field(gt=0)
     device: str = Field(min_length=1)
     dtype: DType = "fp32"
-    layers: tuple[Layer, ...]
+    layers: tuple[Layer, ...] = Field(strict=False)
     provenance: Provenance
     extra: dict[str, float | int | str] = Field(default_factory=dict)
 
@@ -137,6 +139,16 @@ class Workload(_Frozen):
             if isinstance(v, float) and not math.isfinite(v):
                 raise ValueError(f"extra[{key!r}] must be a finite number, got {v}")
         return value
+
+    @field_validator("layers")
+    @classmethod
+    def _unique_layer_names(cls, layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
+        first: dict[str, int] = {}
+        for i, layer in enumerate(layers):
+            if layer.name in first:
+                raise ValueError(f"name {layer.name!r} is used by layers[{first[layer.name]}] and layers[{i}]")
+            first[layer.name] = i
+        return layers
 
     @model_validator(mode="after")
     def _unique_names(self) -> Workload:
