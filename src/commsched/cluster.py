@@ -38,6 +38,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -67,15 +70,14 @@ def _finite_number(value: Any) -> Any:
     return value
 
 
+# Numbers are strict: a string is never read as one (bandwidth_gbps: "10" is refused, not taken as 10).
 _Number = BeforeValidator(_finite_number)
-PositiveFloat = Annotated[float, _Number, Field(gt=0, allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, _Number, Field(ge=0, allow_inf_nan=False)]
+PositiveFloat = Annotated[StrictFloat, _Number, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[StrictFloat, _Number, Field(ge=0, allow_inf_nan=False)]
 
 
 class _Frozen(BaseModel):
-    # strict: a string is never read as a number (bandwidth_gbps: "10" is refused, not taken as 10);
-    # only the sequences (YAML lists) are converted, by ``strict=False`` on those fields
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class Device(_Frozen):
@@ -104,7 +106,7 @@ class Link(_Frozen):
 
     bandwidth_gbps: PositiveFloat
     latency_us: NonNegativeFloat
-    loss_rate: Annotated[float, _Number, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    loss_rate: Annotated[StrictFloat, _Number, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
     per_message_overhead_us: NonNegativeFloat = 0.0
 
     @property
@@ -121,8 +123,8 @@ class Node(_Frozen):
     """
 
     name: str = Field(min_length=1)
-    devices: tuple[Device, ...] = Field((), strict=False)
-    count: Annotated[int, _Number, Field(ge=1)] | None = Field(None, exclude=True, repr=False)
+    devices: tuple[Device, ...] = ()
+    count: Annotated[StrictInt, _Number, Field(ge=1)] | None = Field(None, exclude=True, repr=False)
     device: Device | None = Field(None, exclude=True, repr=False)
     nic: Link
     intra: Link | None = Field(None, validate_default=True)
@@ -159,8 +161,8 @@ class ParameterServers(_Frozen):
     that node's NIC, so ``link`` is left out.
     """
 
-    count: Annotated[int, _Number, Field(ge=1)]
-    colocated: bool = False
+    count: Annotated[StrictInt, _Number, Field(ge=1)]
+    colocated: StrictBool = False
     link: Link | None = Field(None, validate_default=True)
 
     @field_validator("link")
@@ -192,7 +194,7 @@ class Cluster(_Frozen):
 
     name: str = Field(min_length=1)
     description: str = ""
-    nodes: tuple[Node, ...] = Field(strict=False)
+    nodes: tuple[Node, ...]
     servers: ParameterServers | None = None
 
     @field_validator("nodes")

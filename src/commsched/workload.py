@@ -25,7 +25,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from commsched.errors import SpecError, spec_error_from_pydantic
 
@@ -36,18 +46,20 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2, "fp64": 8, "int6
 
 
 class _Frozen(BaseModel):
-    # strict: a string is never read as a number ("16" for batch_size is refused, not taken as 16);
-    # only the sequences (JSON arrays) are converted, by ``strict=False`` on those fields
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# Numbers are strict: a string is never read as one ("16" for batch_size is refused, not taken as 16),
+# nor a bool; an int is a float. Lists still load as tuples.
 
 
 class Tensor(_Frozen):
     """One parameter tensor (its gradient is what gets communicated)."""
 
     name: str = Field(min_length=1)
-    numel: int = Field(gt=0)
+    numel: StrictInt = Field(gt=0)
     dtype: DType = "fp32"
-    shape: tuple[int, ...] | None = Field(None, strict=False)
+    shape: tuple[StrictInt, ...] | None = None
 
     @model_validator(mode="after")
     def _shape_matches_numel(self) -> Tensor:
@@ -69,10 +81,10 @@ class Layer(_Frozen):
     """A module that owns parameters directly, with its compute times in ms."""
 
     name: str = Field(min_length=1)
-    tensors: tuple[Tensor, ...] = Field((), strict=False)
-    forward_ms: float = Field(ge=0, allow_inf_nan=False)
-    backward_ms: float = Field(ge=0, allow_inf_nan=False)
-    grad_ready_ms: tuple[float, ...] | None = Field(None, strict=False)
+    tensors: tuple[Tensor, ...] = ()
+    forward_ms: StrictFloat = Field(ge=0, allow_inf_nan=False)
+    backward_ms: StrictFloat = Field(ge=0, allow_inf_nan=False)
+    grad_ready_ms: tuple[StrictFloat, ...] | None = None
 
     @field_validator("grad_ready_ms")
     @classmethod
@@ -115,14 +127,14 @@ class Provenance(_Frozen):
 class Workload(_Frozen):
     """One model, one batch size, one device: everything a scheduler plans from."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: StrictInt = SCHEMA_VERSION
     model: str = Field(min_length=1)
-    batch_size: int = Field(gt=0)
+    batch_size: StrictInt = Field(gt=0)
     device: str = Field(min_length=1)
     dtype: DType = "fp32"
-    layers: tuple[Layer, ...] = Field(strict=False)
+    layers: tuple[Layer, ...]
     provenance: Provenance
-    extra: dict[str, float | int | str] = Field(default_factory=dict)
+    extra: dict[str, StrictFloat | StrictInt | StrictStr] = Field(default_factory=dict)
 
     @field_validator("schema_version")
     @classmethod
