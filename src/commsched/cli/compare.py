@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from commsched.cli.inputs import load_workload, parse_pairs, split_options
+from commsched.cli.inputs import OutputFile, load_workload, parse_pairs, split_options
 from commsched.cluster import load_cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import POLICIES
@@ -80,9 +81,7 @@ def _split(policies: list[str], options: dict[str, Any]) -> tuple[dict[str, Any]
     help="Simulator option for every policy (algorithm=..., max_concurrent=N, update_ms=X) or POLICY.KNOB=VALUE.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
-@click.option(
-    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a bar chart PNG of iteration times here."
-)
+@click.option("--plot", "plot_path", type=OutputFile(), help="Write a bar chart PNG of iteration times here.")
 @click.option(
     "--measured",
     type=click.Path(exists=True, dir_okay=False),
@@ -103,7 +102,7 @@ def command(
     warmup: int,
     option_pairs: tuple[str, ...],
     as_json: bool,
-    plot_path: str | None,
+    plot_path: Path | None,
     measured: str | None,
     skip_measured: int,
 ) -> None:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from commsched.cli.inputs import OutputFile
 from commsched.errors import SpecError
 from commsched.trace import Trace
 
@@ -108,7 +109,7 @@ def _progress(console: Console) -> Progress:
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed iterations first.")
 @click.option("--threads", type=click.IntRange(1), help="torch.set_num_threads (default: torch's choice).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Weights and synthetic batch.")
-@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write the Workload JSON here.")
+@click.option("--out", "-o", type=OutputFile(), help="Write the Workload JSON here.")
 @click.option("--list", "list_models", is_flag=True, help="List the models that can be profiled here.")
 @click.pass_context
 def command(
@@ -222,7 +223,7 @@ def workload_table(workload: Any) -> Table:
 @click.option("--max-kib", type=click.IntRange(1), default=16384, show_default=True, help="Largest message, KiB.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="Intra-op threads per process.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600, show_default=True, help="Seconds.")
-@click.option("--cluster-out", type=click.Path(dir_okay=False, path_type=Path), help="Write the fitted cluster YAML.")
+@click.option("--cluster-out", type=OutputFile(), help="Write the fitted cluster YAML.")
 @click.option("--json", "as_json", is_flag=True, help="Print the samples and fits as JSON.")
 def network_command(
     world: int,

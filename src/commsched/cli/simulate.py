@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from commsched.cli.inputs import load_workload, parse_pairs, split_options
+from commsched.cli.inputs import OutputFile, load_workload, parse_pairs, split_options
 from commsched.cluster import load_cluster
 from commsched.schedule import POLICIES
 from commsched.sim import SimResult, simulate
@@ -69,12 +70,8 @@ def _fmt(value: Any) -> str:
     "--warmup", default=3, show_default=True, type=click.IntRange(0), help="Iterations simulated first, not measured."
 )
 @click.option("--option", "-o", "option_pairs", multiple=True, metavar="KEY=VALUE", help=OPTION_HELP)
-@click.option(
-    "--trace", "trace_path", type=click.Path(dir_okay=False), help="Write the Chrome/Perfetto trace JSON here."
-)
-@click.option(
-    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a timeline PNG of two iterations here."
-)
+@click.option("--trace", "trace_path", type=OutputFile(), help="Write the Chrome/Perfetto trace JSON here.")
+@click.option("--plot", "plot_path", type=OutputFile(), help="Write a timeline PNG of two iterations here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 @click.option("--tune", "do_tune", is_flag=True, help="Search the policy's numeric knobs by simulation (optuna).")
 @click.option("--trials", default=30, show_default=True, type=click.IntRange(1), help="Trials for --tune.")
@@ -86,8 +83,8 @@ def command(
     iterations: int,
     warmup: int,
     option_pairs: tuple[str, ...],
-    trace_path: str | None,
-    plot_path: str | None,
+    trace_path: Path | None,
+    plot_path: Path | None,
     as_json: bool,
     do_tune: bool,
     trials: int,
