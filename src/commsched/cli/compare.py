@@ -205,7 +205,7 @@ def _compare_measured(
 ) -> None:
     """Predicted vs measured for one policy: per task, then per iteration."""
     from commsched.bench.validate import gloo_options
-    from commsched.cli.profile import comparison_summary, comparison_table
+    from commsched.cli.profile import comparison_summary, comparison_table, require_common_tasks
     from commsched.trace import Trace
     from commsched.trace.compare import compare_traces, trace_iteration_ms
 
@@ -217,6 +217,7 @@ def _compare_measured(
     assert result.trace is not None
     measured = Trace.load(measured_path)
     rows = compare_traces(result.trace, measured, skip_predicted=warmup, skip_measured=skip_measured)
+    require_common_tasks(rows, skip_measured)
     console = Console()
     console.print(comparison_table(rows, f"{policy}: predicted ({spec.name}) vs measured ({measured_path})"))
     console.print(

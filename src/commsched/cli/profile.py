@@ -373,6 +373,7 @@ def compare_trace_command(
         skip_measured=skip_measured,
         kinds=kinds or None,
     )
+    require_common_tasks(rows, skip_measured)
     iter_pred = trace_iteration_ms(pred_trace, skip_predicted)
     iter_meas = trace_iteration_ms(meas_trace, skip_measured)
     if as_json:
@@ -386,6 +387,25 @@ def compare_trace_command(
     console = Console()
     console.print(comparison_table(rows, f"{predicted.name} (predicted) vs {measured.name} (measured)"))
     console.print(comparison_summary(rows, iter_pred, iter_meas))
+
+
+def require_common_tasks(rows: Sequence[TaskComparison], skip_measured: int) -> None:
+    """Refuse a comparison in which no task is in both traces: name a few tasks of each side instead."""
+    if any(r.predicted_ms is not None and r.measured_ms is not None for r in rows):
+        return
+
+    def some(side: list[TaskComparison]) -> str:
+        names = [f"{r.kind} {r.task}" for r in side[:4]]
+        return ", ".join(names) + (f" and {len(side) - 4} more" if len(side) > 4 else "") if names else "none"
+
+    predicted = [r for r in rows if r.predicted_ms is not None]
+    measured = [r for r in rows if r.measured_ms is not None]
+    raise click.ClickException(
+        "no task of the measured trace matches a predicted one (tasks are matched on kind and name).\n"
+        f"  predicted: {some(predicted)}\n"
+        f"  measured (after --skip-measured {skip_measured}): {some(measured)}\n"
+        "Was the trace recorded with the same policy, knobs and model?"
+    )
 
 
 def comparison_table(rows: Sequence[TaskComparison], title: str) -> Table:
