@@ -92,6 +92,10 @@ DEFINITIONS = {
 }
 
 
+#: Untimed iterations a commsched policy needs: it profiles 2 iterations, then switches to its plan.
+MIN_WARMUP = 3
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     model: str = "resnet5m"
@@ -131,9 +135,10 @@ class BenchConfig:
         ):
             if value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value!r}")
-        if self.warmup < 3 and any(p != "torch_ddp" for p in self.policies):
+        if self.warmup < MIN_WARMUP and any(p != "torch_ddp" for p in self.policies):
             raise ValueError(
-                f"warmup: commsched policies profile for 2 iterations and switch plans; need >= 3, got {self.warmup}"
+                f"warmup: commsched policies profile for 2 iterations and switch plans; need >= {MIN_WARMUP}, "
+                f"got {self.warmup}"
             )
         if not self.shapes:
             raise ValueError("shapes: need at least one link shaping")
