@@ -370,14 +370,11 @@ def run_bench(
         total = len(shapes) * (per_session + calibrate_steps) + (config.repeats * steps if config.references else 0)
         task = progress.add_task("starting", total=total) if progress is not None else None
 
-        def advance(description: str) -> Callable[[dict[str, Any]], None]:
+        def advance(description: str, repeats: bool) -> Callable[[dict[str, Any]], None]:
             def on_step(step: dict[str, Any]) -> None:
                 if progress is not None:
-                    progress.update(
-                        task,
-                        advance=1,
-                        description=f"{description} {step['name']} r{step['repeat'] + 1}/{config.repeats}",
-                    )
+                    repeat = f" repeat {step['repeat'] + 1}/{config.repeats}" if repeats else ""
+                    progress.update(task, advance=1, description=f"{description}: {step['name']}{repeat}")
 
             return on_step
 
@@ -400,7 +397,8 @@ def run_bench(
             """One launch of the workers on ``task``; ``steps`` bounds its wall time and drives the progress bar."""
             nonlocal launch
             job = {**job_base, "task": task, "out": str(directory), **fields}
-            _launch(bed, job, directory, ranks=ranks, launch=launch, on_step=advance(label), config=config, steps=steps)
+            on_step = advance(label, repeats=task != "calibrate")
+            _launch(bed, job, directory, ranks=ranks, launch=launch, on_step=on_step, config=config, steps=steps)
             launch += 1
 
         if config.references:
@@ -422,14 +420,14 @@ def run_bench(
             calibration = None
             if config.validate:
                 calibration_dir = session_dir / "calibrate"
-                run_job("calibrate", calibration_dir, f"{shape.label} calibrating:", calibrate_steps)
+                run_job("calibrate", calibration_dir, f"{shape.description} calibrating", calibrate_steps)
                 calibration = load_calibration(calibration_dir)
                 session["calibration"] = calibration.data  # raw, so a saved report can be re-validated
                 session["calibration_files"] = save_inputs(calibration, out_dir / f"calibration-{_slug(shape.label)}")
             run_job(
                 "session",
                 session_dir,
-                shape.label,
+                shape.description,
                 per_session,
                 policies=list(config.policies),
                 knobs=knobs,

@@ -9,11 +9,11 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from commsched.bench.report import plot, session_table, validation_table
 from commsched.bench.run import DEFAULT_POLICIES, MIN_WARMUP, BenchConfig, run_bench
 from commsched.cli.inputs import parse_value
+from commsched.cli.progress import progress
 from commsched.models import MODELS
 from commsched.runtime import RUNTIME_POLICIES
 from commsched.testbed import LinkShape, parse_rate
@@ -162,22 +162,13 @@ def command(
             raise click.BadParameter(problem, param_hint=f"'{option}'") from None
         raise click.UsageError(str(exc)) from None
     console = Console(width=None if sys.stdout.isatty() else 130)
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    )
-    with progress:
+    with progress(console) as bar:
         report = run_bench(
             config,
             out_dir,
             command_line=shlex.join(["commsched", *sys.argv[1:]]),
             log=lambda message: console.print(message, markup=False, highlight=False),
-            progress=progress,
+            progress=bar,
         )
     meta = report["meta"]
     m = meta["machine"]

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commsched.cli.inputs import OutputFile, load_workload, parse_pairs, split_options
+from commsched.cli.progress import progress
 from commsched.cluster import load_cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import POLICIES
@@ -124,13 +125,17 @@ def command(
         _compare_measured(workload, spec, names, knobs, sim_options, iterations, warmup, measured, skip_measured)
         return
     results: dict[str, SimResult | str] = {}
-    for policy in names:
-        try:
-            results[policy] = simulate(
-                workload, spec, policy, iterations, warmup, options=sim_options, trace=False, **knobs[policy]
-            )
-        except CommschedError as exc:
-            results[policy] = str(exc)
+    with progress(Console(stderr=True)) as bar:
+        task = bar.add_task("compare", total=len(names))
+        for policy in names:
+            bar.update(task, description=f"compare: {policy}")
+            try:
+                results[policy] = simulate(
+                    workload, spec, policy, iterations, warmup, options=sim_options, trace=False, **knobs[policy]
+                )
+            except CommschedError as exc:
+                results[policy] = str(exc)
+            bar.update(task, advance=1)
     bound = ideal(workload, spec, sim_options)
     ok = {p: r for p, r in results.items() if isinstance(r, SimResult)}
     base = ok["ddp"].iteration_ms if "ddp" in ok else None

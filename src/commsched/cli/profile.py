@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from commsched.cli.inputs import OutputFile
+from commsched.cli.progress import progress
 from commsched.errors import SpecError
 from commsched.trace import Trace
 
@@ -89,17 +89,6 @@ def build(name: str, batch_size: int, seed: int) -> tuple[Any, Callable[[], Any]
     raise SpecError("model", [f"no model {name!r} to build; known: {known}{hint}"])
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
-
-
 @click.group(name="profile", invoke_without_command=True, context_settings=_SETTINGS)
 @click.option("--model", "-m", "model_name", metavar="NAME", help="Model to build and profile (see --list).")
 @click.option("--batch", "-b", "batch_size", type=click.IntRange(1), help="Batch size (per worker).")
@@ -160,7 +149,7 @@ def command(
     model, make_batch, loss_fn = build(model_name, batch_size, seed)
     model.to(device)
     model.train()
-    with _progress(Console(stderr=True)) as bar:
+    with progress(Console(stderr=True)) as bar:
         task = bar.add_task(f"profiling {model_name} (batch {batch_size}, {dtype}, {device})", total=1)
 
         def step(done: int, total: int) -> None:
@@ -261,8 +250,8 @@ def network_command(
         kib *= 4
     if len(sizes) < 2:
         sizes.append(max_kib * 1024 if max_kib > min_kib else min_kib * 4 * 1024)
-    console = Console(stderr=True)
-    with console.status(f"starting {world} gloo processes on 127.0.0.1 ...") as status:
+    with progress(Console(stderr=True)) as bar:
+        task = bar.add_task(f"starting {world} gloo processes on 127.0.0.1", total=None)
         probe = probe_local(
             world,
             sizes,
@@ -270,7 +259,7 @@ def network_command(
             warmup=warmup,
             threads=threads,
             timeout_s=timeout_s,
-            progress=lambda line: status.update(line),
+            progress=lambda line: bar.update(task, description=line, advance=1),
         )
     fits = {op: probe.fit(op) for op in OPS}
     if as_json:

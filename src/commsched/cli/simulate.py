@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commsched.cli.inputs import OutputFile, load_workload, parse_pairs, split_options
+from commsched.cli.progress import progress
 from commsched.cluster import load_cluster
 from commsched.schedule import POLICIES
 from commsched.sim import SimResult, simulate
@@ -105,7 +106,20 @@ def command(
     if do_tune:
         from commsched.plan.tune import tune
 
-        tuned = tune(workload, spec, policy, trials, iterations, warmup, seed, sim_options, **knobs)
+        with progress(Console(stderr=True)) as bar:
+            task = bar.add_task(f"tune {policy}: {trials} trials", total=trials)
+            tuned = tune(
+                workload,
+                spec,
+                policy,
+                trials,
+                iterations,
+                warmup,
+                seed,
+                sim_options,
+                progress=lambda done: bar.update(task, completed=done),
+                **knobs,
+            )
         result = tuned.best
     else:
         result = simulate(workload, spec, policy, iterations, warmup, options=sim_options, **knobs)
