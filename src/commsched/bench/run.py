@@ -368,13 +368,13 @@ def run_bench(
             per_session += config.repeats * steps  # the 1 MiB-bucket DDP
         calibrate_steps = len(calibration_sizes(numel)) + 1 + 2 * steps if config.validate else 0
         total = len(shapes) * (per_session + calibrate_steps) + (config.repeats * steps if config.references else 0)
-        task = progress.add_task("starting", total=total) if progress is not None else None
+        progress_task = progress.add_task("starting", total=total) if progress is not None else None
 
         def advance(description: str, repeats: bool) -> Callable[[dict[str, Any]], None]:
             def on_step(step: dict[str, Any]) -> None:
                 if progress is not None:
                     repeat = f" repeat {step['repeat'] + 1}/{config.repeats}" if repeats else ""
-                    progress.update(task, advance=1, description=f"{description}: {step['name']}{repeat}")
+                    progress.update(progress_task, advance=1, description=f"{description}: {step['name']}{repeat}")
 
             return on_step
 
@@ -398,6 +398,8 @@ def run_bench(
             nonlocal launch
             job = {**job_base, "task": task, "out": str(directory), **fields}
             on_step = advance(label, repeats=task != "calibrate")
+            if progress is not None:  # ends the previous phase (a plain progress line) before the launch
+                progress.update(progress_task, description=f"{label}: starting the workers")
             _launch(bed, job, directory, ranks=ranks, launch=launch, on_step=on_step, config=config, steps=steps)
             launch += 1
 
