@@ -15,9 +15,9 @@ import json
 import statistics
 from pathlib import Path
 
-from commsched.testbed.bench import resummarise
-from commsched.testbed.calibrate import revalidate
-from commsched.testbed.report import markdown_table, phase_table, plot, validation_markdown
+from commsched.bench.calibrate import revalidate
+from commsched.bench.report import markdown_table, phase_table, plot, shaping, validation_markdown
+from commsched.bench.run import resummarise
 
 
 def main() -> None:
@@ -37,7 +37,7 @@ def main() -> None:
     print()
     for session in report["sessions"]:
         check = session.get("link_check")
-        line = f"**links {session['label']}**"
+        line = f"**links {shaping(session)}**"
         if check:
             line += f" (TCP check: {check['throughput_mbit_s']:.0f} Mbit/s, RTT {check['rtt_ms']:.2f} ms)"
         load = session.get("load_average"), session.get("load_average_end")

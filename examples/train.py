@@ -19,9 +19,9 @@ import torch.distributed as dist
 from torch import nn
 
 import commsched
+from commsched.cli.inputs import parse_pairs
 from commsched.models import MODELS, build_model, model_loss, synthetic_batch
 from commsched.runtime import RUNTIME_POLICIES
-from commsched.sim.inputs import parse_pairs
 
 
 def run(

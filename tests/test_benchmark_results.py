@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from commsched.testbed.bench import resummarise
-from commsched.testbed.calibrate import revalidate
-from commsched.testbed.report import markdown_table, phase_table, validation_markdown
+from commsched.bench.calibrate import revalidate
+from commsched.bench.report import markdown_table, phase_table, validation_markdown
+from commsched.bench.run import resummarise
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = sorted((ROOT / "benchmarks" / "results").glob("*.json"))

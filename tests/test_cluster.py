@@ -188,6 +188,20 @@ def test_duplicate_node_names_name_both_nodes() -> None:
     assert problems(data) == ["nodes: name 'a' is used by nodes[0] and nodes[1]"]
 
 
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (("nodes", 0, "count"), "2", "nodes[0].count: must be an integer, got '2'"),
+        (("nodes", 0, "device", "memory_gib"), "16", "nodes[0].device.memory_gib: must be a number, got '16'"),
+        (("nodes", 1, "nic", "bandwidth_gbps"), "10", "nodes[1].nic.bandwidth_gbps: must be a number, got '10'"),
+    ],
+)
+def test_a_string_where_a_number_belongs_is_refused_not_converted(
+    path: tuple[Any, ...], value: Any, expected: str
+) -> None:
+    assert problems(with_value(path, value)) == [expected]
+
+
 def test_every_problem_is_reported_at_once() -> None:
     data = with_value(("nodes", 0, "device", "speed"), -1)
     data["nodes"][1]["nic"]["bandwidth_gbps"] = -3

@@ -187,6 +187,34 @@ def test_duplicate_tensor_names_are_rejected_across_layers() -> None:
     assert problems(data) == ["<root>: layers[2].tensors[0].name 'conv.bias' appears twice"]
 
 
+def test_duplicate_layer_names_name_both_layers() -> None:
+    data = with_value(("layers", 2, "name"), "conv")
+    assert problems(data) == ["layers: name 'conv' is used by layers[0] and layers[2]"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "expected"),
+    [
+        (("batch_size",), "16", "batch_size: must be an integer, got '16'"),
+        (("batch_size",), 16.0, "batch_size: must be an integer, got 16.0"),
+        (("batch_size",), True, "batch_size: must be an integer, got True"),
+        (("layers", 0, "forward_ms"), "1.5", "layers[0].forward_ms: must be a number, got '1.5'"),
+        (("layers", 0, "tensors", 0, "numel"), "6", "layers[0].tensors[0].numel: must be an integer, got '6'"),
+        (("layers", 0, "tensors", 0, "shape"), ["2", 3], "layers[0].tensors[0].shape[0]: must be an integer, got '2'"),
+    ],
+)
+def test_a_string_or_bool_where_a_number_belongs_is_refused_not_converted(
+    path: tuple[Any, ...], value: Any, expected: str
+) -> None:
+    assert problems(with_value(path, value)) == [expected]
+
+
+def test_whole_floats_for_float_fields_and_lists_for_tuples_still_load() -> None:
+    data = with_value(("layers", 0, "forward_ms"), 1)
+    workload = Workload.from_dict(data)
+    assert workload.layers[0].forward_ms == 1.0 and workload.layers[0].tensors[0].shape == (2, 3)
+
+
 def test_workload_without_parameters_is_rejected() -> None:
     data = valid_spec()
     data["layers"] = [data["layers"][1]]
@@ -331,7 +359,7 @@ def layers(draw: st.DrawFn, index: int) -> Layer:
     layer_tensors = tuple(draw(tensors(f"layer{index}.p{j}")) for j in range(count))
     ready = draw(st.none() | st.lists(_finite(0, 1e4), min_size=count, max_size=count).map(tuple))
     return Layer(
-        name=draw(texts),
+        name=f"{draw(texts)}#{index}",  # layer names are unique in a workload
         tensors=layer_tensors,
         forward_ms=draw(_finite(0, 1e4)),
         backward_ms=draw(_finite(0, 1e4)),

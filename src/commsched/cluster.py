@@ -38,6 +38,9 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -67,9 +70,10 @@ def _finite_number(value: Any) -> Any:
     return value
 
 
+# Numbers are strict: a string is never read as one (bandwidth_gbps: "10" is refused, not taken as 10).
 _Number = BeforeValidator(_finite_number)
-PositiveFloat = Annotated[float, _Number, Field(gt=0, allow_inf_nan=False)]
-NonNegativeFloat = Annotated[float, _Number, Field(ge=0, allow_inf_nan=False)]
+PositiveFloat = Annotated[StrictFloat, _Number, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[StrictFloat, _Number, Field(ge=0, allow_inf_nan=False)]
 
 
 class _Frozen(BaseModel):
@@ -102,7 +106,7 @@ class Link(_Frozen):
 
     bandwidth_gbps: PositiveFloat
     latency_us: NonNegativeFloat
-    loss_rate: Annotated[float, _Number, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
+    loss_rate: Annotated[StrictFloat, _Number, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
     per_message_overhead_us: NonNegativeFloat = 0.0
 
     @property
@@ -120,7 +124,7 @@ class Node(_Frozen):
 
     name: str = Field(min_length=1)
     devices: tuple[Device, ...] = ()
-    count: Annotated[int, _Number, Field(ge=1)] | None = Field(None, exclude=True, repr=False)
+    count: Annotated[StrictInt, _Number, Field(ge=1)] | None = Field(None, exclude=True, repr=False)
     device: Device | None = Field(None, exclude=True, repr=False)
     nic: Link
     intra: Link | None = Field(None, validate_default=True)
@@ -157,8 +161,8 @@ class ParameterServers(_Frozen):
     that node's NIC, so ``link`` is left out.
     """
 
-    count: Annotated[int, _Number, Field(ge=1)]
-    colocated: bool = False
+    count: Annotated[StrictInt, _Number, Field(ge=1)]
+    colocated: StrictBool = False
     link: Link | None = Field(None, validate_default=True)
 
     @field_validator("link")

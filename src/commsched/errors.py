@@ -84,6 +84,9 @@ def spec_error_from_pydantic(source: str, exc: Any) -> SpecError:
     for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
         template = _PHRASES.get(err["type"])
+        value = err.get("input")
+        if err["type"] == "int_type" and isinstance(value, float) and not value.is_integer():
+            template = _PHRASES["int_from_float"]  # strict models refuse 2.5 as they refuse 2.0: say why
         ctx = {key: _plain_number(value) for key, value in (err.get("ctx") or {}).items()}
         if template is not None:
             try:
@@ -98,7 +101,7 @@ def spec_error_from_pydantic(source: str, exc: Any) -> SpecError:
             # our own validators already name the offending value
             problems.append(f"{format_path(loc)}: {message}")
         else:
-            problems.append(f"{format_path(loc)}: {message}, got {err.get('input')!r}")
+            problems.append(f"{format_path(loc)}: {message}, got {value!r}")
     return SpecError(source, problems)
 
 

@@ -25,7 +25,17 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from commsched.errors import SpecError, spec_error_from_pydantic
 
@@ -39,13 +49,17 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# Numbers are strict: a string is never read as one ("16" for batch_size is refused, not taken as 16),
+# nor a bool; an int is a float. Lists still load as tuples.
+
+
 class Tensor(_Frozen):
     """One parameter tensor (its gradient is what gets communicated)."""
 
     name: str = Field(min_length=1)
-    numel: int = Field(gt=0)
+    numel: StrictInt = Field(gt=0)
     dtype: DType = "fp32"
-    shape: tuple[int, ...] | None = None
+    shape: tuple[StrictInt, ...] | None = None
 
     @model_validator(mode="after")
     def _shape_matches_numel(self) -> Tensor:
@@ -68,9 +82,9 @@ class Layer(_Frozen):
 
     name: str = Field(min_length=1)
     tensors: tuple[Tensor, ...] = ()
-    forward_ms: float = Field(ge=0, allow_inf_nan=False)
-    backward_ms: float = Field(ge=0, allow_inf_nan=False)
-    grad_ready_ms: tuple[float, ...] | None = None
+    forward_ms: StrictFloat = Field(ge=0, allow_inf_nan=False)
+    backward_ms: StrictFloat = Field(ge=0, allow_inf_nan=False)
+    grad_ready_ms: tuple[StrictFloat, ...] | None = None
 
     @field_validator("grad_ready_ms")
     @classmethod
@@ -113,14 +127,14 @@ class Provenance(_Frozen):
 class Workload(_Frozen):
     """One model, one batch size, one device: everything a scheduler plans from."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: StrictInt = SCHEMA_VERSION
     model: str = Field(min_length=1)
-    batch_size: int = Field(gt=0)
+    batch_size: StrictInt = Field(gt=0)
     device: str = Field(min_length=1)
     dtype: DType = "fp32"
     layers: tuple[Layer, ...]
     provenance: Provenance
-    extra: dict[str, float | int | str] = Field(default_factory=dict)
+    extra: dict[str, StrictFloat | StrictInt | StrictStr] = Field(default_factory=dict)
 
     @field_validator("schema_version")
     @classmethod
@@ -137,6 +151,16 @@ class Workload(_Frozen):
             if isinstance(v, float) and not math.isfinite(v):
                 raise ValueError(f"extra[{key!r}] must be a finite number, got {v}")
         return value
+
+    @field_validator("layers")
+    @classmethod
+    def _unique_layer_names(cls, layers: tuple[Layer, ...]) -> tuple[Layer, ...]:
+        first: dict[str, int] = {}
+        for i, layer in enumerate(layers):
+            if layer.name in first:
+                raise ValueError(f"name {layer.name!r} is used by layers[{first[layer.name]}] and layers[{i}]")
+            first[layer.name] = i
+        return layers
 
     @model_validator(mode="after")
     def _unique_names(self) -> Workload:

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from commsched.bench.run import BenchConfig, run_bench
+from commsched.bench.validate import gloo_options
 from commsched.cluster import Cluster
 from commsched.sim import simulate
 from commsched.testbed import (
@@ -26,10 +28,9 @@ from commsched.testbed import (
     project_objects,
     remove_leftovers,
 )
-from commsched.testbed.bench import BenchConfig, run_bench
 from commsched.testbed.probe import probe_link
 from commsched.trace import Trace
-from commsched.validate import compare_traces, gloo_options, summarize
+from commsched.trace.compare import compare_traces, summarize
 from commsched.workload import Workload
 
 _REASON = netns_unavailable_reason()

@@ -9,14 +9,14 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from commsched.bench.report import plot, session_table, validation_table
+from commsched.bench.run import DEFAULT_POLICIES, MIN_WARMUP, BenchConfig, run_bench
+from commsched.cli.inputs import parse_value
+from commsched.cli.progress import progress
 from commsched.models import MODELS
 from commsched.runtime import RUNTIME_POLICIES
-from commsched.sim.inputs import parse_value
 from commsched.testbed import LinkShape, parse_rate
-from commsched.testbed.bench import DEFAULT_POLICIES, BenchConfig, run_bench
-from commsched.testbed.report import plot, session_table, validation_table
 
 
 def _knob(text: str) -> tuple[str, str, Any]:
@@ -42,7 +42,14 @@ def _knob(text: str) -> tuple[str, str, Any]:
 @click.option("--loss", type=click.FloatRange(0, 100, max_open=True), default=0.0, help="packet loss, % (netem)")
 @click.option("--policies", default=",".join(DEFAULT_POLICIES), show_default=True, help="comma list")
 @click.option("--iters", type=click.IntRange(1), default=10, show_default=True, help="timed iterations per run")
-@click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="untimed iterations first")
+@click.option(
+    "--warmup",
+    type=click.IntRange(0),
+    default=MIN_WARMUP,
+    show_default=True,
+    help=f"untimed iterations first; at least {MIN_WARMUP} unless only torch_ddp runs "
+    "(a commsched policy profiles 2 iterations, then switches plans)",
+)
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--batch", type=click.IntRange(1), default=8, show_default=True, help="per-rank batch size")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="torch intra-op threads per rank")
@@ -148,25 +155,20 @@ def command(
             isolation=isolation,  # type: ignore[arg-type]
             knobs=knob_map,
         )
-    except ValueError as exc:
+    except ValueError as exc:  # "field: problem"; the fields are named after the options
+        field, _, problem = str(exc).partition(": ")
+        option = f"--{field}"
+        if any(option in param.opts for param in click.get_current_context().command.params):
+            raise click.BadParameter(problem, param_hint=f"'{option}'") from None
         raise click.UsageError(str(exc)) from None
     console = Console(width=None if sys.stdout.isatty() else 130)
-    progress = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=console,
-        transient=True,
-    )
-    with progress:
+    with progress(console) as bar:
         report = run_bench(
             config,
             out_dir,
             command_line=shlex.join(["commsched", *sys.argv[1:]]),
             log=lambda message: console.print(message, markup=False, highlight=False),
-            progress=progress,
+            progress=bar,
         )
     meta = report["meta"]
     m = meta["machine"]

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from commsched.cli.inputs import OutputFile, load_workload, parse_pairs, split_options
+from commsched.cli.progress import progress
 from commsched.cluster import load_cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import POLICIES
 from commsched.sim import SimResult, simulate
 from commsched.sim.ideal import ideal
-from commsched.sim.inputs import load_workload, parse_pairs, split_options
 from commsched.sim.plot import plot_bars
 from commsched.sim.simulator import SimOptions
 
@@ -80,9 +82,7 @@ def _split(policies: list[str], options: dict[str, Any]) -> tuple[dict[str, Any]
     help="Simulator option for every policy (algorithm=..., max_concurrent=N, update_ms=X) or POLICY.KNOB=VALUE.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
-@click.option(
-    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a bar chart PNG of iteration times here."
-)
+@click.option("--plot", "plot_path", type=OutputFile(), help="Write a bar chart PNG of iteration times here.")
 @click.option(
     "--measured",
     type=click.Path(exists=True, dir_okay=False),
@@ -103,7 +103,7 @@ def command(
     warmup: int,
     option_pairs: tuple[str, ...],
     as_json: bool,
-    plot_path: str | None,
+    plot_path: Path | None,
     measured: str | None,
     skip_measured: int,
 ) -> None:
@@ -125,13 +125,17 @@ def command(
         _compare_measured(workload, spec, names, knobs, sim_options, iterations, warmup, measured, skip_measured)
         return
     results: dict[str, SimResult | str] = {}
-    for policy in names:
-        try:
-            results[policy] = simulate(
-                workload, spec, policy, iterations, warmup, options=sim_options, trace=False, **knobs[policy]
-            )
-        except CommschedError as exc:
-            results[policy] = str(exc)
+    with progress(Console(stderr=True)) as bar:
+        task = bar.add_task("compare", total=len(names))
+        for policy in names:
+            bar.update(task, description=f"compare: {policy}")
+            try:
+                results[policy] = simulate(
+                    workload, spec, policy, iterations, warmup, options=sim_options, trace=False, **knobs[policy]
+                )
+            except CommschedError as exc:
+                results[policy] = str(exc)
+            bar.update(task, advance=1)
     bound = ideal(workload, spec, sim_options)
     ok = {p: r for p, r in results.items() if isinstance(r, SimResult)}
     base = ok["ddp"].iteration_ms if "ddp" in ok else None
@@ -205,9 +209,10 @@ def _compare_measured(
     skip_measured: int,
 ) -> None:
     """Predicted vs measured for one policy: per task, then per iteration."""
-    from commsched.cli.profile import comparison_summary, comparison_table
+    from commsched.bench.validate import gloo_options
+    from commsched.cli.profile import comparison_summary, comparison_table, require_common_tasks
     from commsched.trace import Trace
-    from commsched.validate import compare_traces, gloo_options, trace_iteration_ms
+    from commsched.trace.compare import compare_traces, trace_iteration_ms
 
     if len(names) != 1:
         raise click.UsageError("--measured compares one policy: give exactly one with --policies")
@@ -217,6 +222,7 @@ def _compare_measured(
     assert result.trace is not None
     measured = Trace.load(measured_path)
     rows = compare_traces(result.trace, measured, skip_predicted=warmup, skip_measured=skip_measured)
+    require_common_tasks(rows, skip_measured)
     console = Console()
     console.print(comparison_table(rows, f"{policy}: predicted ({spec.name}) vs measured ({measured_path})"))
     console.print(

@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from commsched.cli.inputs import OutputFile
+from commsched.cli.progress import progress
 from commsched.errors import SpecError
 from commsched.trace import Trace
 
 if TYPE_CHECKING:
-    from commsched.validate import TaskComparison
+    from commsched.trace.compare import TaskComparison
 
 _SETTINGS = {"help_option_names": ["-h", "--help"]}
 
@@ -88,17 +89,6 @@ def build(name: str, batch_size: int, seed: int) -> tuple[Any, Callable[[], Any]
     raise SpecError("model", [f"no model {name!r} to build; known: {known}{hint}"])
 
 
-def _progress(console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
-
-
 @click.group(name="profile", invoke_without_command=True, context_settings=_SETTINGS)
 @click.option("--model", "-m", "model_name", metavar="NAME", help="Model to build and profile (see --list).")
 @click.option("--batch", "-b", "batch_size", type=click.IntRange(1), help="Batch size (per worker).")
@@ -108,7 +98,7 @@ def _progress(console: Console) -> Progress:
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="Untimed iterations first.")
 @click.option("--threads", type=click.IntRange(1), help="torch.set_num_threads (default: torch's choice).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Weights and synthetic batch.")
-@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), help="Write the Workload JSON here.")
+@click.option("--out", "-o", type=OutputFile(), help="Write the Workload JSON here.")
 @click.option("--list", "list_models", is_flag=True, help="List the models that can be profiled here.")
 @click.pass_context
 def command(
@@ -159,7 +149,7 @@ def command(
     model, make_batch, loss_fn = build(model_name, batch_size, seed)
     model.to(device)
     model.train()
-    with _progress(Console(stderr=True)) as bar:
+    with progress(Console(stderr=True)) as bar:
         task = bar.add_task(f"profiling {model_name} (batch {batch_size}, {dtype}, {device})", total=1)
 
         def step(done: int, total: int) -> None:
@@ -222,7 +212,7 @@ def workload_table(workload: Any) -> Table:
 @click.option("--max-kib", type=click.IntRange(1), default=16384, show_default=True, help="Largest message, KiB.")
 @click.option("--threads", type=click.IntRange(1), default=1, show_default=True, help="Intra-op threads per process.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600, show_default=True, help="Seconds.")
-@click.option("--cluster-out", type=click.Path(dir_okay=False, path_type=Path), help="Write the fitted cluster YAML.")
+@click.option("--cluster-out", type=OutputFile(), help="Write the fitted cluster YAML.")
 @click.option("--json", "as_json", is_flag=True, help="Print the samples and fits as JSON.")
 def network_command(
     world: int,
@@ -260,8 +250,8 @@ def network_command(
         kib *= 4
     if len(sizes) < 2:
         sizes.append(max_kib * 1024 if max_kib > min_kib else min_kib * 4 * 1024)
-    console = Console(stderr=True)
-    with console.status(f"starting {world} gloo processes on 127.0.0.1 ...") as status:
+    with progress(Console(stderr=True)) as bar:
+        task = bar.add_task(f"starting {world} gloo processes on 127.0.0.1", total=None)
         probe = probe_local(
             world,
             sizes,
@@ -269,7 +259,7 @@ def network_command(
             warmup=warmup,
             threads=threads,
             timeout_s=timeout_s,
-            progress=lambda line: status.update(line),
+            progress=lambda line: bar.update(task, description=line, advance=1),
         )
     fits = {op: probe.fit(op) for op in OPS}
     if as_json:
@@ -362,7 +352,7 @@ def compare_trace_command(
     Example:
       commsched profile compare-trace -p sim.json -m run.json --skip-measured 3
     """
-    from commsched.validate import compare_traces, summarize, trace_iteration_ms
+    from commsched.trace.compare import compare_traces, summarize, trace_iteration_ms
 
     pred_trace, meas_trace = _load_trace(predicted), _load_trace(measured)
     rows = compare_traces(
@@ -372,6 +362,7 @@ def compare_trace_command(
         skip_measured=skip_measured,
         kinds=kinds or None,
     )
+    require_common_tasks(rows, skip_measured)
     iter_pred = trace_iteration_ms(pred_trace, skip_predicted)
     iter_meas = trace_iteration_ms(meas_trace, skip_measured)
     if as_json:
@@ -385,6 +376,25 @@ def compare_trace_command(
     console = Console()
     console.print(comparison_table(rows, f"{predicted.name} (predicted) vs {measured.name} (measured)"))
     console.print(comparison_summary(rows, iter_pred, iter_meas))
+
+
+def require_common_tasks(rows: Sequence[TaskComparison], skip_measured: int) -> None:
+    """Refuse a comparison in which no task is in both traces: name a few tasks of each side instead."""
+    if any(r.predicted_ms is not None and r.measured_ms is not None for r in rows):
+        return
+
+    def some(side: list[TaskComparison]) -> str:
+        names = [f"{r.kind} {r.task}" for r in side[:4]]
+        return ", ".join(names) + (f" and {len(side) - 4} more" if len(side) > 4 else "") if names else "none"
+
+    predicted = [r for r in rows if r.predicted_ms is not None]
+    measured = [r for r in rows if r.measured_ms is not None]
+    raise click.ClickException(
+        "no task of the measured trace matches a predicted one (tasks are matched on kind and name).\n"
+        f"  predicted: {some(predicted)}\n"
+        f"  measured (after --skip-measured {skip_measured}): {some(measured)}\n"
+        "Was the trace recorded with the same policy, knobs and model?"
+    )
 
 
 def comparison_table(rows: Sequence[TaskComparison], title: str) -> Table:
@@ -410,7 +420,7 @@ def comparison_summary(
     rows: Sequence[TaskComparison], iteration_predicted_ms: float | None, iteration_measured_ms: float | None
 ) -> str:
     """One line: tasks matched, median and time-weighted |error|, and the iteration times when known."""
-    from commsched.validate import summarize
+    from commsched.trace.compare import summarize
 
     summary = summarize(rows)
     parts = [f"{summary.matched} task(s) in both"]

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from commsched.cli.inputs import OutputFile, load_workload, parse_pairs, split_options
+from commsched.cli.progress import progress
 from commsched.cluster import load_cluster
 from commsched.schedule import POLICIES
 from commsched.sim import SimResult, simulate
-from commsched.sim.inputs import load_workload, parse_pairs, split_options
 from commsched.sim.plot import plot_timeline
 
 OPTION_HELP = (
@@ -69,12 +71,8 @@ def _fmt(value: Any) -> str:
     "--warmup", default=3, show_default=True, type=click.IntRange(0), help="Iterations simulated first, not measured."
 )
 @click.option("--option", "-o", "option_pairs", multiple=True, metavar="KEY=VALUE", help=OPTION_HELP)
-@click.option(
-    "--trace", "trace_path", type=click.Path(dir_okay=False), help="Write the Chrome/Perfetto trace JSON here."
-)
-@click.option(
-    "--plot", "plot_path", type=click.Path(dir_okay=False), help="Write a timeline PNG of two iterations here."
-)
+@click.option("--trace", "trace_path", type=OutputFile(), help="Write the Chrome/Perfetto trace JSON here.")
+@click.option("--plot", "plot_path", type=OutputFile(), help="Write a timeline PNG of two iterations here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 @click.option("--tune", "do_tune", is_flag=True, help="Search the policy's numeric knobs by simulation (optuna).")
 @click.option("--trials", default=30, show_default=True, type=click.IntRange(1), help="Trials for --tune.")
@@ -86,8 +84,8 @@ def command(
     iterations: int,
     warmup: int,
     option_pairs: tuple[str, ...],
-    trace_path: str | None,
-    plot_path: str | None,
+    trace_path: Path | None,
+    plot_path: Path | None,
     as_json: bool,
     do_tune: bool,
     trials: int,
@@ -106,9 +104,22 @@ def command(
     knobs, sim_options = split_options(policy, parse_pairs(option_pairs))
     tuned = None
     if do_tune:
-        from commsched.sim.tune import tune
+        from commsched.plan.tune import tune
 
-        tuned = tune(workload, spec, policy, trials, iterations, warmup, seed, sim_options, **knobs)
+        with progress(Console(stderr=True)) as bar:
+            task = bar.add_task(f"tune {policy}: {trials} trials", total=trials)
+            tuned = tune(
+                workload,
+                spec,
+                policy,
+                trials,
+                iterations,
+                warmup,
+                seed,
+                sim_options,
+                progress=lambda done: bar.update(task, completed=done),
+                **knobs,
+            )
         result = tuned.best
     else:
         result = simulate(workload, spec, policy, iterations, warmup, options=sim_options, **knobs)

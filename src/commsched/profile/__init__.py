@@ -12,7 +12,7 @@
   processes.
 
 ``docs/profiling.md`` explains the conventions and how to check a prediction
-against a measurement (:mod:`commsched.validate`).
+against a measurement (:mod:`commsched.trace.compare`).
 """
 
 from commsched.profile.compute import IterationCheck, device_names, iteration_check, profile_model, zoo_filename

@@ -12,7 +12,7 @@ back to plain processes on 127.0.0.1, unshaped, and says so.
     with open_testbed(4, LinkShape(rate_bps=10**9)) as bed:
         run_workers(bed, [sys.executable, "-m", "my.worker"], log_dir=Path("logs"), timeout_s=600)
 
-``commsched bench`` (:mod:`commsched.testbed.bench`) runs training on it.
+``commsched bench`` (:mod:`commsched.bench.run`) runs training on it.
 """
 
 from commsched.testbed.commands import Layout, LinkShape, format_rate, parse_rate

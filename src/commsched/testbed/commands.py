@@ -110,6 +110,11 @@ class LinkShape:
             parts.append(f"{self.loss_pct:g}%loss")
         return "+".join(parts) or "none"
 
+    @property
+    def description(self) -> str:
+        """For people: ``unshaped``, else the label (``none`` is what ``--bandwidth`` takes, not what one reads)."""
+        return self.label if self.shaped else "unshaped"
+
 
 @dataclass(frozen=True)
 class Layout:

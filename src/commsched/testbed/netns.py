@@ -378,7 +378,7 @@ class NetnsTestbed(Testbed):
     def describe(self) -> str:
         return (
             f"{self.workers} network namespaces {self.layout.worker_ns(0)}..{self.layout.worker_ns(self.workers - 1)}, "
-            f"veths to a bridge in {self.layout.bridge_ns}, links {self.shape.label}"
+            f"veths to a bridge in {self.layout.bridge_ns}, links {self.shape.description}"
         )
 
     # ---- cleanup ----

@@ -1,8 +1,6 @@
-"""``commsched.validate``: task-by-task trace comparison and predictions for the gloo runtime."""
+"""``commsched.trace.compare``: task-by-task comparison of a predicted and a measured trace."""
 
 from __future__ import annotations
-
-import math
 
 import pytest
 
@@ -10,7 +8,7 @@ from commsched import zoo
 from commsched.profile import measured_cluster
 from commsched.sim import simulate
 from commsched.trace import Trace, TraceEvent
-from commsched.validate import compare_traces, gloo_options, predict, summarize, trace_iteration_ms
+from commsched.trace.compare import compare_traces, summarize, trace_iteration_ms
 
 
 def _trace(durations_ms: dict[tuple[str, str], list[float]], workers: int = 1, period_s: float = 1.0) -> Trace:
@@ -80,22 +78,3 @@ def test_a_simulated_trace_compared_with_itself_has_no_error() -> None:
     rows = compare_traces(result.trace, result.trace)
     assert rows and all(r.error_pct == pytest.approx(0.0, abs=1e-9) for r in rows if r.error_pct is not None)
     assert trace_iteration_ms(result.trace, skip=1) == pytest.approx(result.iteration_ms)
-
-
-def test_gloo_options_allow_two_all_reduces_in_flight_and_one_ring_op() -> None:
-    workload, cluster = zoo.load("resnet18"), measured_cluster(100e-6, 1e-9, 4)
-    ddp = gloo_options(workload, cluster, "ddp")
-    assert (ddp.algorithm, ddp.max_concurrent) == ("ring", 2)
-    assert gloo_options(workload, cluster, "dear").max_concurrent == 1
-
-
-def test_predict_is_the_simulated_iteration_time_under_gloo_options() -> None:
-    workload, cluster = zoo.load("resnet18"), measured_cluster(100e-6, 1e-9, 4)
-    got = predict(workload, cluster, ["ddp", "dear"], iterations=3, warmup=1, knobs={"dear": {"threshold_mb": 10}})
-    assert set(got) == {"ddp", "dear"}
-    expected = simulate(workload, cluster, "ddp", 3, 1, options={"max_concurrent": 2}).iteration_ms
-    assert math.isclose(got["ddp"], expected)
-    slower = predict(workload, cluster, ["ddp"], iterations=3, warmup=1, update_ms=50.0)
-    assert slower["ddp"] > got["ddp"]
-    serial = predict(workload, cluster, ["ddp"], iterations=3, warmup=1, options={"max_concurrent": 1})
-    assert serial["ddp"] >= got["ddp"] - 1e-9

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from commsched.bench.report import markdown_table, plot, session_table
+from commsched.bench.run import BenchConfig, _add_ratios, _collect, _rank_iteration_ms
 from commsched.testbed import LinkShape
-from commsched.testbed.bench import BenchConfig, _add_ratios, _collect, _rank_iteration_ms
-from commsched.testbed.report import markdown_table, plot
 
 
 def test_rank_iteration_time_is_the_mean_over_the_timed_window() -> None:
@@ -65,6 +65,13 @@ def test_markdown_table_lists_policies_then_references(tmp_path: Path) -> None:
     assert lines[3].startswith("| dear | 217 |") and "1.38×" in lines[3] and "1.0e-07" in lines[3]
     assert lines[4].startswith("| *compute, N in lock-step* | 100 |")
     assert lines[-1].startswith("| *ideal ≈ max(N in lock-step, all-reduce)* | 150 |")
+
+
+def test_a_session_of_unshaped_links_says_unshaped_not_none(tmp_path: Path) -> None:
+    session = _session(tmp_path) | {"label": LinkShape().label}
+    report = {"meta": {"config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8}}}
+    assert str(session_table(report, session).title).endswith("links unshaped")
+    assert LinkShape().description == "unshaped" and LinkShape(rate_bps=10**9).description == "1gbit"
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""What each rank of ``commsched bench`` runs: ``python -m commsched.testbed.worker JOB.json``.
+"""What each rank of ``commsched bench`` runs: ``python -m commsched.bench.worker JOB.json``.
 
 The rank and the rendezvous come from the environment the testbed sets
 (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,

@@ -46,14 +46,14 @@ from typing import Any
 
 import torch
 
+from commsched.bench.calibrate import load_calibration, predict_session, save_inputs
+from commsched.bench.worker import YARDSTICK, calibration_sizes
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.runtime import RUNTIME_POLICIES
-from commsched.testbed.calibrate import load_calibration, predict_session, save_inputs
 from commsched.testbed.commands import LinkShape
 from commsched.testbed.launch import run_workers
 from commsched.testbed.netns import Isolation, NetnsTestbed, Testbed, TestbedError, open_testbed
 from commsched.testbed.probe import probe_link
-from commsched.testbed.worker import YARDSTICK, calibration_sizes
 from commsched.trace import Trace
 
 DEFAULT_POLICIES = tuple(RUNTIME_POLICIES)
@@ -88,8 +88,12 @@ DEFINITIONS = {
     "validation": "--validate: per session, the simulator's iteration time of each policy (calibrated before the "
     "policies ran: alpha-beta of gloo's all-reduce on the shaped links, rank 0's per-layer profile taken in "
     "lock-step with every rank, optimizer step time) beside the measured median; error_pct = (predicted - "
-    "measured) / measured * 100; see commsched.testbed.calibrate",
+    "measured) / measured * 100; see commsched.bench.calibrate",
 }
+
+
+#: Untimed iterations a commsched policy needs: it profiles 2 iterations, then switches to its plan.
+MIN_WARMUP = 3
 
 
 @dataclass(frozen=True)
@@ -131,9 +135,10 @@ class BenchConfig:
         ):
             if value < 1:
                 raise ValueError(f"{name}: must be >= 1, got {value!r}")
-        if self.warmup < 3 and any(p != "torch_ddp" for p in self.policies):
+        if self.warmup < MIN_WARMUP and any(p != "torch_ddp" for p in self.policies):
             raise ValueError(
-                f"warmup: commsched policies profile for 2 iterations and switch plans; need >= 3, got {self.warmup}"
+                f"warmup: commsched policies profile for 2 iterations and switch plans; need >= {MIN_WARMUP}, "
+                f"got {self.warmup}"
             )
         if not self.shapes:
             raise ValueError("shapes: need at least one link shaping")
@@ -304,7 +309,7 @@ def _launch(
     tail = _ProgressTail(session_dir / "progress.jsonl", on_step, stall_s)
     run_workers(
         bed,
-        [sys.executable, "-m", "commsched.testbed.worker", str(job_path)],
+        [sys.executable, "-m", "commsched.bench.worker", str(job_path)],
         log_dir=session_dir / "logs",
         # A backstop only: a hang is caught much earlier by the progress tail.
         timeout_s=300.0 + steps * max(30.0, config.comm_timeout_s / 2),
@@ -363,16 +368,13 @@ def run_bench(
             per_session += config.repeats * steps  # the 1 MiB-bucket DDP
         calibrate_steps = len(calibration_sizes(numel)) + 1 + 2 * steps if config.validate else 0
         total = len(shapes) * (per_session + calibrate_steps) + (config.repeats * steps if config.references else 0)
-        task = progress.add_task("starting", total=total) if progress is not None else None
+        progress_task = progress.add_task("starting", total=total) if progress is not None else None
 
-        def advance(description: str) -> Callable[[dict[str, Any]], None]:
+        def advance(description: str, repeats: bool) -> Callable[[dict[str, Any]], None]:
             def on_step(step: dict[str, Any]) -> None:
                 if progress is not None:
-                    progress.update(
-                        task,
-                        advance=1,
-                        description=f"{description} {step['name']} r{step['repeat'] + 1}/{config.repeats}",
-                    )
+                    repeat = f" repeat {step['repeat'] + 1}/{config.repeats}" if repeats else ""
+                    progress.update(progress_task, advance=1, description=f"{description}: {step['name']}{repeat}")
 
             return on_step
 
@@ -395,7 +397,10 @@ def run_bench(
             """One launch of the workers on ``task``; ``steps`` bounds its wall time and drives the progress bar."""
             nonlocal launch
             job = {**job_base, "task": task, "out": str(directory), **fields}
-            _launch(bed, job, directory, ranks=ranks, launch=launch, on_step=advance(label), config=config, steps=steps)
+            on_step = advance(label, repeats=task != "calibrate")
+            if progress is not None:  # ends the previous phase (a plain progress line) before the launch
+                progress.update(progress_task, description=f"{label}: starting the workers")
+            _launch(bed, job, directory, ranks=ranks, launch=launch, on_step=on_step, config=config, steps=steps)
             launch += 1
 
         if config.references:
@@ -417,14 +422,14 @@ def run_bench(
             calibration = None
             if config.validate:
                 calibration_dir = session_dir / "calibrate"
-                run_job("calibrate", calibration_dir, f"{shape.label} calibrating:", calibrate_steps)
+                run_job("calibrate", calibration_dir, f"{shape.description} calibrating", calibrate_steps)
                 calibration = load_calibration(calibration_dir)
                 session["calibration"] = calibration.data  # raw, so a saved report can be re-validated
                 session["calibration_files"] = save_inputs(calibration, out_dir / f"calibration-{_slug(shape.label)}")
             run_job(
                 "session",
                 session_dir,
-                shape.label,
+                shape.description,
                 per_session,
                 policies=list(config.policies),
                 knobs=knobs,

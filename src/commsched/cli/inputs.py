@@ -1,4 +1,4 @@
-"""Resolving what a user typed: a model name or file, option strings, knob values."""
+"""Resolving what a user typed: a model name or file, option strings, knob values, files to write."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import importlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+import click
 
 from commsched.errors import CommschedError, ScheduleError, SpecError
 from commsched.schedule import knobs as policy_knobs
@@ -82,3 +84,23 @@ def split_options(policy: str, options: Mapping[str, Any]) -> tuple[dict[str, An
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ScheduleError(f"sim: update_ms must be a number, got {value!r}")
     return knob_values, sim_values
+
+
+class OutputFile(click.Path):
+    """A file a command writes (``--trace``, ``--plot``, ``--out``): its folder is created if missing.
+
+    The folder (with its parents) is made when the option is parsed, so a path
+    such as ``runs/today/t.json`` works on the first run; a folder that cannot
+    be made is a usage error naming it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(dir_okay=False, writable=True, path_type=Path)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        folder = Path(value).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self.fail(f"cannot create the folder {str(folder)!r} ({exc.strerror})", param, ctx)
+        return super().convert(value, param, ctx)

@@ -1,7 +1,7 @@
 """``commsched bench --validate``: predict every policy of a session with the simulator, set beside the measurement.
 
 Before a session's policies run, the ``calibrate`` task of the workers
-(:mod:`commsched.testbed.worker`) measures, on the same shaped links and with
+(:mod:`commsched.bench.worker`) measures, on the same shaped links and with
 the same ranks sharing the same CPUs:
 
 * the network: the α-β fit of gloo's ring all-reduce over a sweep of sizes
@@ -12,7 +12,7 @@ the same ranks sharing the same CPUs:
   its own replica in lock-step, and the time of ``optimizer.step()`` +
   ``zero_grad()`` (the simulator's ``update_ms``).
 
-:func:`predict_session` then runs :func:`commsched.validate.predict` (the
+:func:`predict_session` then runs :func:`commsched.bench.validate.predict` (the
 simulator with the runtime's gloo options) for every policy of the session
 and for the references whose time the model also predicts:
 
@@ -37,13 +37,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from commsched.bench.validate import predict
+from commsched.bench.worker import YARDSTICK, YARDSTICK_BUCKET_MB
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.formulas import ring_all_reduce_s
 from commsched.profile.network import ProbeSample, fit_alpha_beta, measured_cluster
 from commsched.schedule import TORCH_DDP_AS_POLICY
-from commsched.testbed.worker import YARDSTICK, YARDSTICK_BUCKET_MB
-from commsched.validate import predict
 from commsched.workload import Workload
 
 __all__ = ["Calibration", "load_calibration", "predict_session", "revalidate", "save_inputs"]

@@ -12,7 +12,7 @@ worse than them under the search's iteration count.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +75,7 @@ def tune(
     warmup: int = 3,
     seed: int = 0,
     options: SimOptions | Mapping[str, Any] | None = None,
+    progress: Callable[[int], None] | None = None,
     **fixed: Any,
 ) -> TuneResult:
     """Minimise the simulated iteration time over the policy's numeric knobs.
@@ -82,7 +83,8 @@ def tune(
     ``fixed`` knobs are not searched. Trials simulate ``max(4, iterations // 4)``
     steady iterations without a trace; the best knobs and the defaults are
     then simulated with ``iterations``. A knob setting the policy rejects
-    (a ScheduleError, say) counts as a failed trial.
+    (a ScheduleError, say) counts as a failed trial. ``progress(done)`` is
+    called after each trial with the number of trials done.
     """
     import optuna
 
@@ -110,7 +112,8 @@ def tune(
     study = optuna.create_study(direction="minimize", sampler=sampler)
     if space:
         study.enqueue_trial({k: min(max(v, space[k][0]), space[k][1]) for k, v in defaults.items()})
-        study.optimize(objective, n_trials=trials)
+        callbacks = [lambda study, _trial: progress(len(study.trials))] if progress is not None else None
+        study.optimize(objective, n_trials=trials, callbacks=callbacks)
         best_knobs = dict(study.best_params) if math.isfinite(study.best_value) else {}
     else:
         best_knobs = {}

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from commsched import zoo
+from commsched.bench.calibrate import Calibration, load_calibration, predict_session, revalidate, save_inputs
+from commsched.bench.report import validation_markdown, validation_table
+from commsched.bench.validate import predict
+from commsched.bench.worker import YARDSTICK
 from commsched.cluster import Cluster
 from commsched.formulas import ring_all_reduce_s
 from commsched.profile.network import ProbeSample, fit_alpha_beta
-from commsched.testbed.calibrate import Calibration, load_calibration, predict_session, revalidate, save_inputs
-from commsched.testbed.report import validation_markdown, validation_table
-from commsched.testbed.worker import YARDSTICK
-from commsched.validate import predict
 from commsched.workload import Workload
 
 ALPHA_S, BETA = 300e-6, 8 / 300e6  # 300 µs per ring step, 300 Mbit/s

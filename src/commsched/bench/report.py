@@ -7,7 +7,8 @@ from typing import Any
 
 from rich.table import Table
 
-from commsched.testbed.bench import REFERENCES, YARDSTICK
+from commsched.bench.run import REFERENCES, YARDSTICK
+from commsched.testbed import LinkShape
 
 COLUMNS = ("policy", "iter ms", "min–max", "samples/s", "speed-up", "÷ ideal", "max |Δp|")
 CAPTION = (
@@ -80,9 +81,15 @@ def phase_table(report: dict[str, Any], session: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def shaping(session: dict[str, Any]) -> str:
+    """A session's links for people: ``unshaped``, ``1gbit``, ``300mbit+2ms`` (:attr:`LinkShape.description`)."""
+    label: str = session["label"]
+    return "unshaped" if label == LinkShape().label else label
+
+
 def _title(report: dict[str, Any], session: dict[str, Any]) -> str:
     cfg = report["meta"]["config"]
-    title = f"{cfg['model']}, {cfg['workers']} workers × batch {cfg['batch']}, links {session['label']}"
+    title = f"{cfg['model']}, {cfg['workers']} workers × batch {cfg['batch']}, links {shaping(session)}"
     check = session.get("link_check")
     if check:
         title += f" (measured {check['throughput_mbit_s']:.0f} Mbit/s, RTT {check['rtt_ms']:.2f} ms)"
@@ -140,7 +147,7 @@ def validation_table(report: dict[str, Any]) -> Table:
     for s in sessions:
         c = s["validation"]["calibration"]
         fit = f"α {c['alpha_us']:.0f} µs, {c['bandwidth_mbit_s']:.0f} Mbit/s"
-        table.add_column(f"{s['label']}\n({fit})", justify="right")
+        table.add_column(f"{shaping(s)}\n({fit})", justify="right")
     for name in names:
         cells = [_validation_cell(s, name) for s in sessions]
         table.add_row(REFERENCES.get(name, name), *cells, style="dim" if name in REFERENCES else None)
@@ -154,7 +161,7 @@ def validation_markdown(report: dict[str, Any]) -> str:
     sessions, names = _validated(report)
     if not sessions:
         return ""
-    lines = ["| policy | " + " | ".join(s["label"] for s in sessions) + " |", "|---" * (len(sessions) + 1) + "|"]
+    lines = ["| policy | " + " | ".join(shaping(s) for s in sessions) + " |", "|---" * (len(sessions) + 1) + "|"]
     for name in names:
         label = f"*{REFERENCES[name]}*" if name in REFERENCES else name
         lines.append(f"| {label} | " + " | ".join(_validation_cell(s, name) for s in sessions) + " |")
@@ -244,7 +251,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     lows = [s.get("speedup_min", 1.0) for session in sessions for s in session["summary"].values()]
     bottom.set_ylim(bottom=min(0.5, *lows) - 0.05)
     bottom.set_ylabel("speed-up over torch_ddp")
-    bottom.set_xticks(range(len(sessions)), [s["label"] for s in sessions])
+    bottom.set_xticks(range(len(sessions)), [shaping(s) for s in sessions])
     bottom.set_xlabel("per-worker link (both directions)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

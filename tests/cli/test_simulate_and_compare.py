@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -14,6 +15,13 @@ from commsched.schedule import POLICIES
 def _invoke(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(cli, list(args), terminal_width=200)
     return result.exit_code, result.output
+
+
+def _json(*args: str) -> Any:
+    """The JSON a command prints on stdout (progress lines, if any, go to stderr)."""
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
 
 
 def test_compare_resnet50_on_64_v100_10gbe_prints_every_policy_and_the_ideal_bound() -> None:
@@ -27,11 +35,9 @@ def test_compare_resnet50_on_64_v100_10gbe_prints_every_policy_and_the_ideal_bou
 
 def test_compare_json_has_a_speedup_baseline_and_writes_a_bar_chart(tmp_path: Path) -> None:
     png = tmp_path / "bars.png"
-    code, out = _invoke(
+    data = _json(
         "compare", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp,dear", "-n", "3", "--json", "--plot", str(png)
     )
-    assert code == 0, out
-    data = json.loads(out)
     assert set(data["results"]) == {"ddp", "dear"}
     assert data["ideal"]["iteration_ms"] <= data["results"]["dear"]["iteration_ms"]
     assert png.read_bytes()[:4] == b"\x89PNG"
@@ -52,18 +58,14 @@ def test_simulate_writes_trace_and_timeline_and_takes_options(tmp_path: Path) ->
 
 
 def test_simulate_json_reports_iteration_and_throughput() -> None:
-    code, out = _invoke("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-n", "2", "--json")
-    assert code == 0, out
-    result = json.loads(out)["result"]
+    result = _json("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-n", "2", "--json")["result"]
     assert result["samples_per_s"] == 64 * 8 / (result["iteration_ms"] / 1e3)
 
 
 def test_tune_reports_knobs_no_worse_than_the_defaults() -> None:
-    code, out = _invoke(
+    tuned = _json(
         "simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "dear", "-n", "4", "--tune", "--trials", "6", "--json"
-    )
-    assert code == 0, out
-    tuned = json.loads(out)["tune"]
+    )["tune"]
     assert tuned["best_iteration_ms"] <= tuned["default_iteration_ms"]
     assert tuned["gain"] >= 1.0
 

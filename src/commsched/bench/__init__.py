@@ -1,0 +1,12 @@
+"""``commsched bench``: the harness that measures policies side by side on the emulated cluster.
+
+* :mod:`commsched.bench.run`: sessions, repeats, the JSON report (:func:`run_bench`);
+* :mod:`commsched.bench.worker`: what each rank runs (``python -m commsched.bench.worker JOB.json``);
+* :mod:`commsched.bench.calibrate` and :mod:`commsched.bench.validate`: ``--validate``, the
+  simulator calibrated on the same links and its predictions beside the measurement;
+* :mod:`commsched.bench.report`: tables and the bar chart.
+
+The cluster itself (namespaces, shaped links, launching) is :mod:`commsched.testbed`.
+Nothing is imported here, so that ``python -m commsched.bench.worker`` runs the
+worker module once.
+"""

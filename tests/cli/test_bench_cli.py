@@ -1,0 +1,49 @@
+"""``commsched bench``: what its help promises is what it accepts, checked before anything starts."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from commsched.cli import cli
+
+bench_cli = importlib.import_module("commsched.cli.bench")
+
+
+class Started(Exception):
+    pass
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Replaces run_bench: records the config and stops there."""
+    calls: list[Any] = []
+
+    def run_bench(config: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(config)
+        raise Started
+
+    monkeypatch.setattr(bench_cli, "run_bench", run_bench)
+    return calls
+
+
+def test_warmup_help_states_the_minimum_the_command_enforces() -> None:
+    out = CliRunner().invoke(cli, ["bench", "--help"], terminal_width=200).output
+    assert "at least 3 unless only torch_ddp runs" in out
+
+
+def test_a_warmup_below_3_with_commsched_policies_is_refused_as_a_bad_option(
+    started: list[Any], tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(cli, ["bench", "--warmup", "2", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "Invalid value for '--warmup'" in result.output, result.output
+    assert "need >= 3, got 2" in result.output and not started
+
+
+def test_a_short_warmup_is_fine_for_torch_ddp_alone(started: list[Any], tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["bench", "--warmup", "0", "--policies", "torch_ddp", "--out", str(tmp_path)])
+    assert isinstance(result.exception, Started) and started[0].warmup == 0
