@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 import commsched
-from commsched.cli.inputs import parse_pairs
+from commsched.cli.inputs import KNOB_HELP, knobs_by_policy, parse_knob
+from commsched.errors import ScheduleError
 from commsched.models import MODELS, build_model, model_loss, synthetic_batch
 from commsched.runtime import RUNTIME_POLICIES
 
@@ -57,11 +58,14 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="also train with torch_ddp and compare parameters")
     parser.add_argument("--json", help="write rank 0's result here")
     parser.add_argument("--trace", help="write rank 0's measured trace here (commsched Trace JSON)")
-    parser.add_argument("-o", "--option", action="append", default=[], help="policy knob key=value")
+    parser.add_argument("-k", "--knob", action="append", default=[], metavar="POLICY.KNOB=VALUE", help=KNOB_HELP)
     args = parser.parse_args()
     if args.iters <= args.warmup:
         parser.error(f"--iters ({args.iters}) must be larger than --warmup ({args.warmup})")
-    options = parse_pairs(args.option)  # numbers, true/false, none; the policy checks each knob's type
+    try:  # checked now, before any process group exists
+        options = knobs_by_policy([parse_knob(text) for text in args.knob], [args.policy]).get(args.policy, {})
+    except ScheduleError as exc:
+        parser.error(str(exc))
     dist.init_process_group("gloo")
     times, model = run(args.policy, args.model, args.iters, args.batch, options, trace=bool(args.trace))
     iter_s = statistics.median(times[args.warmup :])

@@ -47,3 +47,16 @@ def test_a_warmup_below_3_with_commsched_policies_is_refused_as_a_bad_option(
 def test_a_short_warmup_is_fine_for_torch_ddp_alone(started: list[Any], tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["bench", "--warmup", "0", "--policies", "torch_ddp", "--out", str(tmp_path)])
     assert isinstance(result.exception, Started) and started[0].warmup == 0
+
+
+def test_a_bad_knob_is_refused_when_the_command_line_is_parsed(started: list[Any], tmp_path: Path) -> None:
+    for knob, message in (
+        ("dear.lookahead=0", "dear: knob 'lookahead' must be a whole number >= 1, got 0"),
+        ("dear.colour=1", "dear: unknown knob 'colour'"),
+        ("wfbp.x=1", "wfbp: unknown knob 'x'; known: none"),
+        ("ddp.bucket_cap_mb=4", "ddp is not run here"),
+    ):
+        args = ["bench", "--policies", "torch_ddp,dear,wfbp", "--knob", knob, "--out", str(tmp_path)]
+        result = CliRunner().invoke(cli, args, terminal_width=200)
+        assert result.exit_code == 2 and message in result.output, (knob, result.output)
+    assert started == []  # nothing ran

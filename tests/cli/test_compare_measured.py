@@ -25,7 +25,7 @@ def _measured(tmp_path: Path, slowdown: float) -> Path:
 
 def _run(path: Path) -> str:
     args = ["compare", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-n", "6", "--warmup", "3"]
-    args += ["-o", "max_concurrent=2", "--measured", str(path), "--skip-measured", "3"]
+    args += ["--sim", "max_concurrent=2", "--measured", str(path), "--skip-measured", "3"]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 0, result.output
     return result.output

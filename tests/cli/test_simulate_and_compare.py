@@ -47,7 +47,7 @@ def test_simulate_writes_trace_and_timeline_and_takes_options(tmp_path: Path) ->
     trace, png = tmp_path / "t.json", tmp_path / "t.png"
     code, out = _invoke(
         "simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "dear", "-n", "3",
-        "-o", "threshold_mb=10", "-o", "max_concurrent=2", "--trace", str(trace), "--plot", str(png),
+        "-k", "dear.threshold_mb=10", "--sim", "max_concurrent=2", "--trace", str(trace), "--plot", str(png),
     )  # fmt: skip
     assert code == 0, out
     assert "threshold_mb=10" in out and "max_concurrent=2" in out
@@ -77,13 +77,19 @@ def test_errors_are_one_clear_line_without_a_traceback(tmp_path: Path) -> None:
         (("simulate", "-m", "resnet9000", "-c", "8xV100-10GbE", "-p", "ddp"), "resnet9000"),
         (("simulate", "-m", "resnet18", "-c", "nowhere", "-p", "ddp"), "nowhere"),
         (("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "fastest"), "fastest"),
-        (("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-o", "colour=3"), "colour"),
-        (("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-o", "bucket_cap_mb=big"), "bucket_cap_mb"),
-        (("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-o", "max_concurrent=0"), "max_concurrent"),
-        (("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-o", "oops"), "key=value"),
+        (("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-k", "ddp.colour=3"), "colour"),
+        (
+            ("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-k", "ddp.bucket_cap_mb=big"),
+            "bucket_cap_mb",
+        ),
+        (
+            ("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "--sim", "max_concurrent=0"),
+            "max_concurrent",
+        ),
+        (("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-k", "oops"), "POLICY.KNOB=VALUE"),
         (("simulate", "-m", str(bad_file), "-c", "8xV100-10GbE", "-p", "ddp"), "not valid JSON"),
         (("compare", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp,fastest"), "fastest"),
-        (("compare", "-m", "resnet18", "-c", "8xV100-10GbE", "-o", "threshold_mb=3"), "POLICY.KNOB"),
+        (("compare", "-m", "resnet18", "-c", "8xV100-10GbE", "-k", "threshold_mb=3"), "POLICY.KNOB"),
     ]
     for args, needle in cases:
         code, out = _invoke(*args)
@@ -100,8 +106,30 @@ def test_every_command_has_help() -> None:
 
 def test_none_is_accepted_only_by_knobs_that_take_it() -> None:
     code, out = _invoke(
-        "simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-n", "2", "-o", "first_bucket_mb=none"
+        "simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-n", "2", "-k", "ddp.first_bucket_mb=none"
     )
     assert code == 0 and "first_bucket_mb=None" in out, out
-    code, out = _invoke("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-o", "bucket_cap_mb=none")
+    code, out = _invoke("simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "ddp", "-k", "ddp.bucket_cap_mb=none")
     assert code != 0 and "knob 'bucket_cap_mb' must be a number" in out, out
+
+
+def test_simulate_saves_the_plan_it_simulated_as_a_plan_file(tmp_path: Path) -> None:
+    from commsched.schedule import CommPlan
+
+    path = tmp_path / "plans" / "dear.json"
+    code, out = _invoke(
+        "simulate", "-m", "resnet18", "-c", "8xV100-10GbE", "-p", "dear", "-n", "2",
+        "-k", "dear.threshold_mb=8", "-k", "dear.lookahead=2", "--save-plan", str(path),
+    )  # fmt: skip
+    assert code == 0, out
+    plan = CommPlan.load(path)
+    assert plan.policy == "dear" and plan.knobs.to_dict() == {"threshold_mb": 8.0, "lookahead": 2}
+    assert plan.network.world_size == 8 and plan.workload.model == "resnet18"
+
+
+def test_knobs_lists_every_policys_knobs_with_their_ranges() -> None:
+    code, out = _invoke("knobs")
+    assert code == 0, out
+    for name in ("dear.threshold_mb", "dear.lookahead", "ddp.rebuilt", "prophet.bandwidth_gbps"):
+        assert name in out
+    assert ">= 1" in out

@@ -12,20 +12,12 @@ from rich.console import Console
 
 from commsched.bench.report import plot, session_table, validation_table
 from commsched.bench.run import DEFAULT_POLICIES, MIN_WARMUP, BenchConfig, run_bench
-from commsched.cli.inputs import parse_value
+from commsched.cli.inputs import KNOB_HELP, KnobAssignment, knobs_by_policy
 from commsched.cli.progress import progress
+from commsched.errors import ScheduleError
 from commsched.models import MODELS
-from commsched.runtime import RUNTIME_POLICIES
+from commsched.schedule import RUNTIME_POLICIES, TORCH_DDP
 from commsched.testbed import LinkShape, parse_rate
-
-
-def _knob(text: str) -> tuple[str, str, Any]:
-    try:
-        target, value = text.split("=", 1)
-        policy, key = target.split(".", 1)
-    except ValueError:
-        raise click.BadParameter(f"expected POLICY.KNOB=VALUE, e.g. dear.threshold_mb=8, got {text!r}") from None
-    return policy, key, parse_value(value)  # numbers, true/false, none; the policy checks the type
 
 
 @click.command("bench")
@@ -57,7 +49,7 @@ def _knob(text: str) -> tuple[str, str, Any]:
 @click.option(
     "--comm-timeout", type=click.FloatRange(1), default=60.0, show_default=True, help="s; a dead peer ends the run"
 )
-@click.option("--knob", "knobs", multiple=True, metavar="POLICY.KNOB=VALUE", help="policy knob, repeatable")
+@click.option("--knob", "-k", "knobs", multiple=True, type=KnobAssignment(), help=KNOB_HELP)
 @click.option("--no-references", is_flag=True, help="skip compute-alone and all-reduce-alone")
 @click.option("--no-probe", is_flag=True, help="skip the TCP throughput/RTT check of each shaping")
 @click.option(
@@ -95,7 +87,7 @@ def command(
     threads: int,
     seed: int,
     comm_timeout: float,
-    knobs: tuple[str, ...],
+    knobs: tuple[tuple[str, str, Any], ...],
     no_references: bool,
     no_probe: bool,
     validate: bool,
@@ -132,10 +124,10 @@ def command(
         raise click.BadParameter(
             f"unknown {', '.join(unknown)}; known: {', '.join(RUNTIME_POLICIES)}", param_hint="--policies"
         )
-    knob_map: dict[str, dict[str, Any]] = {}
-    for text in knobs:
-        policy, key, value = _knob(text)
-        knob_map.setdefault(policy, {})[key] = value
+    try:
+        knob_map = knobs_by_policy(knobs, [p for p in chosen if p != TORCH_DDP])
+    except ScheduleError as exc:
+        raise click.BadParameter(str(exc), param_hint="--knob") from None
     try:
         config = BenchConfig(
             model=model,

@@ -10,7 +10,15 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from commsched.cli.inputs import OutputFile, load_workload, parse_pairs, split_options
+from commsched.cli.inputs import (
+    KNOB_HELP,
+    SIM_HELP,
+    KnobAssignment,
+    OutputFile,
+    knobs_by_policy,
+    load_workload,
+    parse_sim_options,
+)
 from commsched.cli.progress import progress
 from commsched.cluster import load_cluster
 from commsched.errors import CommschedError, ScheduleError
@@ -34,31 +42,6 @@ def _policies(given: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _split(policies: list[str], options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """``key=v`` are simulator options; ``policy.knob=v`` a knob of one policy."""
-    sim: dict[str, Any] = {}
-    per_policy: dict[str, dict[str, Any]] = {p: {} for p in policies}
-    for key, value in options.items():
-        policy, dot, knob = key.partition(".")
-        if dot:
-            if policy not in per_policy:
-                raise ScheduleError(f"option {key!r}: policy {policy!r} is not being compared")
-            per_policy[policy][knob] = value
-        elif key in SimOptions.names():
-            sim[key] = value
-        else:
-            raise ScheduleError(
-                f"option {key!r}: simulator options are {', '.join(SimOptions.names())}; "
-                "give a policy knob as POLICY.KNOB=VALUE"
-            )
-    knobs = {}
-    for policy, values in per_policy.items():
-        k, s = split_options(policy, {**values, **sim})
-        knobs[policy] = k
-        sim = s
-    return sim, knobs
-
-
 @click.command(name="compare", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--model", "-m", required=True, help="Zoo model name (e.g. resnet50) or a Workload JSON file.")
 @click.option("--cluster", "-c", required=True, help="Cluster preset (e.g. 64xV100-10GbE) or a YAML file.")
@@ -73,14 +56,8 @@ def _split(policies: list[str], options: dict[str, Any]) -> tuple[dict[str, Any]
 @click.option(
     "--warmup", default=3, show_default=True, type=click.IntRange(0), help="Iterations simulated first, not measured."
 )
-@click.option(
-    "--option",
-    "-o",
-    "option_pairs",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Simulator option for every policy (algorithm=..., max_concurrent=N, update_ms=X) or POLICY.KNOB=VALUE.",
-)
+@click.option("--knob", "-k", "knob_values", multiple=True, type=KnobAssignment(), help=KNOB_HELP)
+@click.option("--sim", "sim_pairs", multiple=True, metavar="KEY=VALUE", help=SIM_HELP + "; for every policy")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
 @click.option("--plot", "plot_path", type=OutputFile(), help="Write a bar chart PNG of iteration times here.")
 @click.option(
@@ -101,7 +78,8 @@ def command(
     policies: tuple[str, ...],
     iterations: int,
     warmup: int,
-    option_pairs: tuple[str, ...],
+    knob_values: tuple[tuple[str, str, Any], ...],
+    sim_pairs: tuple[str, ...],
     as_json: bool,
     plot_path: Path | None,
     measured: str | None,
@@ -115,12 +93,14 @@ def command(
     \b
     Example:
       commsched compare -m resnet50 -c 64xV100-10GbE --plot bars.png
-      commsched compare -m bert_large -c 64xV100-100GbIB -p ddp,dear -o dear.threshold_mb=50
+      commsched compare -m bert_large -c 64xV100-100GbIB -p ddp,dear -k dear.threshold_mb=50
     """
     workload = load_workload(model)
     spec = load_cluster(cluster)
     names = _policies(policies)
-    sim_options, knobs = _split(names, parse_pairs(option_pairs))
+    sim_options = parse_sim_options(sim_pairs)
+    given = knobs_by_policy(knob_values, names)
+    knobs = {p: given.get(p, {}) for p in names}
     if measured is not None:
         _compare_measured(workload, spec, names, knobs, sim_options, iterations, warmup, measured, skip_measured)
         return

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from commsched.errors import CommschedError, ScheduleError, SpecError
-from commsched.schedule import knobs as policy_knobs
-from commsched.schedule import make_knobs
+from commsched.schedule import knob_class, make_knobs
 from commsched.sim.simulator import SimOptions
 from commsched.workload import Workload
 
@@ -62,28 +61,58 @@ def parse_pairs(pairs: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def split_options(policy: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Split ``key=value`` options into (policy knobs, simulator options), checking names and types."""
-    known = policy_knobs(policy)
-    sim_names = SimOptions.names()
-    knob_values: dict[str, Any] = {}
-    sim_values: dict[str, Any] = {}
-    for key, value in options.items():
-        if key in sim_names:
-            sim_values[key] = value
-        elif key in known:
-            knob_values[key] = value
-        else:
-            names = ", ".join([*known, *sim_names])
-            raise ScheduleError(f"{policy}: unknown option {key!r}; known: {names}")
-    make_knobs(policy, knob_values)  # names, types and ranges, before anything runs
-    if "max_concurrent" in sim_values and not isinstance(sim_values["max_concurrent"], int):
-        raise ScheduleError(f"sim: max_concurrent must be an integer >= 1, got {sim_values['max_concurrent']!r}")
-    if "update_ms" in sim_values:
-        value = sim_values["update_ms"]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ScheduleError(f"sim: update_ms must be a number, got {value!r}")
-    return knob_values, sim_values
+KNOB_HELP = "POLICY.KNOB=VALUE, repeatable (e.g. dear.threshold_mb=8); `commsched knobs` lists every policy's"
+SIM_HELP = (
+    "KEY=VALUE, repeatable: a simulator option: algorithm=ring|tree|hierarchical|ps, "
+    "max_concurrent=N (default 1), update_ms=X (default 0), network=flow"
+)
+
+
+def parse_knob(text: str) -> tuple[str, str, Any]:
+    """``"dear.threshold_mb=8"`` -> ``("dear", "threshold_mb", 8.0)``, checked against the policy's knobs.
+
+    The one knob syntax of every command. Raises ScheduleError naming the
+    policy, the knob, the value and what is accepted.
+    """
+    target, sep, value = text.partition("=")
+    policy, dot, name = target.strip().partition(".")
+    if not sep or not dot or not policy or not name:
+        raise ScheduleError(f"knob {text!r}: expected POLICY.KNOB=VALUE, e.g. dear.threshold_mb=8")
+    return policy, name, knob_class(policy).parse_text(name, value)
+
+
+def knobs_by_policy(assignments: Iterable[tuple[str, str, Any]], policies: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Parsed ``--knob`` values grouped by policy; a knob of a policy that is not run is an error."""
+    running = list(policies)
+    out: dict[str, dict[str, Any]] = {}
+    for policy, name, value in assignments:
+        if policy not in running:
+            raise ScheduleError(f"knob {policy}.{name}: {policy} is not run here (running: {', '.join(running)})")
+        out.setdefault(policy, {})[name] = value
+    for policy, values in out.items():
+        make_knobs(policy, values)
+    return out
+
+
+class KnobAssignment(click.ParamType):
+    """A ``--knob POLICY.KNOB=VALUE`` option, checked when the command line is parsed."""
+
+    name = "POLICY.KNOB=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_knob(str(value))
+        except ScheduleError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def parse_sim_options(pairs: Iterable[str]) -> dict[str, Any]:
+    """``--sim KEY=VALUE`` pairs as simulator options, checked (names and values) now."""
+    options = parse_pairs(pairs)
+    SimOptions.from_mapping(options)
+    return options
 
 
 class OutputFile(click.Path):

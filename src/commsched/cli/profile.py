@@ -237,7 +237,7 @@ def network_command(
     \b
     Example:
       commsched profile network --world 2 --cluster-out measured.yaml
-      commsched compare -m resnet5m.cpu.json -c measured.yaml -o max_concurrent=2
+      commsched compare -m resnet5m.cpu.json -c measured.yaml --sim max_concurrent=2
     """
     from commsched.profile import OPS, probe_local
 

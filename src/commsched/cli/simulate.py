@@ -10,18 +10,20 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from commsched.cli.inputs import OutputFile, load_workload, parse_pairs, split_options
+from commsched.cli.inputs import (
+    KNOB_HELP,
+    SIM_HELP,
+    KnobAssignment,
+    OutputFile,
+    knobs_by_policy,
+    load_workload,
+    parse_sim_options,
+)
 from commsched.cli.progress import progress
 from commsched.cluster import load_cluster
 from commsched.schedule import POLICIES
 from commsched.sim import SimResult, simulate
 from commsched.sim.plot import plot_timeline
-
-OPTION_HELP = (
-    "KEY=VALUE, repeatable: a policy knob (the result's `knobs` row lists them with their values, "
-    "e.g. bucket_cap_mb=50) or a simulator option: algorithm=ring|tree|hierarchical|ps, "
-    "max_concurrent=N (default 1), update_ms=X (default 0)."
-)
 
 
 def format_bytes(nbytes: float) -> str:
@@ -70,8 +72,15 @@ def _fmt(value: Any) -> str:
 @click.option(
     "--warmup", default=3, show_default=True, type=click.IntRange(0), help="Iterations simulated first, not measured."
 )
-@click.option("--option", "-o", "option_pairs", multiple=True, metavar="KEY=VALUE", help=OPTION_HELP)
+@click.option("--knob", "-k", "knob_values", multiple=True, type=KnobAssignment(), help=KNOB_HELP)
+@click.option("--sim", "sim_pairs", multiple=True, metavar="KEY=VALUE", help=SIM_HELP)
 @click.option("--trace", "trace_path", type=OutputFile(), help="Write the Chrome/Perfetto trace JSON here.")
+@click.option(
+    "--save-plan",
+    "plan_path",
+    type=OutputFile(),
+    help="Write the simulated plan here (JSON): parallelize(model, opt, plan=PATH) runs it.",
+)
 @click.option("--plot", "plot_path", type=OutputFile(), help="Write a timeline PNG of two iterations here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of a table.")
 @click.option("--tune", "do_tune", is_flag=True, help="Search the policy's numeric knobs by simulation (optuna).")
@@ -83,8 +92,10 @@ def command(
     policy: str,
     iterations: int,
     warmup: int,
-    option_pairs: tuple[str, ...],
+    knob_values: tuple[tuple[str, str, Any], ...],
+    sim_pairs: tuple[str, ...],
     trace_path: Path | None,
+    plan_path: Path | None,
     plot_path: Path | None,
     as_json: bool,
     do_tune: bool,
@@ -97,11 +108,13 @@ def command(
     Example:
       commsched simulate -m resnet50 -c 64xV100-10GbE -p dear --plot dear.png
       commsched simulate -m bert_large -c 64xV100-100GbIB -p bytescheduler --tune
-      commsched simulate -m vgg16 -c 8xV100-10GbE -p ddp -o bucket_cap_mb=50 -o max_concurrent=2
+      commsched simulate -m vgg16 -c 8xV100-10GbE -p ddp -k ddp.bucket_cap_mb=50 --sim max_concurrent=2
+      commsched simulate -m cnn.json -c 2workers.yaml -p dear --save-plan plan.json
     """
+    knobs = knobs_by_policy(knob_values, [policy]).get(policy, {})
+    sim_options = parse_sim_options(sim_pairs)
     workload = load_workload(model)
     spec = load_cluster(cluster)
-    knobs, sim_options = split_options(policy, parse_pairs(option_pairs))
     tuned = None
     if do_tune:
         from commsched.plan.tune import tune
@@ -125,6 +138,8 @@ def command(
         result = simulate(workload, spec, policy, iterations, warmup, options=sim_options, **knobs)
     if trace_path and result.trace is not None:
         result.trace.save_chrome(trace_path)
+    if plan_path and result.plan is not None:
+        result.plan.save(plan_path)
     if plot_path and result.trace is not None:
         plot_timeline(result.trace, plot_path)
     if as_json:

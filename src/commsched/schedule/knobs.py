@@ -158,4 +158,6 @@ def _describe(base: type, f: dataclasses.Field[Any]) -> str:
 
 @dataclass(frozen=True)
 class NoKnobs(Knobs):
-    """For policies without knobs."""
+    """No knobs: for schedulers made outside the registry (tests, experiments)."""
+
+    policy: ClassVar[str] = "scheduler"

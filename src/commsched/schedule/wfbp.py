@@ -11,6 +11,7 @@ Guarantee: lossless. Knobs: none.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from commsched.schedule.base import Action, Launch, NetworkEstimate, Scheduler
@@ -20,8 +21,14 @@ from commsched.schedule.plan import CommPlan
 from commsched.workload import Workload
 
 
+@dataclass(frozen=True)
+class WFBPKnobs(Knobs):
+    policy: ClassVar[str] = "wfbp"
+
+
 class WFBPScheduler(Scheduler):
     name: ClassVar[str] = "wfbp"
+    knob_type: ClassVar[type[Knobs]] = WFBPKnobs
 
     @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
