@@ -203,3 +203,37 @@ def launch_order(rank: int, world: int, port: int, out: str, policy: str, knobs:
         result = {"error": traceback.format_exc()}
     _write(out, rank, result)
     os._exit(0)
+
+
+def switch_plans(rank: int, world: int, port: int, out: str, steps: int) -> None:
+    """dear, then a ddp plan mid-run, then dear again: deferred and step updates follow each other."""
+    try:
+        from commsched.schedule import build_plan
+
+        init(rank, world, port)
+        base = M.fresh()
+        model = M.clone(base)
+        opt = M.make_optimizer("adamw", model)
+        ref_model = M.clone(base)
+        ref, ref_opt = parallelize(ref_model, M.make_optimizer("adamw", ref_model), policy="torch_ddp")
+        M.train(ref, ref_opt, rank, 3 * steps)
+        wrapped, opt = parallelize(model, opt, policy="dear", **SMALL_KNOBS["dear"])
+        M.train(wrapped, opt, rank, steps)
+        dear_plan = wrapped.plan  # type: ignore[union-attr]
+        ddp_plan = build_plan("ddp", dear_plan.workload, dear_plan.network, **SMALL_KNOBS["ddp"])
+        wrapped.use_plan(ddp_plan)  # type: ignore[operator]
+        M.train(wrapped, opt, rank, steps, start=steps)
+        used = [dear_plan.update, wrapped.plan.update]  # type: ignore[union-attr]
+        wrapped.use_plan(dear_plan)  # type: ignore[operator]
+        M.train(wrapped, opt, rank, steps, start=2 * steps)
+        used.append(wrapped.plan.update)  # type: ignore[union-attr]
+        result = {
+            "diff": _diff(M.snapshot(wrapped), M.snapshot(ref)),
+            "moved": _diff(M.snapshot(wrapped), M.snapshot(base)),
+            "updates": used,
+        }
+        wrapped.close()  # type: ignore[operator]
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    _write(out, rank, result)
+    os._exit(0)

@@ -159,3 +159,11 @@ def test_the_runtimes_launch_order_is_the_simulators_on_the_same_profile(
     last_full = steps - 2  # the last iteration whose all-gathers the next forward launched
     for r in res:
         assert _steady_order(r["order"], last_full) == simulated, policy
+
+
+def test_switching_plans_mid_run_between_update_modes_still_trains_like_ddp(tmp_path: Path) -> None:
+    res = spawn(S.switch_plans, 2, tmp_path, 3)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert r["updates"] == ["forward", "step", "forward"]
+        assert r["moved"] > 1e-3 and r["diff"] < TOL, r

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import math
 import types
 import weakref
@@ -23,11 +24,13 @@ from commsched.schedule import (
     TORCH_DDP,
     CommPlan,
     NetworkEstimate,
+    build_plan,
     make_knobs,
     policy_class,
 )
 from commsched.trace import Trace
 from commsched.units import gbps_to_bytes_per_s
+from commsched.workload import Workload
 
 # Optimizers whose step needs every parameter at once (a closure re-evaluating the loss).
 _UNSPLITTABLE = ("LBFGS",)
@@ -67,6 +70,10 @@ class ParallelModule(nn.Module):
     def plan(self) -> CommPlan:
         """The plan in use (the provisional one during warm-up); ``.save(path)`` writes it as a plan file."""
         return self._engine.plan
+
+    def use_plan(self, plan: CommPlan | str | Path) -> None:
+        """Run ``plan`` from the next iteration on (call between iterations, on every rank alike)."""
+        self._engine.use_plan(plan if isinstance(plan, CommPlan) else CommPlan.load(plan))
 
     @property
     def engine(self) -> Engine:
@@ -154,6 +161,7 @@ def parallelize(
         optimizer,
         policy=policy,
         knobs=knob_values,
+        planner=functools.partial(_plan_by_name, policy, knob_values),
         plan=plan,
         process_group=process_group,
         max_grad_norm=max_grad_norm,
@@ -166,6 +174,10 @@ def parallelize(
     _patch_optimizer(optimizer, engine, policy, defers)
     atexit.register(_close_at_exit, weakref.ref(engine))
     return ParallelModule(model, engine), optimizer
+
+
+def _plan_by_name(policy: str, knobs: dict[str, Any], workload: Workload, network: NetworkEstimate) -> CommPlan:
+    return build_plan(policy, workload, network, **knobs)
 
 
 def _check_arguments(

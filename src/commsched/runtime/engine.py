@@ -31,12 +31,16 @@ from commsched.runtime.agent import Agent
 from commsched.runtime.buffers import GradientBuffers
 from commsched.runtime.hooks import ComputeTracer, install_hooks
 from commsched.runtime.updates import DeferredUpdates, clip_coefficient
-from commsched.schedule import CommPlan, NetworkEstimate, build_plan, provisional_plan
+from commsched.schedule import CommPlan, NetworkEstimate, provisional_plan
 from commsched.trace import Trace
 from commsched.transport import Transport, open_transports
+from commsched.workload import Workload
 
 #: The estimate a provisional plan is made for before anything was measured (10 Gbit/s).
 DEFAULT_NETWORK_BYTES_PER_S = 1.25e9
+
+#: Makes the real plan from the measured model and network (on rank 0, after warm-up).
+Planner = Callable[[Workload, NetworkEstimate], CommPlan]
 
 
 class Engine:
@@ -49,6 +53,7 @@ class Engine:
         *,
         policy: str,
         knobs: dict[str, Any],
+        planner: Planner,
         plan: CommPlan | None,
         process_group: dist.ProcessGroup | None,
         max_grad_norm: float | None,
@@ -62,6 +67,7 @@ class Engine:
         self.optimizer = optimizer
         self.policy = policy
         self.knobs = knobs
+        self.planner = planner
         self.max_grad_norm = max_grad_norm
         self.timeout_s = timeout_s
         self.broadcast_buffers = broadcast_buffers
@@ -140,10 +146,29 @@ class Engine:
             workload, _ = warmup.measured_workload(self.module, self.recorder)
             nbytes = sum(p.numel() * p.element_size() for p in self._params)
             network = self.network or warmup.measured_network(self.world, nbytes, self.recorder) or self._network()
-            payload = [build_plan(self.policy, workload, network, **self.knobs).to_json(indent=None)]
+            payload = [self.planner(workload, network).to_json(indent=None)]
         with startup.peers("sharing the plan made after warm-up"):
             dist.broadcast_object_list(payload, src=self.groups.leader(), group=self.groups.control)
         self._adopt(CommPlan.from_json(payload[0], "the plan made after warm-up"))
+        self._warming = False
+
+    def use_plan(self, plan: CommPlan) -> None:
+        """Switch to ``plan`` between two iterations; every rank must call it at the same point.
+
+        Pending updates are applied under the old plan first, so plans with different update
+        modes can follow each other. The ranks check that they switch to the same plan.
+        """
+        if self._in_backward:
+            raise RuntimeCommError(f"rank {self.rank}: use_plan() inside backward; call it between iterations")
+        bind_plan(self.module, plan, self.world)
+        self.flush()
+        theirs: list[Any] = [None] * self.world
+        digest = startup.plan_digest(plan.to_json(indent=None))
+        with startup.peers("agreeing on a new plan"):
+            dist.all_gather_object(theirs, digest, group=self.groups.control)
+        if len(set(theirs)) != 1:
+            raise RuntimeCommError(f"rank {self.rank}: use_plan(): the ranks switch to different plans ({theirs})")
+        self._adopt(plan)
         self._warming = False
 
     # ------------------------------------------------------------------ forward

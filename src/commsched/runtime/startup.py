@@ -76,8 +76,12 @@ def fingerprint(
     model: nn.Module, policy: str, knobs: dict[str, Any], plan_json: str | None, world: int, warmup_iters: int
 ) -> Fingerprint:
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters() if p.requires_grad)
-    digest = hashlib.sha256(plan_json.encode()).hexdigest()[:16] if plan_json is not None else "none"
+    digest = plan_digest(plan_json) if plan_json is not None else "none"
     return Fingerprint(policy, repr(sorted(knobs.items())), digest, params, world, warmup_iters)
+
+
+def plan_digest(plan_json: str) -> str:
+    return hashlib.sha256(plan_json.encode()).hexdigest()[:16]
 
 
 def agree(mine: Fingerprint, group: dist.ProcessGroup) -> None:
