@@ -48,6 +48,7 @@ from pydantic import (
 )
 
 from commsched.errors import SpecError, spec_error_from_pydantic
+from commsched.spec_files import read_text
 
 __all__ = [
     "Cluster",
@@ -333,12 +334,7 @@ class Cluster(_Frozen):
 
     @classmethod
     def load(cls, path: str | Path) -> Cluster:
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise SpecError(str(path), [f"<file>: cannot read ({exc.strerror})"]) from None
-        return cls.from_yaml(text, source=str(path))
+        return cls.from_yaml(read_text(path), source=str(path))
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

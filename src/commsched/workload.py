@@ -18,7 +18,6 @@ Conventions:
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from functools import cached_property
@@ -38,6 +37,7 @@ from pydantic import (
 )
 
 from commsched.errors import SpecError, spec_error_from_pydantic
+from commsched.spec_files import parse_json, read_text
 
 SCHEMA_VERSION = 1
 
@@ -267,17 +267,8 @@ class Workload(_Frozen):
 
     @classmethod
     def from_json(cls, text: str, source: str = "workload") -> Workload:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(source, [f"<root>: not valid JSON ({exc})"]) from None
-        return cls.from_dict(data, source)
+        return cls.from_dict(parse_json(text, source), source)
 
     @classmethod
     def load(cls, path: str | Path) -> Workload:
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise SpecError(str(path), [f"<file>: cannot read ({exc.strerror})"]) from None
-        return cls.from_json(text, source=str(path))
+        return cls.from_json(read_text(path), source=str(path))

@@ -37,6 +37,7 @@ from commsched.schedule.base import (
     UpdateMode,
 )
 from commsched.schedule.knobs import Knobs
+from commsched.spec_files import parse_json, read_text
 from commsched.workload import Workload
 
 PLAN_FORMAT = "commsched.CommPlan"
@@ -187,20 +188,11 @@ class CommPlan:
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan") -> CommPlan:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(source, [f"not valid JSON: {exc}"]) from None
-        return cls.from_dict(data, source)
+        return cls.from_dict(parse_json(text, source), source)
 
     @classmethod
     def load(cls, path: str | Path) -> CommPlan:
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as exc:
-            raise SpecError(str(path), [f"cannot read: {exc.strerror or exc}"]) from None
-        return cls.from_json(text, str(path))
+        return cls.from_json(read_text(path), str(path))
 
 
 def _task_to_dict(task: CommTask) -> dict[str, Any]:
