@@ -1,22 +1,23 @@
-"""The agent: the dispatcher on a thread of its own, starting real transports.
+"""The agent: one rank's dispatcher, driven by whichever thread has news, starting real transports.
 
-Threads of one rank (none of them blocks the training thread):
+The :class:`~commsched.schedule.dispatch.Dispatcher` is not thread-safe, so it
+lives behind one lock and is called, synchronously, by the thread that has
+something to report — no event is handed to another thread:
 
-* the **agent** owns the :class:`~commsched.schedule.dispatch.Dispatcher`. It
-  takes items from one FIFO queue — the training thread's events, the
-  watcher's completions, a follower's orders from the leader, plan switches —
-  feeds them to the dispatcher, and starts each returned task on its
-  transport (a non-blocking call). A leader whose scheduler decides on
-  completions forwards its decisions to the other ranks.
-* the **watcher** waits for started tasks in start order, records them in the
-  trace, marks them in :class:`Completions` (what the training thread waits
-  on) and posts them back to the agent.
+* the **training thread** reports its events (gradient ready, backward done,
+  step, a layer's forward, flush) from its hooks;
+* the **watcher** thread waits for started tasks in start order, records them
+  in the trace, marks them in :class:`Completions` (what the training thread
+  waits on) and reports them;
 * a **follower** (a rank other than 0 under a completion-driven scheduler)
-  receives the leader's decisions on a thread of its own and posts them.
+  receives the leader's decisions on a thread of its own and reports them;
+* a deciding **leader** hands its decisions to a sender thread, so that a slow
+  peer never blocks the training thread.
 
-Items carry the *epoch* of the plan they belong to: completions of a plan
-that was switched away from are dropped; a leader's orders for a plan this
-rank has not switched to yet are kept until it has.
+Whatever the dispatcher returns is started at once on the task's transport (a
+non-blocking call). Reports carry the *epoch* of the plan they belong to:
+completions of a plan that was switched away from are dropped; a leader's
+orders for a plan this rank has not switched to yet are kept until it has.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch.distributed as dist
 from commsched.errors import RuntimeCommError
 from commsched.runtime.buffers import GradientBuffers
 from commsched.schedule import CommPlan, Dispatcher, Start, policy_class, scheduler_for
+from commsched.schedule.dispatch import EventName
 from commsched.trace import Trace, TraceEvent
 from commsched.transport import Handle, Transport
 
@@ -62,6 +64,9 @@ class Completions:
             if epoch == self._epoch:
                 self._done[task] = max(self._done[task], instance + 1)
                 self._cond.notify_all()
+
+    def done(self, task: int, instance: int) -> bool:
+        return self._done[task] > instance
 
     def fail(self, error: BaseException) -> None:
         with self._cond:
@@ -111,7 +116,7 @@ class _PlanState:
 
 
 class Agent:
-    """Runs one rank's dispatcher on its own threads; see the module docstring."""
+    """Runs one rank's dispatcher; see the module docstring."""
 
     def __init__(
         self,
@@ -131,54 +136,97 @@ class Agent:
         self._trace = trace
         self._t0 = t0
         self.completions = Completions()
-        self._items: queue.SimpleQueue[Item | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
         self._started: queue.SimpleQueue[_Started | None] = queue.SimpleQueue()
-        self._plans: dict[int, _PlanState] = {}  # epoch -> plan, handed to the agent thread
-        self._plans_lock = threading.Lock()
+        self._outbox: queue.SimpleQueue[list[tuple[int, int, int]] | None] = queue.SimpleQueue()
         self._state: _PlanState | None = None
         self._stashed: list[Item] = []
         self._follower: threading.Thread | None = None
+        self._sender: threading.Thread | None = None
         self._closing = False
-        self._threads = [
-            threading.Thread(target=self._guard(self._agent_loop), name=f"commsched-agent-r{rank}", daemon=True),
-            threading.Thread(target=self._guard(self._watch_loop), name=f"commsched-watch-r{rank}", daemon=True),
-        ]
-        for t in self._threads:
-            t.start()
+        self._watcher = threading.Thread(
+            target=self._guard(self._watch_loop), name=f"commsched-watch-r{rank}", daemon=True
+        )
+        self._watcher.start()
 
-    # ---- from the training thread ----
+    # ---- reports ----
 
     def set_plan(self, plan: CommPlan, buffers: GradientBuffers, epoch: int, first_iteration: int = 0) -> None:
-        """Switch to ``plan`` (every earlier item is processed under the old one)."""
+        """Switch to ``plan``: later reports of an earlier epoch are dropped."""
         leader_decides = policy_class(plan.policy).uses_completions and self.world > 1
         scheduler = scheduler_for(plan) if (self.rank == 0 or not leader_decides) else None
         dispatcher = Dispatcher(plan, scheduler, forward_decisions=leader_decides)
         state = _PlanState(plan, dispatcher, buffers, epoch, leader_decides and self.rank == 0, first_iteration)
-        self.completions.reset(len(plan.tasks), epoch)
-        with self._plans_lock:
-            self._plans[epoch] = state
-        self._items.put(("plan", 0, 0, epoch))
+        with self._lock:
+            self.completions.reset(len(plan.tasks), epoch)
+            self._state = state
+            stashed, self._stashed = self._stashed, []
+        for item in stashed:
+            self.post(item[0], item[1], item[3], item[2])
+        if state.leader_forwards and self._sender is None:
+            self._sender = self._thread(self._send_loop, "send")
         if leader_decides and self.rank != 0 and self._follower is None:
-            self._follower = threading.Thread(
-                target=self._guard(self._follow_loop), name=f"commsched-follow-r{self.rank}", daemon=True
-            )
-            self._follower.start()
+            self._follower = self._thread(self._follow_loop, "follow")
 
     def post(self, event: str, arg: int, epoch: int, instance: int = 0) -> None:
-        """An item for the dispatcher: the training thread's events (grad_ready, backward_done, step,
-        forward_pre, flush); ``completed`` and ``follow`` (with ``instance``) come from the other threads."""
-        self._items.put((event, arg, instance, epoch))
+        """Report to the dispatcher and start what it returns: the training thread's events
+        (grad_ready, backward_done, step, forward_pre, flush); ``completed`` and ``follow``
+        (with ``instance``) from the other threads."""
+        with self._lock:
+            state = self._state
+            if state is None or epoch < state.epoch:
+                return  # a completion of a plan switched away from
+            if epoch > state.epoch:
+                self._stashed.append((event, arg, instance, epoch))  # the leader's order for a later plan
+                return
+            d = state.dispatcher
+            if event == "completed":
+                starts = d.completed(arg, instance)
+            elif event == "follow":
+                starts = d.follow(arg, instance)
+            elif event == "grad_ready":
+                starts = d.grad_ready(arg)
+            elif event == "forward_pre":
+                starts = d.forward_pre(arg)
+            elif event == "backward_done":
+                starts = d.backward_done()
+            elif event == "step":
+                starts = d.step()
+            elif event == "flush":
+                starts = d.flush()
+            else:
+                raise AssertionError(event)
+            for s in starts:
+                self._start(state, s)
+            if state.leader_forwards:
+                decisions = d.take_decisions()
+                if decisions:
+                    self._outbox.put([(task, inst, state.epoch) for task, inst in decisions])
+
+    def listens(self, event: EventName) -> bool:
+        """Whether the current plan's scheduler reacts to ``event`` (others need not be reported)."""
+        state = self._state
+        return state is not None and state.dispatcher.listens(event)
 
     def close(self, join_timeout_s: float) -> None:
         """Stop the threads: the leader tells its followers to stop; each join is bounded."""
-        self._closing = True
-        self._items.put(None)
-        for t in self._threads:
-            t.join(timeout=join_timeout_s)
-        if self._follower is not None:
-            self._follower.join(timeout=join_timeout_s)
+        with self._lock:
+            self._closing = True
+            state = self._state
+        self._started.put(None)
+        if state is not None and state.leader_forwards:
+            self._outbox.put([(-1, -1, -1)])
+        self._outbox.put(None)
+        for t in (self._watcher, self._sender, self._follower):
+            if t is not None:
+                t.join(timeout=join_timeout_s)
 
     # ---- threads ----
+
+    def _thread(self, fn: Callable[[], None], what: str) -> threading.Thread:
+        t = threading.Thread(target=self._guard(fn), name=f"commsched-{what}-r{self.rank}", daemon=True)
+        t.start()
+        return t
 
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -189,53 +237,6 @@ class Agent:
                     self.completions.fail(exc)
 
         return run
-
-    def _agent_loop(self) -> None:
-        while True:
-            item = self._items.get()
-            if item is None:
-                self._started.put(None)
-                state = self._state
-                if state is not None and state.leader_forwards:
-                    self._send([(-1, -1, -1)])
-                return
-            kind, a, b, epoch = item
-            if kind == "plan":
-                with self._plans_lock:
-                    self._state = self._plans.pop(epoch)
-                stashed, self._stashed = self._stashed, []
-                for old in stashed:
-                    self._items.put(old)
-                continue
-            state = self._state
-            if state is None or epoch < state.epoch:
-                continue  # a completion of a plan switched away from
-            if epoch > state.epoch:
-                self._stashed.append(item)  # the leader's order for a plan this rank has not reached yet
-                continue
-            d = state.dispatcher
-            if kind == "completed":
-                starts = d.completed(a, b)
-            elif kind == "follow":
-                starts = d.follow(a, b)
-            elif kind == "grad_ready":
-                starts = d.grad_ready(a)
-            elif kind == "forward_pre":
-                starts = d.forward_pre(a)
-            elif kind == "backward_done":
-                starts = d.backward_done()
-            elif kind == "step":
-                starts = d.step()
-            elif kind == "flush":
-                starts = d.flush()
-            else:
-                raise AssertionError(kind)
-            for s in starts:
-                self._start(state, s)
-            if state.leader_forwards:
-                decisions = d.take_decisions()
-                if decisions:
-                    self._send([(task, inst, state.epoch) for task, inst in decisions])
 
     def _start(self, state: _PlanState, s: Start) -> None:
         task = state.plan.tasks[s.task]
@@ -255,32 +256,34 @@ class Agent:
             except Exception as exc:
                 raise RuntimeCommError(f"rank {self.rank}: a transfer failed: {exc}") from exc
             end = time.perf_counter()
-            if self._trace is not None:
-                with self._plans_lock:
-                    state = self._state
-                if state is not None and state.epoch == started.epoch:
-                    task = state.plan.tasks[started.task]
-                    # From when the transfer began where the handle knows it (ring ops queue behind
-                    # each other on one thread), else from the start, as the simulator's trace counts.
-                    begin = getattr(started.handle, "started_s", None) or started.start_s
-                    self._trace.add(
-                        TraceEvent(
-                            task.name, task.kind, self.rank, begin - self._t0, end - self._t0,
-                            task.bytes, state.first_iteration + started.instance,
-                        )
-                    )  # fmt: skip
+            state = self._state
+            if self._trace is not None and state is not None and state.epoch == started.epoch:
+                task = state.plan.tasks[started.task]
+                # From when the transfer began where the handle knows it (ring ops queue behind
+                # each other on one thread), else from the start, as the simulator's trace counts.
+                begin = getattr(started.handle, "started_s", None) or started.start_s
+                self._trace.add(
+                    TraceEvent(
+                        task.name, task.kind, self.rank, begin - self._t0, end - self._t0,
+                        task.bytes, state.first_iteration + started.instance,
+                    )
+                )  # fmt: skip
             self.completions.mark(started.task, started.instance, started.epoch)
             self.post("completed", started.task, started.epoch, started.instance)
 
     # ---- the leader's decisions ----
 
-    def _send(self, decisions: list[tuple[int, int, int]]) -> None:
-        msg = torch.tensor([len(decisions), *itertools.chain.from_iterable(decisions)], dtype=torch.long)
-        size = torch.tensor([msg.numel()], dtype=torch.long)
-        for r in range(1, self.world):
-            dst = dist.get_global_rank(self._decision_group, r)
-            dist.send(size, dst=dst, group=self._decision_group)
-            dist.send(msg, dst=dst, group=self._decision_group)
+    def _send_loop(self) -> None:
+        while True:
+            decisions = self._outbox.get()
+            if decisions is None:
+                return
+            msg = torch.tensor([len(decisions), *itertools.chain.from_iterable(decisions)], dtype=torch.long)
+            size = torch.tensor([msg.numel()], dtype=torch.long)
+            for r in range(1, self.world):
+                dst = dist.get_global_rank(self._decision_group, r)
+                dist.send(size, dst=dst, group=self._decision_group)
+                dist.send(msg, dst=dst, group=self._decision_group)
 
     def _follow_loop(self) -> None:
         src = dist.get_global_rank(self._decision_group, 0)

@@ -4,9 +4,20 @@ Each task owns a flat buffer holding its segments back to back; a
 reduce-scatter and the all-gather that depends on it share one buffer (the
 all-gather writes back where the reduce-scatter read), padded to a multiple
 of the world size with a shard of ``1/world`` of it. A gradient is copied into
-the buffers of every task that reads it when it is ready; after the tasks
-delivering it have finished, :meth:`GradientBuffers.averaged` reads it back
-divided by the world size.
+the buffers of every task that reads it when it is ready; once the tasks
+delivering it have finished, the buffer is divided by the world size in
+place (once) and read back as a view where the tensor lies in one piece.
+
+**Gradients as bucket views** (``update="step"`` plans, as DDP's
+``gradient_as_bucket_view``): a tensor that lies whole and contiguous in one
+all-reduce buffer gets ``p.grad`` = its view of that buffer, so autograd
+accumulates straight into the buffer (no copy in, no copy out). Before a
+synchronised forward, a parameter whose ``p.grad`` is ``None`` (after
+``zero_grad(set_to_none=True)``, PyTorch's default) gets its zeroed view
+back; a parameter that then receives no gradient gets ``None`` again at the
+end of backward, so the optimizer skips it, as under DDP. Plans that apply
+updates later (``update="forward"``) keep ``p.grad`` apart from the buffers:
+the buffers are still in flight when the user zeroes the gradients.
 """
 
 from __future__ import annotations
@@ -18,11 +29,13 @@ import torch
 from commsched.schedule import CommPlan, CommTask
 from commsched.transport import TaskBuffer
 
+_DELIVERING = ("all_reduce", "all_gather", "pull")
+
 
 class GradientBuffers:
     """The buffers of one plan on one rank; ``params[t]`` is the parameter of plan tensor ``t``."""
 
-    __slots__ = ("_buffers", "_offsets", "params", "plan", "world")
+    __slots__ = ("_averaged", "_buffer_of", "_buffers", "_offsets", "_views", "params", "plan", "world")
 
     def __init__(self, plan: CommPlan, params: Sequence[torch.Tensor], world: int) -> None:
         self.plan = plan
@@ -37,10 +50,15 @@ class GradientBuffers:
                 total += seg.numel
             self._offsets.append(offsets)
             buffers.append(self._allocate(task, total))
+        self._buffer_of = list(range(len(plan.tasks)))  # the task that owns each task's buffer
         for task in plan.tasks:  # the second of a pair shares its first's buffer
             if task.kind in ("all_gather", "pull") and task.deps:
                 buffers[task.id] = buffers[task.deps[0]]
+                self._buffer_of[task.id] = task.deps[0]
         self._buffers = buffers
+        #: per owning task: the buffer was divided by the world size since it was last filled
+        self._averaged = [False] * len(plan.tasks)
+        self._views = [self._whole_view(t) for t in range(len(self.params))]
 
     def _allocate(self, task: CommTask, numel: int) -> TaskBuffer:
         p0 = self.params[task.segments[0].tensor]
@@ -50,8 +68,24 @@ class GradientBuffers:
             return TaskBuffer(flat, torch.zeros(padded // self.world, dtype=p0.dtype, device=p0.device))
         return TaskBuffer(torch.zeros(numel, dtype=p0.dtype, device=p0.device))
 
+    def _whole_view(self, tensor: int) -> torch.Tensor | None:
+        """``tensor``'s view of the one buffer that delivers it whole (None when it is cut in pieces)."""
+        finals = self.plan.final_tasks_of_tensor[tensor]
+        p = self.params[tensor]
+        if len(finals) != 1:
+            return None
+        task = self.plan.tasks[finals[0]]
+        for seg, off in zip(task.segments, self._offsets[task.id], strict=True):
+            if seg.tensor == tensor:
+                if seg.numel != p.numel():
+                    return None
+                return self._buffers[task.id].flat[off : off + seg.numel].view(p.shape)
+        return None
+
     def buffer(self, task: int) -> TaskBuffer:
         return self._buffers[task]
+
+    # ---- in ----
 
     def fill(self, tensor: int, grad: torch.Tensor | None) -> None:
         """Copy this rank's gradient of ``tensor`` (zeros for ``None``) into every task that reads it."""
@@ -59,6 +93,7 @@ class GradientBuffers:
         for task_id in self.plan.tasks_reading_tensor[tensor]:
             task = self.plan.tasks[task_id]
             flat = self._buffers[task_id].flat
+            self._averaged[self._buffer_of[task_id]] = False
             for seg, off in zip(task.segments, self._offsets[task_id], strict=True):
                 if seg.tensor != tensor:
                     continue
@@ -66,10 +101,45 @@ class GradientBuffers:
                 if flat_grad is None:
                     dst.zero_()
                 else:
-                    dst.copy_(flat_grad[seg.start : seg.stop])
+                    src = flat_grad[seg.start : seg.stop]
+                    if src.data_ptr() != dst.data_ptr():  # else p.grad is the bucket view: already there
+                        dst.copy_(src)
+
+    def attach_views(self, params_without_grad: Sequence[int]) -> list[int]:
+        """``p.grad`` = the zeroed bucket view for each listed tensor that has one; returns those tensors."""
+        attached = []
+        for t in params_without_grad:
+            view = self._views[t]
+            if view is not None:
+                p = self.params[t]
+                p.grad = view.zero_()
+                attached.append(t)
+        return attached
+
+    def is_view(self, tensor: int) -> bool:
+        """Whether ``p.grad`` of ``tensor`` is its bucket view."""
+        view, grad = self._views[tensor], self.params[tensor].grad
+        return view is not None and grad is not None and grad.data_ptr() == view.data_ptr()
+
+    # ---- out ----
+
+    def _average(self, task_id: int) -> None:
+        owner = self._buffer_of[task_id]
+        if not self._averaged[owner]:
+            self._buffers[owner].flat.div_(self.world)
+            self._averaged[owner] = True
 
     def averaged(self, tensor: int) -> torch.Tensor:
-        """The reduced gradient of ``tensor`` divided by the world size (after its final tasks finished)."""
+        """The reduced gradient of ``tensor`` divided by the world size (after its final tasks finished).
+
+        A view of the buffer where the tensor lies whole in one (valid until the buffer is filled again),
+        else a new tensor gathered from its pieces.
+        """
+        for task_id in self.plan.final_tasks_of_tensor[tensor]:
+            self._average(task_id)
+        view = self._views[tensor]
+        if view is not None:
+            return view
         p = self.params[tensor]
         out = torch.empty(p.numel(), dtype=p.dtype, device=p.device)
         for task_id in self.plan.final_tasks_of_tensor[tensor]:
@@ -78,25 +148,25 @@ class GradientBuffers:
             for seg, off in zip(task.segments, self._offsets[task_id], strict=True):
                 if seg.tensor == tensor:
                     out[seg.start : seg.stop] = flat[off : off + seg.numel]
-        return out.div_(self.world)
+        return out.view(p.shape)
 
     def write_averaged_grads(self, has_grad: Sequence[bool]) -> None:
-        """``p.grad`` = the averaged gradient for every tensor with ``has_grad[t]``: one pass, no temporaries."""
+        """``update="step"``: ``p.grad`` = the averaged gradient of every tensor with ``has_grad[t]``.
+
+        Bucket views stay as they are (the buffer was averaged in place); a gradient of the same
+        layout becomes its view; any other (e.g. ``channels_last``) gets the values copied in.
+        """
         for task in self.plan.tasks:
-            if task.kind not in ("all_reduce", "all_gather", "pull"):
+            if task.kind in _DELIVERING:
+                self._average(task.id)
+        for t, p in enumerate(self.params):
+            if not has_grad[t] or p.grad is None or self.is_view(t):
                 continue
-            flat = self._buffers[task.id].flat
-            for seg, off in zip(task.segments, self._offsets[task.id], strict=True):
-                p = self.params[seg.tensor]
-                if not has_grad[seg.tensor] or p.grad is None:
-                    continue
-                src = flat[off : off + seg.numel]
-                if p.grad.is_contiguous():
-                    torch.div(src, self.world, out=p.grad.view(-1)[seg.start : seg.stop])
-                else:  # e.g. channels_last: go through a contiguous copy
-                    flat_grad = p.grad.reshape(-1).clone()
-                    torch.div(src, self.world, out=flat_grad[seg.start : seg.stop])
-                    p.grad.copy_(flat_grad.view_as(p.grad))
+            avg = self.averaged(t)
+            if self._views[t] is not None and p.grad.is_contiguous() and p.grad.dtype == avg.dtype:
+                p.grad = avg
+            else:
+                p.grad.copy_(avg)
 
     def shard_square_sum(self) -> torch.Tensor | None:
         """Σ (shard / world)² over this rank's reduce-scatter shards (float64), or None without shards."""

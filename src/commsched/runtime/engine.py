@@ -124,6 +124,11 @@ class Engine:
     def _adopt(self, plan: CommPlan) -> None:
         """Run ``plan`` from the next iteration on (every rank adopts the same plan at the same point)."""
         live = bind_plan(self.module, plan, self.world)
+        old = getattr(self, "buffers", None)
+        if old is not None:  # gradients must not keep the old plan's buffers alive
+            for t, p in enumerate(old.params):
+                if old.is_view(t):
+                    p.grad = p.grad.clone()
         self.plan = plan
         self._tensor_of = {id(p): t for t, p in enumerate(live.params)}
         self._layer_of_module = {id(m): li for li, m in enumerate(live.modules)}
@@ -136,8 +141,10 @@ class Engine:
         self.updates = DeferredUpdates(self.optimizer, self._orig_step)
         self._instance = -1  # backward passes under this plan, minus one
         self._got_grad = [-1] * len(live.params)
+        self._attached: list[int] = []  # tensors whose bucket view this forward attached to p.grad
         self._epoch += 1
         self.agent.set_plan(plan, self.buffers, self._epoch, self._iteration)
+        self._forward_events = self.agent.listens("forward_pre")
 
     def _replan(self) -> None:
         """After the warm-up: rank 0 plans from what it measured and sends the plan to every rank."""
@@ -178,6 +185,9 @@ class Engine:
         self.check_error()
         if not torch.is_grad_enabled() or not self.module.training:
             self.flush()
+        if self.plan.update == "step" and self._sync and torch.is_grad_enabled() and self.module.training:
+            # p.grad as bucket views: autograd accumulates straight into the communication buffers
+            self._attached = self.buffers.attach_views([t for t, p in enumerate(self.buffers.params) if p.grad is None])
         if self.broadcast_buffers and self._require_forward_sync:
             bufs = [b for b in self.module.buffers() if b.is_floating_point() or b.dtype == torch.long]
             if bufs:
@@ -198,9 +208,10 @@ class Engine:
             return
         if self._tracer is not None:
             self._tracer.forward_starts(self._layer_names[layer], self._iteration)
-        self.agent.post("forward_pre", layer, self._epoch)
+        if self._forward_events:
+            self.agent.post("forward_pre", layer, self._epoch)
         if layer in self.updates.pending:
-            self._apply([layer])
+            self._apply(self._due(layer))
 
     # ------------------------------------------------------------------ backward
 
@@ -231,6 +242,10 @@ class Engine:
             if got != self._instance:  # no gradient this iteration: reduce zeros
                 self.buffers.fill(t, None)
                 self.agent.post("grad_ready", t, self._epoch)
+        for t in self._attached:
+            if self._got_grad[t] != self._instance:  # attached before forward, but unused: None, as under DDP
+                self.buffers.params[t].grad = None
+        self._attached = []
         self.agent.post("backward_done", 0, self._epoch)
         self._in_backward = False
         if self._tracer is not None:
@@ -298,6 +313,16 @@ class Engine:
                         self._wait(task, self._instance)
                     sq += self.buffers.averaged(t).double().pow(2).sum()
         return clip_coefficient(self.max_grad_norm, sq)
+
+    def _due(self, layer: int) -> list[int]:
+        """``layer``, and every other pending layer whose gradients have already arrived: one optimizer call."""
+        done = self.agent.completions.done
+        final = self.plan.final_tasks_of_layer
+        due = [layer]
+        for other, instance in self.updates.pending.items():
+            if other != layer and all(done(task, instance) for task in final[other]):
+                due.append(other)
+        return due
 
     def _apply(self, layers: list[int]) -> None:
         def wait_layer(layer: int, instance: int) -> None:

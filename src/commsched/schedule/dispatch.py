@@ -159,6 +159,17 @@ class Dispatcher:
 
     # ---- what a driver reads ----
 
+    def listens(self, event: EventName) -> bool:
+        """Whether this rank's scheduler handles ``event`` (a driver may skip reporting the others).
+
+        Skipping an event the scheduler does not override changes nothing: its handler
+        would return no action. ``grad_ready`` must always be reported (it records readiness).
+        """
+        if self.scheduler is None:
+            return event in ("grad_ready", "comm_done")
+        handler = getattr(type(self.scheduler), f"on_{event}")
+        return event == "grad_ready" or handler is not getattr(Scheduler, f"on_{event}")
+
     def take_decisions(self) -> list[tuple[int, int]]:
         """Launches decided since the last call, as ``(task, instance)``, for the followers."""
         out, self._decisions = self._decisions, []
