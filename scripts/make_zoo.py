@@ -8,6 +8,9 @@ environment, from the repository root::
     /tmp/zoovenv/bin/pip install torch==2.14.1 torchvision==0.29.1 timm transformers pydantic
     PYTHONPATH=src /tmp/zoovenv/bin/python scripts/make_zoo.py
 
+``--only MODEL ...`` regenerates some models and keeps the rest (a port
+defined in this file, such as ``inception_bn``, needs only torch).
+
 Nothing is downloaded: every model is built from its constructor or config
 with random weights.
 
@@ -119,6 +122,107 @@ def _timm(fn: str) -> Callable[[], nn.Module]:
     return build
 
 
+# Inception-BN (Ioffe and Szegedy 2015) as MXNet ships it, the model Prophet's experiments name
+# ("inception-bn"): apache/mxnet example/image-classification/symbols/inception-bn.py, get_symbol() for
+# 224x224 inputs. No package provides it for PyTorch, so it is ported here layer for layer: every
+# ConvFactory is a convolution with bias, a BatchNorm (fix_gamma=False: gamma is trained) and a ReLU;
+# pooling as in the symbol (MXNet's default "valid" rounding, i.e. floor, as PyTorch's default).
+INCEPTION_BN_SOURCE = "apache/mxnet example/image-classification/symbols/inception-bn.py (get_symbol, 224x224)"
+
+
+class _ConvFactory(nn.Module):
+    def __init__(self, c_in: int, c_out: int, kernel: int, stride: int = 1, pad: int = 0) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, kernel, stride, pad, bias=True)
+        self.bn = nn.BatchNorm2d(c_out, eps=1e-10 + 1e-5, momentum=0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class _InceptionA(nn.Module):
+    def __init__(self, c_in: int, n1: int, n3r: int, n3: int, nd3r: int, nd3: int, pool: str, proj: int) -> None:
+        super().__init__()
+        self.c1x1 = _ConvFactory(c_in, n1, 1)
+        self.c3x3_reduce = _ConvFactory(c_in, n3r, 1)
+        self.c3x3 = _ConvFactory(n3r, n3, 3, pad=1)
+        self.double_3x3_reduce = _ConvFactory(c_in, nd3r, 1)
+        self.double_3x3_0 = _ConvFactory(nd3r, nd3, 3, pad=1)
+        self.double_3x3_1 = _ConvFactory(nd3, nd3, 3, pad=1)
+        self.pool: nn.Module = nn.AvgPool2d(3, 1, 1, count_include_pad=True) if pool == "avg" else nn.MaxPool2d(3, 1, 1)
+        self.proj = _ConvFactory(c_in, proj, 1)
+        self.out_channels = n1 + n3 + nd3 + proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = self.c1x1(x)
+        b = self.c3x3(self.c3x3_reduce(x))
+        c = self.double_3x3_1(self.double_3x3_0(self.double_3x3_reduce(x)))
+        d = self.proj(self.pool(x))
+        return torch.cat([a, b, c, d], 1)
+
+
+class _InceptionB(nn.Module):
+    def __init__(self, c_in: int, n3r: int, n3: int, nd3r: int, nd3: int) -> None:
+        super().__init__()
+        self.c3x3_reduce = _ConvFactory(c_in, n3r, 1)
+        self.c3x3 = _ConvFactory(n3r, n3, 3, stride=2, pad=1)
+        self.double_3x3_reduce = _ConvFactory(c_in, nd3r, 1)
+        self.double_3x3_0 = _ConvFactory(nd3r, nd3, 3, pad=1)
+        self.double_3x3_1 = _ConvFactory(nd3, nd3, 3, stride=2, pad=1)
+        self.pool = nn.MaxPool2d(3, 2, 1)
+        self.out_channels = n3 + nd3 + c_in
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.c3x3(self.c3x3_reduce(x))
+        c = self.double_3x3_1(self.double_3x3_0(self.double_3x3_reduce(x)))
+        return torch.cat([b, c, self.pool(x)], 1)
+
+
+class InceptionBN(nn.Module):
+    """MXNet's Inception-BN symbol for 224x224 inputs (INCEPTION_BN_SOURCE), module names after its layers."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.conv_1 = _ConvFactory(3, 64, 7, stride=2, pad=3)
+        self.conv_2_red = _ConvFactory(64, 64, 1)
+        self.conv_2 = _ConvFactory(64, 192, 3, pad=1)
+        a_blocks = {  # InceptionFactoryA(num_1x1, num_3x3red, num_3x3, num_d3x3red, num_d3x3, pool, proj)
+            "in3a": (64, 64, 64, 64, 96, "avg", 32),
+            "in3b": (64, 64, 96, 64, 96, "avg", 64),
+            "in4a": (224, 64, 96, 96, 128, "avg", 128),
+            "in4b": (192, 96, 128, 96, 128, "avg", 128),
+            "in4c": (160, 128, 160, 128, 160, "avg", 128),
+            "in4d": (96, 128, 192, 160, 192, "avg", 128),
+            "in5a": (352, 192, 320, 160, 224, "avg", 128),
+            "in5b": (352, 192, 320, 192, 224, "max", 128),
+        }
+        b_blocks = {"in3c": (128, 160, 64, 96), "in4e": (128, 192, 192, 256)}  # (num_3x3red, num_3x3, ...)
+        self.blocks = ["in3a", "in3b", "in3c", "in4a", "in4b", "in4c", "in4d", "in4e", "in5a", "in5b"]
+        c = 192
+        for name in self.blocks:
+            block: _InceptionA | _InceptionB
+            if name in a_blocks:
+                n1, n3r, n3, nd3r, nd3, pool, proj = a_blocks[name]
+                block = _InceptionA(c, int(n1), int(n3r), int(n3), int(nd3r), int(nd3), str(pool), int(proj))
+            else:
+                block = _InceptionB(c, *b_blocks[name])
+            self.add_module(name, block)
+            c = block.out_channels
+        self.fc1 = nn.Linear(c, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.max_pool2d(self.conv_1(x), 3, 2)
+        x = nn.functional.max_pool2d(self.conv_2(self.conv_2_red(x)), 3, 2)
+        for name in self.blocks:
+            x = getattr(self, name)(x)
+        x = nn.functional.avg_pool2d(x, 7, 1)
+        return self.fc1(torch.flatten(x, 1))
+
+
+def _inception_bn() -> nn.Module:
+    return InceptionBN()
+
+
 BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
 BERT_COMMON = {"vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2}
@@ -179,6 +283,14 @@ SPECS: tuple[ModelSpec, ...] = (
     ),
     ModelSpec(
         "inception_v4", "timm", "timm.create_model('inception_v4', pretrained=False)", _timm("inception_v4"), 64, 299
+    ),
+    ModelSpec(
+        "inception_bn",
+        "mxnet-symbol",
+        f"scripts/make_zoo.py InceptionBN(), a port of {INCEPTION_BN_SOURCE}",
+        _inception_bn,
+        64,
+        224,
     ),
     ModelSpec(
         "bert_base",
@@ -443,15 +555,51 @@ def check_flops_against_torchvision(spec: ModelSpec, model_trace: ModelTrace) ->
     assert abs(counted / published_gflops - 1) < 0.02, f"{spec.name}: {counted:.3f} GFLOP vs {published_gflops:.3f}"
 
 
+#: Models ported in this file: their "package" is the source they were ported from, at this version.
+PORT_VERSIONS = {"mxnet-symbol": "apache/mxnet@59b402c"}
+
+
+def package_version(package: str) -> str:
+    return PORT_VERSIONS.get(package) or importlib.metadata.version(package)
+
+
+def shipped_efficiency() -> float:
+    """The efficiency the shipped profiles use (read from the anchor's profile when it is not re-traced)."""
+    anchor = Workload.load(DATA_DIR / f"{ANCHOR_MODEL}.{DEVICE}.json")
+    return float(anchor.extra["efficiency"])
+
+
+def merge_references(torch_version: str, references: dict[str, Any], replace_all: bool) -> str:
+    """The reference file with ``references`` written in; other models kept as recorded, in SPECS order."""
+    if replace_all or not REFERENCE_PATH.exists():
+        return reference_json(torch_version, references)
+    recorded = json.loads(REFERENCE_PATH.read_text())
+    models = {**recorded["models"], **references}
+    order = [spec.name for spec in SPECS if spec.name in models] + [m for m in models if m not in SPEC_NAMES]
+    return reference_json(recorded["torch"], {name: models[name] for name in order})
+
+
+SPEC_NAMES = tuple(spec.name for spec in SPECS)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--date", default=datetime.date.today().isoformat(), help="date written into provenance")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=SPEC_NAMES,
+        metavar="MODEL",
+        help="regenerate only these models; the others' files are kept, and unless the anchor "
+        f"({ANCHOR_MODEL}) is among them the shipped efficiency is reused",
+    )
     args = parser.parse_args(argv)
 
-    versions = {pkg: importlib.metadata.version(pkg) for pkg in ("torch", "torchvision", "timm", "transformers")}
+    specs = [spec for spec in SPECS if args.only is None or spec.name in args.only]
+    versions = {pkg: package_version(pkg) for pkg in {"torch", *(spec.package for spec in specs)}}
     traces: dict[str, ModelTrace] = {}
     references: dict[str, Any] = {}
-    for spec in SPECS:
+    for spec in specs:
         model_trace, ref = trace_model(spec)
         check_flops_against_torchvision(spec, model_trace)
         traces[spec.name] = model_trace
@@ -465,24 +613,30 @@ def main(argv: list[str] | None = None) -> int:
             "num_tensors": len(ref),
             "tensors": [[n, list(s)] for n, s in ref],
         }
+        if args.only is not None:
+            references[spec.name]["torch"] = versions["torch"]
         if forward_order != [n for n, _ in ref]:
             references[spec.name]["forward_order"] = forward_order
         print(f"traced {spec.name}: {len(model_trace.layers)} layers, {model_trace.total_flops / 1e9:.1f} GFLOP fwd")
 
-    efficiency = efficiency_from_anchor(traces[ANCHOR_MODEL])
-    print(f"efficiency = {efficiency:.4f} ({ANCHOR_MODEL} bs{ANCHOR_BATCH} anchored at {ANCHOR_MS:.2f} ms)")
+    if ANCHOR_MODEL in traces:
+        efficiency = efficiency_from_anchor(traces[ANCHOR_MODEL])
+        print(f"efficiency = {efficiency:.4f} ({ANCHOR_MODEL} bs{ANCHOR_BATCH} anchored at {ANCHOR_MS:.2f} ms)")
+    else:
+        efficiency = shipped_efficiency()
+        print(f"efficiency = {efficiency:.6f} (read from the shipped {ANCHOR_MODEL} profile)")
 
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     REFERENCE_PATH.parent.mkdir(parents=True, exist_ok=True)
     rows = []
-    for spec in SPECS:
+    for spec in specs:
         workload = build_workload(spec, traces[spec.name], efficiency, versions, args.date)
         workload.save(DATA_DIR / f"{spec.name}.{DEVICE}.json")
         rows.append(
             f"{spec.name:<12} {spec.batch_size:>5} {workload.num_params:>12,} {len(workload.tensors):>7} "
             f"{len(workload.layers):>6} {workload.forward_ms:>9.1f} {workload.backward_ms:>9.1f}"
         )
-    REFERENCE_PATH.write_text(reference_json(versions["torch"], references))
+    REFERENCE_PATH.write_text(merge_references(versions["torch"], references, args.only is None))
     print(f"{'model':<12} {'batch':>5} {'params':>12} {'tensors':>7} {'layers':>6} {'fwd_ms':>9} {'bwd_ms':>9}")
     print("\n".join(rows))
     return 0

@@ -28,6 +28,7 @@ MODELS = (
     "densenet201",
     "inception_v3",
     "inception_v4",
+    "inception_bn",
     "bert_base",
     "bert_large",
     "gpt2",
@@ -42,6 +43,9 @@ MODELS = (
 #   inception_v4 with timm 1.0.31 ``timm.create_model("inception_v4")`` (timm's tables round it to 42.7M);
 #   BertForPreTraining with transformers 5.23.0 and the BERT paper's base / large sizes (Devlin et al. 2019,
 #   section 3: L=12, H=768, A=12, "110M" / L=24, H=1024, A=16, "340M"), decoder tied to the word embeddings;
+#   inception_bn: scripts/make_zoo.py's port of MXNet's Inception-BN symbol (apache/mxnet
+#   example/image-classification/symbols/inception-bn.py, 224x224), recorded with torch 2.13.0; 69 conv+BN+ReLU
+#   units (conv with bias, BN gamma and beta trained) and fc1, so 69 x 4 + 2 = 278 tensors;
 #   GPT2LMHeadModel with transformers 5.23.0 and GPT-2's small / medium sizes (Radford et al. 2019, table 2:
 #   12 x 768 / 24 x 1024), lm_head tied to wte; OpenAI's released checkpoints are named 124M and 355M.
 PUBLISHED_NUM_PARAMS = {
@@ -53,6 +57,7 @@ PUBLISHED_NUM_PARAMS = {
     "densenet201": 20_013_928,
     "inception_v3": 27_161_264,
     "inception_v4": 42_679_816,
+    "inception_bn": 11_295_240,
     "bert_base": 110_106_428,
     "bert_large": 336_226_108,
     "gpt2": 124_439_808,
@@ -182,6 +187,7 @@ def test_paper_batch_sizes() -> None:
         "densenet201": 32,
         "inception_v3": 64,
         "inception_v4": 64,
+        "inception_bn": 64,
         "bert_base": 64,
         "bert_large": 32,
         "gpt2": 8,
@@ -272,3 +278,17 @@ def test_cli_help(args: list[str]) -> None:
     result = CliRunner().invoke(zoo_command, args)
     assert result.exit_code == 0
     assert "Usage:" in result.output
+
+
+def test_inception_bn_follows_the_mxnet_symbol() -> None:
+    # 3 stem units, 8 InceptionFactoryA blocks of 7 units, 2 InceptionFactoryB blocks of 5 units: 69 units of
+    # conv (weight, bias) + BatchNorm (gamma, beta), then fc1; the first Inception block gives 64+64+96+32 = 256
+    # channels and the last 352+320+224+128 = 1024, fc1's input.
+    workload = zoo.load("inception_bn")
+    names = [t.name for t in workload.tensors]
+    assert len(names) == 69 * 4 + 2
+    assert names[:4] == ["conv_1.conv.weight", "conv_1.conv.bias", "conv_1.bn.weight", "conv_1.bn.bias"]
+    shapes = {t.name: t.shape for t in workload.tensors}
+    assert shapes["in3b.c1x1.conv.weight"] == (64, 256, 1, 1)
+    assert shapes["fc1.weight"] == (1000, 1024)
+    assert [layer.name for layer in workload.layers][-1] == "fc1"

@@ -190,6 +190,7 @@ SMALL = {
     "dear": {"threshold_mb": 0.01},
     "no_overlap": {"bucket_cap_mb": 0.01},
     "wfbp": {},
+    "mgwfbp": {"alpha_ms": 0.01},
 }
 
 

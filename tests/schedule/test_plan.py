@@ -19,6 +19,7 @@ SMALL = {
     "dear": {"threshold_mb": 8.0, "lookahead": 2},
     "no_overlap": {"bucket_cap_mb": 16.0},
     "wfbp": {},
+    "mgwfbp": {"alpha_ms": 2.0},
 }
 
 

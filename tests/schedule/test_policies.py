@@ -249,6 +249,7 @@ def test_every_policy_launches_every_task_exactly_once_per_iteration(
         "dear": {"threshold_mb": scale},
         "no_overlap": {},
         "wfbp": {},
+        "mgwfbp": {"alpha_ms": scale},
     }[policy]
     s = build_scheduler(policy, w, NET, **options)
     n_tasks = len(s.plan.tasks)

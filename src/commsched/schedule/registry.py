@@ -20,6 +20,7 @@ from commsched.schedule.ddp import DDPScheduler
 from commsched.schedule.dear import DeARScheduler
 from commsched.schedule.horovod import HorovodScheduler
 from commsched.schedule.knobs import Knobs
+from commsched.schedule.mgwfbp import MGWFBPScheduler
 from commsched.schedule.no_overlap import NoOverlapScheduler
 from commsched.schedule.plan import CommPlan
 from commsched.schedule.prophet import ProphetScheduler
@@ -31,6 +32,7 @@ POLICIES: dict[str, type[Scheduler]] = {
     for cls in (
         DDPScheduler,
         WFBPScheduler,
+        MGWFBPScheduler,
         HorovodScheduler,
         ByteSchedulerScheduler,
         ProphetScheduler,

@@ -17,7 +17,10 @@ order, recorded by one forward pass in train mode (so inception_v3's
 weights are counted once: BERT's ``cls.predictions.decoder`` and GPT-2's
 ``lm_head`` are layers with no tensors of their own (their weight is the word
 embedding), kept for their compute time. ``tests/data/zoo_reference.json``
-records every reference's ``named_parameters()``.
+records every reference's ``named_parameters()``. ``inception_bn`` has no
+PyTorch package: it is ``scripts/make_zoo.py``'s layer-for-layer port of
+MXNet's Inception-BN symbol (``example/image-classification/symbols/inception-bn.py``,
+224x224), the model Prophet's experiments name.
 
 The shipped V100 profiles are **estimates**, not measurements (provenance
 ``kind="estimated"``)::
@@ -48,6 +51,7 @@ vgg19                        64  143,667,240       38      19   275.8    551.5
 densenet201                  32   20,013,928      604     402    34.1     64.3
 inception_v3 (with aux)      64   27,161,264      292     194    82.2    162.5
 inception_v4 (timm)          64   42,679,816      449     299   175.0    347.1
+inception_bn (MXNet)         64   11,295,240      278     139    29.3     57.2
 bert_base (seq 64)           64  110,106,428      206     106   100.0    199.0
 bert_large (seq 64)          32  336,226,108      398     202   153.6    305.3
 gpt2 (seq 1024)               8  124,439,808      148      76   256.7    512.6
