@@ -1,0 +1,84 @@
+"""Re-planning when the measured world drifts from the one a plan was made for (as Prophet does).
+
+Rank 0 keeps measuring the compute time of each iteration (forward and
+backward, minus the time spent waiting for communication) and the bandwidth
+its transfers reach. The first window of ``every`` iterations after a plan is
+adopted sets the baseline (measured the same way as what follows, so a
+difference of definition cannot look like drift). Every ``every`` iterations
+the engine asks :meth:`DriftMonitor.drifted` and sends rank 0's answer to
+every rank, so all decide alike: when compute or bandwidth is off its
+baseline by more than ``threshold`` (relative) in ``patience`` consecutive
+windows (hysteresis: one noisy window does not switch), the plan is made
+again with the workload and network scaled by what changed, and every rank
+switches at the same iteration boundary. ``every`` is also the minimum
+interval between two switches.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DriftPolicy:
+    """When to re-plan: checks every ``every`` iterations, a ``threshold`` relative change, ``patience`` checks."""
+
+    every: int = 20
+    threshold: float = 0.25
+    patience: int = 2
+
+    def __post_init__(self) -> None:
+        if isinstance(self.every, bool) or not isinstance(self.every, int) or self.every < 2:
+            raise ValueError(f"replan every: must be a whole number >= 2, got {self.every!r}")
+        if not (isinstance(self.threshold, int | float) and 0 < self.threshold < 10):
+            raise ValueError(f"replan threshold: must be a number in (0, 10), got {self.threshold!r}")
+        if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1:
+            raise ValueError(f"replan patience: must be a whole number >= 1, got {self.patience!r}")
+
+
+@dataclass
+class DriftMonitor:
+    """Measurements since the last check, and the decision rule (no clock, no communication)."""
+
+    policy: DriftPolicy
+    baseline_compute_s: float | None = None
+    baseline_bandwidth: float | None = None
+    compute_s: list[float] = field(default_factory=list)
+    transfer_bytes: float = 0.0
+    transfer_s: float = 0.0
+    strikes: int = 0
+
+    def record_iteration(self, compute_s: float) -> None:
+        self.compute_s.append(compute_s)
+
+    def record_transfer(self, nbytes: float, seconds: float) -> None:
+        """A transfer's bytes on the wire (per rank) and its duration."""
+        if seconds > 0 and nbytes > 0:
+            self.transfer_bytes += nbytes
+            self.transfer_s += seconds
+
+    def measured(self) -> tuple[float | None, float | None]:
+        """Median compute per iteration and bandwidth since the last check (None where unmeasured)."""
+        compute = statistics.median(self.compute_s) if self.compute_s else None
+        bandwidth = self.transfer_bytes / self.transfer_s if self.transfer_s > 0 else None
+        return compute, bandwidth
+
+    def drifted(self) -> tuple[float, float] | None:
+        """Close the window; after the ``patience``-th drifted window in a row, the factors
+        ``(compute now / baseline, bandwidth now / baseline)`` to re-plan with (1.0 where unmeasured)."""
+        compute, bandwidth = self.measured()
+        self.compute_s, self.transfer_bytes, self.transfer_s = [], 0.0, 0.0
+        if self.baseline_compute_s is None and self.baseline_bandwidth is None:
+            self.baseline_compute_s, self.baseline_bandwidth = compute, bandwidth
+            return None
+        compute_factor = compute / self.baseline_compute_s if compute and self.baseline_compute_s else 1.0
+        bandwidth_factor = bandwidth / self.baseline_bandwidth if bandwidth and self.baseline_bandwidth else 1.0
+        off = max(abs(compute_factor - 1.0), abs(bandwidth_factor - 1.0)) > self.policy.threshold
+        self.strikes = self.strikes + 1 if off else 0
+        if self.strikes < self.policy.patience:
+            return None
+        self.strikes = 0
+        self.baseline_compute_s = self.baseline_bandwidth = None  # the next window measures the new plan
+        return compute_factor, bandwidth_factor
+
