@@ -332,6 +332,9 @@ PRESET_WORKERS = {
     "64xV100-100GbIB": (64, 16),
     "ec2-ps-3gbps": (8, 8),
     "hetero-8": (8, 4),
+    "hetero-8-ps": (8, 4),
+    "hetero-16": (16, 4),
+    "hetero-64": (64, 16),
 }
 
 

@@ -10,7 +10,7 @@ import click
 from commsched.errors import CommschedError
 
 # Subcommand modules, each exporting a click command or group named ``command``.
-_SUBCOMMANDS = ("zoo", "cluster", "knobs", "simulate", "compare", "bench", "profile")
+_SUBCOMMANDS = ("zoo", "cluster", "knobs", "simulate", "compare", "advise", "plan", "bench", "profile")
 
 
 class _Group(click.Group):

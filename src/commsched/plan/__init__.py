@@ -1,8 +1,31 @@
-"""Searching plans: knob search for one policy; later policy='auto', advise and heterogeneous plans.
+"""Searching plans: knob search for one policy, ``advise`` over every policy, heterogeneous plans.
 
 Every candidate is scored by :mod:`commsched.sim`; nothing here executes a plan.
 """
 
-from commsched.plan.tune import TuneResult, search_space, tune
+from commsched.plan.search import (
+    SYNC_MODES,
+    Advice,
+    Candidate,
+    SearchOutcome,
+    advise,
+    search_policies,
+    simulate_candidate,
+    with_sync,
+)
+from commsched.plan.tune import KnobSearch, TuneResult, search_space, tune
 
-__all__ = ["TuneResult", "search_space", "tune"]
+__all__ = [
+    "SYNC_MODES",
+    "Advice",
+    "Candidate",
+    "KnobSearch",
+    "SearchOutcome",
+    "TuneResult",
+    "advise",
+    "search_policies",
+    "search_space",
+    "simulate_candidate",
+    "tune",
+    "with_sync",
+]

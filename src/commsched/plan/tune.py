@@ -122,3 +122,51 @@ def tune(
     if best.iteration_ms > default.iteration_ms:
         best, best_knobs = default, {}
     return TuneResult(policy, {**fixed, **best_knobs}, best, default, trials if space else 0)
+
+
+class KnobSearch:
+    """An ask/tell knob search for one policy: its defaults first, then optuna's TPE sampler (seeded).
+
+    ``ask()`` returns the next knob values to try (only the searched ones,
+    :func:`search_space`; numbers rounded to 3 significant digits); ``tell(iteration_ms)`` reports how they did
+    (``math.inf`` for a setting that was refused). A policy with nothing to
+    search is not ``searchable``: its one trial is its defaults.
+    """
+
+    __slots__ = ("_pending", "_space", "_study", "asked")
+
+    def __init__(self, policy: str, seed: int = 0) -> None:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self._space = search_space(policy)
+        self._study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=seed))
+        defaults = {k: v for k, v in policy_knobs(policy).items() if k in self._space}
+        if self._space:
+            self._study.enqueue_trial(
+                {k: min(max(v, self._space[k][0]), self._space[k][1]) for k, v in defaults.items()}
+            )
+        self._pending: Any = None
+        self.asked = 0
+
+    @property
+    def searchable(self) -> bool:
+        return bool(self._space)
+
+    def ask(self) -> dict[str, Any]:
+        self.asked += 1
+        if not self._space:
+            return {}
+        trial = self._study.ask()
+        self._pending = trial
+        return {
+            name: trial.suggest_int(name, int(lo), int(hi), log=True)
+            if isinstance(lo, int)
+            else float(f"{trial.suggest_float(name, lo, hi, log=True):.3g}")  # what a person would type
+            for name, (lo, hi) in self._space.items()
+        }
+
+    def tell(self, iteration_ms: float) -> None:
+        if self._pending is not None:
+            self._study.tell(self._pending, iteration_ms if math.isfinite(iteration_ms) else 1e30)
+            self._pending = None

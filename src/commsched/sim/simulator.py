@@ -34,8 +34,10 @@ model (:mod:`commsched.sim.network`, chosen by ``SimOptions.network``; the
 flow-level one today) starts ready collectives in order, at most
 ``max_concurrent`` at once, and shares link bandwidth between those in
 flight. What a task costs comes from its kind and the algorithm
-(:data:`~commsched.sim.costs.TASK_COSTS`). ``on_comm_done`` is delivered only to schedulers with
-``uses_completions``.
+(:data:`~commsched.sim.costs.TASK_COSTS`); a task whose ``transport`` is
+``"ps"`` is priced under the ``ps`` algorithm whatever the option says, so a
+plan can send some buckets through parameter servers and the rest by ring.
+``on_comm_done`` is delivered only to schedulers with ``uses_completions``.
 
 Symmetry: workers with the same compute speed and batch size behave
 identically, so the simulation keeps one timeline per *worker class*
@@ -188,6 +190,10 @@ class SimResult:
 
 # ---- the simulation ----
 
+#: A task whose ``transport`` is this is priced as a parameter-server push/pull, whatever ``options.algorithm``
+#: says (a per-bucket choice between collectives and a PS; the cluster must list servers).
+PS_TRANSPORT = "ps"
+
 _GATE = 1  # blocked before a forward layer, on the previous iteration's final tasks
 _STEP = 2  # blocked after backward, on every task of the iteration
 
@@ -263,6 +269,7 @@ class Simulation:
         self.network = factory(context)
         self.trace: Trace | None = Trace() if record_trace else None
         self.compute = compute
+        self._ps_comm: CommModel | None = None
         self.classes = worker_classes(cluster, workload.model, batch_sizes, workload.batch_size)
         #: A ``uses_completions`` scheduler runs on the leader only; the other classes follow its decisions.
         self.leader_decides = type(scheduler).uses_completions and len(self.classes) > 1
@@ -286,13 +293,14 @@ class Simulation:
         self.order = ready_order(w)
         tasks = plan.tasks
         self.num_tasks = len(tasks)
-        self.phases = [self.comm.phases(task.kind, task.bytes) for task in tasks]
+        comms = [self._comm_of(task.transport) for task in tasks]
+        self.phases = [comm.phases(task.kind, task.bytes) for comm, task in zip(comms, tasks, strict=True)]
         self.final_of_layer = plan.final_tasks_of_layer
         self.issued: dict[tuple[int, int], int] = {}
         self.reduced_bytes = 0.0
         self.sent_bytes = 0.0
 
-        self.sent_of_task = [self.comm.sent_bytes(task.kind, task.bytes) for task in tasks]
+        self.sent_of_task = [comm.sent_bytes(task.kind, task.bytes) for comm, task in zip(comms, tasks, strict=True)]
         self.reduced_of_task = [float(task.bytes) if task.kind in REDUCING_KINDS else 0.0 for task in tasks]
 
         self.forward_s: list[tuple[float, ...]] = []
@@ -322,6 +330,14 @@ class Simulation:
                 elapsed += duration
             self.backward_layers.append(layers)
             self.compute_s.append(timing.compute_s)
+
+    def _comm_of(self, transport: str) -> CommModel:
+        """The cost model of a task: a ``"ps"`` task is priced by the parameter-server model, any other by ``comm``."""
+        if transport != PS_TRANSPORT or self.comm.algorithm == "ps":
+            return self.comm
+        if self._ps_comm is None:
+            self._ps_comm = CommModel.from_cluster(self.cluster, "ps")
+        return self._ps_comm
 
     # ---- running ----
 

@@ -1,0 +1,500 @@
+"""Plans for heterogeneous clusters: per-rank batches, per-bucket sync and the policy, scored by simulation.
+
+HeteroG (Yi et al., CoNEXT 2020; ``research/heterog.md``) searches, per group
+of operations, which devices replicate it and whether its gradients are
+summed by a parameter server or an all-reduce, and orders execution by
+priority; a learned policy proposes strategies and its own simulator scores
+them. This planner covers the part of that space a data-parallel PyTorch job
+can run and this simulator can score:
+
+* **per-rank batch sizes** summing to the global batch ``B``. The balanced
+  split minimises the slowest rank's compute time under the simulator's
+  compute model: bisection on the finish time ``T``, where ``b_i(T)`` is the
+  largest batch rank ``i`` computes within ``T`` (at most what fits in its
+  memory); the smallest ``T`` with ``Σ b_i(T) ≥ B`` is found and the surplus
+  taken from the ranks that finish last. Integers throughout, so the
+  rounding is exact and keeps ``B``. HeteroG expresses uneven splits as
+  replica multiplicity (ratios such as 2:1); continuous shares are strictly
+  more expressive (§6.8 of the notes). Every rank keeps at least one sample.
+* **per-bucket sync**: collective all-reduce, parameter server, or each
+  bucket by the cheaper of the two (:data:`~commsched.plan.search.SYNC_MODES`),
+  where the cluster lists servers;
+* **bucket order and fusion**: the lossless policy and its knobs, searched by
+  :func:`~commsched.plan.search.search_policies` (the same search as ``advise``);
+* **memory**: a hard constraint per device (:mod:`commsched.plan.memory`).
+
+Candidate splits (balanced, speed-proportional, even, and blends of balanced
+and even) are screened first with the overlap bound
+(:func:`commsched.sim.ideal.ideal`), which costs no simulation; only the best
+few are searched. Baselines are simulated beside the plan with PyTorch DDP's
+defaults: even DP by all-reduce, even DP by PS (with servers) and
+speed-proportional DP (shares ∝ samples/s, largest-remainder rounding). The
+planner never returns a plan its simulator scores slower than the best
+baseline that fits in memory: it returns that baseline instead and says so.
+
+Not covered: pipeline or model-parallel stage placement (HeteroG's
+single-device groups), dropping a device, gradient accumulation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from commsched.cluster import Cluster
+from commsched.errors import ScheduleError
+from commsched.plan.memory import InfeasibleError, MemoryModel, RankMemory, batch_caps, rank_memory
+from commsched.plan.search import Candidate, Progress, search_policies, simulate_candidate
+from commsched.schedule import CommPlan
+from commsched.schedule import knobs as policy_knobs
+from commsched.sim.compute import PROFILE, ComputeModel, WorkerClass
+from commsched.sim.ideal import ideal
+from commsched.sim.simulator import SimOptions, SimResult
+from commsched.workload import Workload
+
+#: The policy and knobs every baseline runs: PyTorch DDP at its defaults.
+BASELINE_POLICY = "ddp"
+
+RANKS_FORMAT = "commsched.RankBatches"
+
+
+# ---- batch splits ----
+
+
+def rank_compute_fn(
+    workload: Workload, cluster: Cluster, compute: ComputeModel = PROFILE, update_ms: float = 0.0
+) -> Callable[[int, int], float]:
+    """``t(rank, b)``: seconds of forward + backward + update of ``rank`` at local batch ``b`` (memoised by speed)."""
+    speeds = cluster.worker_speeds(workload.model)
+
+    @cache
+    def by_speed(speed: float, batch: int) -> float:
+        return compute.timings(workload, WorkerClass(0, speed, (0,), batch), update_ms).compute_s
+
+    return lambda rank, batch: by_speed(speeds[rank], batch)
+
+
+def even_split(global_batch: int, workers: int) -> tuple[int, ...]:
+    """``B // n`` each, the remainder one each to the first ranks."""
+    base, extra = divmod(global_batch, workers)
+    return tuple(base + (1 if r < extra else 0) for r in range(workers))
+
+
+def proportional_split(global_batch: int, weights: Sequence[float]) -> tuple[int, ...]:
+    """Shares ∝ ``weights``, largest-remainder rounding (Hamilton), each at least 1; sums to ``global_batch``."""
+    n = len(weights)
+    if global_batch < n:
+        raise InfeasibleError(f"plan: global batch {global_batch} is smaller than the {n} ranks")
+    spare = global_batch - n  # one sample each first
+    total = sum(weights)
+    exact = [spare * w / total for w in weights]
+    out = [1 + math.floor(x) for x in exact]
+    left = global_batch - sum(out)
+    for r in sorted(range(n), key=lambda r: (-(exact[r] - math.floor(exact[r])), r))[:left]:
+        out[r] += 1
+    return tuple(out)
+
+
+def balanced_split(
+    global_batch: int, caps: Sequence[int], compute_s: Callable[[int, int], float], workers: int
+) -> tuple[int, ...]:
+    """Integer ``b`` with ``Σ b = B``, ``1 ≤ b_i ≤ caps[i]``, minimising ``max_i compute_s(i, b_i)`` (module docstring).
+
+    ``compute_s(rank, b)`` must be non-decreasing in ``b``. Raises InfeasibleError
+    when ``B`` exceeds the sum of the caps or is smaller than the number of ranks.
+    """
+    caps = [min(c, global_batch) for c in caps]
+    if global_batch < workers:
+        raise InfeasibleError(f"plan: global batch {global_batch} is smaller than the {workers} ranks")
+    if sum(caps) < global_batch:
+        raise InfeasibleError(
+            f"plan: global batch {global_batch} does not fit: the devices hold at most {sum(caps)} samples "
+            f"together (short by {global_batch - sum(caps)})"
+        )
+
+    def batch_within(rank: int, t: float) -> int:
+        lo, hi = 1, caps[rank]  # largest b in [1, cap] with compute_s(rank, b) <= t (1 if none)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if compute_s(rank, mid) <= t:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    t_lo = max(compute_s(r, 1) for r in range(workers))
+    t_hi = max(compute_s(r, caps[r]) for r in range(workers))
+    for _ in range(100):
+        if t_hi - t_lo <= 1e-12 * max(1.0, t_hi):
+            break
+        mid = (t_lo + t_hi) / 2
+        if sum(batch_within(r, mid) for r in range(workers)) >= global_batch:
+            t_hi = mid
+        else:
+            t_lo = mid
+    split = [batch_within(r, t_hi) for r in range(workers)]
+    surplus = sum(split) - global_batch
+    while surplus > 0:  # take from the rank that finishes last (and can give one up)
+        r = max((r for r in range(workers) if split[r] > 1), key=lambda r: (compute_s(r, split[r]), r))
+        split[r] -= 1
+        surplus -= 1
+    return tuple(split)
+
+
+def blend(a: Sequence[int], b: Sequence[int], weight: float, global_batch: int) -> tuple[int, ...]:
+    """``(1 - weight)·a + weight·b``, rounded by largest remainder to sum to ``global_batch``."""
+    return proportional_split(
+        global_batch, [max(1e-9, (1 - weight) * x + weight * y - 1) for x, y in zip(a, b, strict=True)]
+    )
+
+
+# ---- results ----
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A plan a user would run without a planner, simulated beside the plan."""
+
+    name: str
+    batch_sizes: tuple[int, ...]
+    sync: str
+    result: SimResult = field(repr=False)
+    fits: bool
+    memory_note: str = ""
+
+    @property
+    def iteration_ms(self) -> float:
+        return self.result.iteration_ms
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.result.samples_per_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "policy": BASELINE_POLICY,
+            "sync": self.sync,
+            "batch_sizes": list(self.batch_sizes),
+            "iteration_ms": self.iteration_ms,
+            "samples_per_s": self.samples_per_s,
+            "fits": self.fits,
+            "memory_note": self.memory_note,
+        }
+
+
+@dataclass(frozen=True)
+class HeteroPlan:
+    """The chosen plan: per-rank batches, policy and knobs, per-bucket transport; baselines beside it."""
+
+    model: str
+    cluster: str
+    global_batch: int
+    batch_sizes: tuple[int, ...]
+    policy: str
+    knobs: dict[str, Any]
+    sync: str
+    result: SimResult = field(repr=False)
+    baselines: tuple[Baseline, ...]
+    memory: tuple[RankMemory, ...]
+    #: "search", or "baseline:NAME" when no searched plan beat that baseline
+    chosen: str
+    splits_screened: int
+    splits_searched: int
+    simulations: int
+    search_s: float
+    budget_s: float
+    notes: tuple[str, ...] = ()
+
+    @property
+    def plan(self) -> CommPlan:
+        assert self.result.plan is not None
+        return self.result.plan
+
+    @property
+    def iteration_ms(self) -> float:
+        return self.result.iteration_ms
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.result.samples_per_s
+
+    @property
+    def transports(self) -> tuple[str, ...]:
+        """Per task of the plan: ``"collective"`` or ``"ps"``."""
+        return tuple(t.transport for t in self.plan.tasks)
+
+    def baseline(self, name: str) -> Baseline:
+        for b in self.baselines:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def speedup_over(self, name: str = "even_allreduce") -> float:
+        """Baseline iteration time / this plan's (1.3 = 30 % faster)."""
+        return self.baseline(name).iteration_ms / self.iteration_ms
+
+    def ranks(self) -> list[dict[str, Any]]:
+        """Per rank: device, local batch and the loss scale ``N·b_i/B`` a per-rank mean loss needs under DDP's mean."""
+        n = len(self.batch_sizes)
+        return [
+            {
+                "rank": m.rank,
+                "device": m.device,
+                "node": m.node,
+                "local_batch": b,
+                "loss_scale": n * b / self.global_batch,
+                "memory_used_bytes": m.used_bytes,
+                "memory_usable_bytes": m.usable_bytes,
+            }
+            for m, b in zip(self.memory, self.batch_sizes, strict=True)
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "cluster": self.cluster,
+            "global_batch": self.global_batch,
+            "chosen": self.chosen,
+            "policy": self.policy,
+            "knobs": self.knobs,
+            "sync": self.sync,
+            "iteration_ms": self.iteration_ms,
+            "samples_per_s": self.samples_per_s,
+            "batch_sizes": list(self.batch_sizes),
+            "ranks": self.ranks(),
+            "buckets": [
+                {"task": t.id, "name": t.name, "kind": t.kind, "bytes": t.bytes, "transport": t.transport}
+                for t in self.plan.tasks
+            ],
+            "baselines": [b.to_dict() for b in self.baselines],
+            "speedup_over_even_allreduce": self.speedup_over("even_allreduce"),
+            "splits_screened": self.splits_screened,
+            "splits_searched": self.splits_searched,
+            "simulations": self.simulations,
+            "search_s": self.search_s,
+            "budget_s": self.budget_s,
+            "notes": list(self.notes),
+        }
+
+    def save(self, path: str | Path) -> tuple[Path, Path]:
+        """Write the CommPlan to ``path`` and the per-rank batches beside it (``NAME.ranks.json``).
+
+        A CommPlan has no per-rank batch sizes, so they go in their own file:
+        ``{"format": "commsched.RankBatches", "plan": <the plan file's name>,
+        "global_batch": B, "ranks": [...]}`` (see :meth:`ranks`).
+        """
+        path = Path(path)
+        self.plan.save(path)
+        ranks_path = path.with_name(f"{path.stem}.ranks.json")
+        data = {
+            "format": RANKS_FORMAT,
+            "version": 1,
+            "plan": path.name,
+            "model": self.model,
+            "cluster": self.cluster,
+            "global_batch": self.global_batch,
+            "ranks": self.ranks(),
+        }
+        ranks_path.write_text(json.dumps(data, indent=1) + "\n")
+        return path, ranks_path
+
+
+# ---- the planner ----
+
+
+def plan_heterogeneous(
+    workload: Workload,
+    cluster: Cluster,
+    *,
+    global_batch: int | None = None,
+    budget_s: float = 10.0,
+    memory_margin: float = 0.1,
+    memory: MemoryModel | None = None,
+    sim_options: SimOptions | Mapping[str, Any] | None = None,
+    compute: ComputeModel = PROFILE,
+    seed: int = 0,
+    trials: int = 10,
+    search_top: int = 3,
+    iterations: int = 20,
+    warmup: int = 3,
+    progress: Progress | None = None,
+) -> HeteroPlan:
+    """The plan of the module docstring for ``workload`` on ``cluster``.
+
+    ``global_batch``: samples per iteration over all ranks (default: the
+    workload's batch on every rank). ``memory_margin``: the fraction of each
+    device's memory left unused. ``search_top``: how many screened splits get
+    the policy search, ``trials`` knob trials per policy each. ``budget_s`` bounds the wall-clock time of the
+    whole search (``HeteroPlan.search_s`` reports it). Raises InfeasibleError
+    naming the device and the shortfall when a device cannot hold one sample,
+    or when the global batch does not fit in all devices together.
+    """
+    start = time.perf_counter()
+    if compute is not PROFILE:
+        raise ScheduleError("plan: only the profile compute model is supported by the search today")
+    opts = SimOptions.from_mapping(sim_options)
+    memory = memory or MemoryModel()
+    n = cluster.num_workers
+    B = workload.batch_size * n if global_batch is None else global_batch
+    notes: list[str] = []
+    if memory.activation_bytes(workload) is None:
+        notes.append(
+            "activation memory not modelled: the workload records no activation_bytes_per_sample, "
+            "so only parameters, gradients and optimizer state are checked against device memory"
+        )
+    caps = batch_caps(workload, cluster, memory, memory_margin)
+    compute_s = rank_compute_fn(workload, cluster, compute, opts.update_ms)
+    has_servers = cluster.servers is not None
+    syncs = ("collective", "ps", "cheaper") if has_servers else ("collective",)
+
+    # candidate splits
+    speeds = [
+        workload.batch_size / compute_s(r, workload.batch_size) for r in range(n)
+    ]  # samples/s at the profile batch
+    even = even_split(B, n)
+    proportional = proportional_split(B, speeds)
+    balanced = balanced_split(B, caps, compute_s, n)
+    splits: dict[tuple[int, ...], str] = {}
+    for name, split in (("balanced", balanced), ("proportional", proportional), ("even", even)):
+        splits.setdefault(split, name)
+    for weight in (0.25, 0.5, 0.75):
+        splits.setdefault(blend(balanced, even, weight, B), f"balanced-even {weight:g}")
+    fits = {s: all(b <= c for b, c in zip(s, caps, strict=True)) for s in splits}
+
+    # screen: the overlap bound under each sync's cost model, no simulation
+    def bound_ms(split: tuple[int, ...]) -> float:
+        algorithms = [opts.algorithm] + (["ps"] if has_servers else [])
+        return min(
+            ideal(workload, cluster, replace(opts, algorithm=a), batch_sizes=split).iteration_ms for a in algorithms
+        )
+
+    screened = sorted((s for s in splits if fits[s]), key=lambda s: (bound_ms(s), splits[s]))
+    chosen_splits = screened[:search_top]
+
+    # baselines (before the search, so the search gets what is left of the budget)
+    done = 0
+
+    def count(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(what, done)
+
+    baselines = []
+    for name, split, sync in (
+        ("even_allreduce", even, "collective"),
+        ("even_ps", even, "ps"),
+        ("proportional_allreduce", proportional, "collective"),
+    ):
+        if sync == "ps" and not has_servers:
+            continue
+        result = simulate_candidate(
+            workload,
+            cluster,
+            BASELINE_POLICY,
+            sync=sync,
+            batch_sizes=split,
+            options=opts,
+            iterations=iterations,
+            warmup=warmup,
+        )
+        count(name)
+        over = [r for r in range(n) if split[r] > caps[r]]
+        note = ""
+        if over:
+            r = over[0]
+            w = cluster.workers[r]
+            note = f"rank {r} ({w.device.name}) needs batch {split[r]}, fits {caps[r]}"
+        baselines.append(Baseline(name, split, sync, result, not over, note))
+
+    # search each screened split with the policy search advise uses
+    best: tuple[Candidate, tuple[int, ...]] | None = None
+    simulations = done
+    label = ""
+    floor_s = 0.0
+    searched = 0
+
+    def relay(what: str, k: int) -> None:
+        if progress is not None:
+            progress(f"{label}: {what}", simulations + k)
+
+    for i, split in enumerate(chosen_splits):
+        label = f"{splits[split]} split"
+        left = budget_s - (time.perf_counter() - start)
+        share = left / (len(chosen_splits) - i)
+        if best is not None and left < floor_s:  # not even one round of defaults fits any more
+            notes.append(f"budget reached: {len(chosen_splits) - i} screened split(s) not searched")
+            break
+        outcome = search_policies(
+            workload,
+            cluster,
+            syncs=syncs,
+            batch_sizes=split,
+            sim_options=opts,
+            budget_s=max(share, 0.05),
+            trials=trials,
+            seed=seed,
+            iterations=iterations,
+            warmup=warmup,
+            progress=relay,
+        )
+        simulations += outcome.simulations
+        searched += 1
+        floor_s = max(floor_s, outcome.floor_s)
+        top = outcome.candidates[0]
+        if best is None or top.iteration_ms < best[0].iteration_ms:
+            best = (top, split)
+
+    feasible = [b for b in baselines if b.fits]
+    fallback = min(feasible, key=lambda b: b.iteration_ms) if feasible else None
+    if best is None and fallback is None:
+        raise InfeasibleError(f"plan: no split of batch {B} fits on {cluster.name}")
+    if best is not None and (fallback is None or best[0].iteration_ms <= fallback.iteration_ms):
+        cand, split = best
+        policy, knobs, sync, result, chosen = cand.policy, cand.knobs, cand.sync, cand.result, "search"
+    else:
+        assert fallback is not None
+        policy, knobs, sync, result = BASELINE_POLICY, policy_knobs(BASELINE_POLICY), fallback.sync, fallback.result
+        split, chosen = fallback.batch_sizes, f"baseline:{fallback.name}"
+        notes.append(f"no searched plan beat the {fallback.name} baseline under the simulator: it is the plan")
+    if any(t == "ps" for t in (task.transport for task in (result.plan.tasks if result.plan else ()))):
+        notes.append("buckets sent by parameter server need a 'ps' transport, which the runtime does not have yet")
+    return HeteroPlan(
+        model=workload.model,
+        cluster=cluster.name,
+        global_batch=B,
+        batch_sizes=split,
+        policy=policy,
+        knobs=knobs,
+        sync=sync,
+        result=result,
+        baselines=tuple(baselines),
+        memory=rank_memory(workload, cluster, memory, memory_margin, split),
+        chosen=chosen,
+        splits_screened=len(screened),
+        splits_searched=searched,
+        simulations=simulations,
+        search_s=time.perf_counter() - start,
+        budget_s=budget_s,
+        notes=tuple(notes),
+    )
+
+
+__all__ = [
+    "BASELINE_POLICY",
+    "Baseline",
+    "HeteroPlan",
+    "InfeasibleError",
+    "MemoryModel",
+    "balanced_split",
+    "even_split",
+    "plan_heterogeneous",
+    "proportional_split",
+]

@@ -1,0 +1,389 @@
+"""One plan search over policies, knobs and per-bucket sync, every candidate scored by the simulator.
+
+:func:`search_policies` is the search; :func:`advise` runs it on a cluster as
+it is (every rank the workload's batch) and :func:`commsched.plan.hetero.plan_heterogeneous`
+runs it on per-rank batch splits of a heterogeneous cluster. What it searches:
+
+* **policy**: every lossless policy (:data:`commsched.schedule.LOSSLESS`). The
+  policy also fixes the bucket order: ``ddp``/``wfbp``/``horovod`` launch in
+  gradient-ready order, ``bytescheduler``/``prophet``/``dear`` by layer priority.
+* **knobs**: the policy's numeric knobs (:func:`commsched.plan.tune.search_space`),
+  defaults first, then optuna's TPE sampler, seeded per policy; one trial per
+  policy per round, round after round, until ``trials`` rounds or the budget.
+* **sync** (when the cluster lists parameter servers and ``syncs`` asks for it):
+  every bucket by collective (``"collective"``), every bucket by PS (``"ps"``), or
+  each bucket by whichever of the two costs less alone on the network
+  (``"cheaper"``). A bucket sent by PS is a task whose ``transport`` is ``"ps"``;
+  the simulator prices it under the ``ps`` cost model.
+
+Trials simulate ``max(4, iterations // 4)`` iterations after 2 warm-up ones
+without a trace; each policy's best trial is then simulated with
+``iterations`` (and its defaults too, the better kept). The search is
+deterministic for a seed as long as the budget is not reached (the result
+says whether it was); the budget is wall-clock time including the final
+simulations, whose cost is estimated from the first round and reserved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from commsched.cluster import Cluster
+from commsched.errors import CommschedError, ScheduleError
+from commsched.plan.tune import KnobSearch
+from commsched.schedule import LOSSLESS, CommPlan, build_plan, scheduler_for
+from commsched.schedule import knobs as policy_knobs
+from commsched.schedule.base import COLLECTIVE
+from commsched.sim.costs import CommModel
+from commsched.sim.ideal import IdealResult, ideal
+from commsched.sim.simulator import PS_TRANSPORT, SimOptions, SimResult, Simulation
+from commsched.workload import Workload
+
+#: How buckets are synchronised: all by collective, all by parameter server, or each by the cheaper one.
+SYNC_MODES: tuple[str, ...] = ("collective", "ps", "cheaper")
+
+#: Called after each simulation with (what was simulated, simulations done so far).
+Progress = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One policy's best setting found: its knobs (all of them), sync mode and simulated result."""
+
+    policy: str
+    knobs: dict[str, Any]
+    sync: str
+    trials: int
+    result: SimResult = field(repr=False)
+
+    @property
+    def iteration_ms(self) -> float:
+        return self.result.iteration_ms
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.result.samples_per_s
+
+    @property
+    def plan(self) -> CommPlan:
+        assert self.result.plan is not None
+        return self.result.plan
+
+    @property
+    def changed_knobs(self) -> dict[str, Any]:
+        """The knobs that differ from the policy's defaults."""
+        defaults = policy_knobs(self.policy)
+        return {k: v for k, v in self.knobs.items() if defaults.get(k) != v}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "knobs": self.knobs,
+            "sync": self.sync,
+            "trials": self.trials,
+            "iteration_ms": self.iteration_ms,
+            "samples_per_s": self.samples_per_s,
+            "exposed_comm_ms": self.result.exposed_comm_ms,
+        }
+
+
+@dataclass(frozen=True)
+class SearchOutcome:
+    """Candidates best first (one per policy), and how the search went."""
+
+    candidates: tuple[Candidate, ...]
+    simulations: int
+    search_s: float
+    budget_s: float
+    budget_exhausted: bool
+    #: what the parts that the budget never cuts took (every policy's defaults, the final simulations)
+    floor_s: float = 0.0
+
+
+def with_sync(plan: CommPlan, sync: str, cluster: Cluster, options: SimOptions) -> CommPlan:
+    """``plan`` with each task's transport set by ``sync`` (:data:`SYNC_MODES`).
+
+    ``"cheaper"`` compares a task's cost alone on the network under the
+    collective model (``options.algorithm``) and the PS model. An all-gather or
+    pull follows the transport of the task it depends on, so the two halves of a
+    reduction go the same way. Raises ScheduleError for an unknown mode, and for
+    ``"ps"``/``"cheaper"`` on a cluster without parameter servers.
+    """
+    if sync not in SYNC_MODES:
+        raise ScheduleError(f"plan: unknown sync {sync!r}; known: {', '.join(SYNC_MODES)}")
+    if sync == "collective":
+        transports = [COLLECTIVE] * len(plan.tasks)
+    else:
+        if cluster.servers is None:
+            raise ScheduleError(f"plan: sync {sync!r} needs parameter servers; cluster {cluster.name} has none")
+        ring = CommModel.from_cluster(cluster, options.algorithm)
+        ps = CommModel.from_cluster(cluster, "ps")
+        transports = []
+        for task in plan.tasks:
+            if sync == "ps":
+                transports.append(PS_TRANSPORT)
+            elif task.kind in ("all_gather", "pull") and task.deps:
+                transports.append(transports[task.deps[0]])
+            else:
+                cheaper = ps.cost_s(task.kind, task.bytes) < ring.cost_s(task.kind, task.bytes)
+                transports.append(PS_TRANSPORT if cheaper else COLLECTIVE)
+    tasks = tuple(dataclasses.replace(t, transport=tr) for t, tr in zip(plan.tasks, transports, strict=True))
+    return dataclasses.replace(plan, tasks=tasks)
+
+
+def simulate_candidate(
+    workload: Workload,
+    cluster: Cluster,
+    policy: str,
+    knobs: Mapping[str, Any] | None = None,
+    *,
+    sync: str = "collective",
+    batch_sizes: Sequence[int] | None = None,
+    options: SimOptions | Mapping[str, Any] | None = None,
+    iterations: int = 20,
+    warmup: int = 3,
+    trace: bool = False,
+) -> SimResult:
+    """Simulate one candidate: ``policy`` with ``knobs``, buckets synchronised by ``sync``, per-rank ``batch_sizes``.
+
+    The same as :func:`commsched.sim.simulate` for ``sync="collective"``; the plan
+    of the result carries each task's transport.
+    """
+    opts = SimOptions.from_mapping(options)
+    knobs = dict(knobs or {})
+    comm = CommModel.from_cluster(cluster, opts.algorithm)
+    try:
+        plan = build_plan(policy, workload, comm.estimate(), **knobs)
+    except CommschedError:
+        raise
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        raise ScheduleError(f"{policy}: bad option value ({exc})") from None
+    plan = with_sync(plan, sync, cluster, opts)
+    start = time.perf_counter()
+    sim = Simulation(
+        workload,
+        cluster,
+        scheduler_for(plan),
+        iterations,
+        warmup,
+        opts,
+        comm,
+        record_trace=trace,
+        batch_sizes=batch_sizes,
+    )
+    sim.run()
+    return sim.result({**policy_knobs(policy), **knobs}, time.perf_counter() - start)
+
+
+def search_policies(
+    workload: Workload,
+    cluster: Cluster,
+    *,
+    policies: Sequence[str] | None = None,
+    syncs: Sequence[str] = ("collective",),
+    batch_sizes: Sequence[int] | None = None,
+    sim_options: SimOptions | Mapping[str, Any] | None = None,
+    budget_s: float = 5.0,
+    trials: int = 30,
+    seed: int = 0,
+    iterations: int = 20,
+    warmup: int = 3,
+    progress: Progress | None = None,
+) -> SearchOutcome:
+    """The search of the module docstring; candidates ranked by simulated iteration time (ties: policy name)."""
+    if budget_s <= 0 or not math.isfinite(budget_s):
+        raise ScheduleError(f"plan: budget_s must be a finite number > 0, got {budget_s!r}")
+    if trials < 1:
+        raise ScheduleError(f"plan: trials must be >= 1, got {trials}")
+    names = sorted(LOSSLESS if policies is None else policies)
+    opts = SimOptions.from_mapping(sim_options)
+    start = time.perf_counter()
+    deadline = start + budget_s
+    quick = max(4, iterations // 4)
+    done = 0
+
+    def run(policy: str, knobs: Mapping[str, Any], sync: str, n: int, w: int) -> SimResult | None:
+        nonlocal done
+        try:
+            result = simulate_candidate(
+                workload,
+                cluster,
+                policy,
+                knobs,
+                sync=sync,
+                batch_sizes=batch_sizes,
+                options=opts,
+                iterations=n,
+                warmup=w,
+            )
+        except CommschedError:
+            result = None
+        done += 1
+        if progress is not None:
+            progress(f"{policy} ({sync})", done)
+        return result
+
+    trial_s: dict[str, float] = {}  # the fastest trial of each policy so far: what the next one will cost
+
+    def trial(policy: str, knobs: Mapping[str, Any]) -> tuple[float, str]:
+        began = time.perf_counter()
+        best = (math.inf, syncs[0])
+        for sync in syncs:
+            result = run(policy, knobs, sync, quick, 2)
+            if result is not None and result.iteration_ms < best[0]:
+                best = (result.iteration_ms, sync)
+        trial_s[policy] = min(trial_s.get(policy, math.inf), time.perf_counter() - began)
+        return best
+
+    def reserve_s() -> float:
+        """The final simulations: about (iterations + warmup) / (quick + 2) trials, twice per policy."""
+        return sum(trial_s.values()) / len(syncs) * 2 * (iterations + warmup) / (quick + 2)
+
+    searches = {p: KnobSearch(p, seed=seed + i) for i, p in enumerate(names)}
+    floor_start = time.perf_counter()
+    best: dict[str, tuple[float, dict[str, Any], str]] = {}
+    counts = dict.fromkeys(names, 0)
+    # round 0, never cut short: every policy's defaults
+    for p in names:
+        knobs = searches[p].ask()
+        value, sync = trial(p, knobs)
+        searches[p].tell(value)
+        counts[p] += 1
+        best[p] = (value, knobs, sync)
+    floor_s = time.perf_counter() - floor_start
+    exhausted = False
+    for _ in range(1, trials):
+        open_ = [p for p in names if searches[p].searchable]
+        if not open_:
+            break
+        for p in open_:
+            if time.perf_counter() + trial_s[p] + reserve_s() > deadline:
+                exhausted = True
+                break
+            knobs = searches[p].ask()
+            value, sync = trial(p, knobs)
+            searches[p].tell(value)
+            counts[p] += 1
+            if value < best[p][0]:
+                best[p] = (value, knobs, sync)
+        if exhausted:
+            break
+
+    candidates = []
+    final_start = time.perf_counter()
+    for p in names:
+        value, knobs, sync = best[p]
+        if not math.isfinite(value):
+            continue  # every setting tried was refused by the policy or the simulator
+        final = run(p, knobs, sync, iterations, warmup)
+        changed = any(v != policy_knobs(p)[k] for k, v in knobs.items())
+        default = run(p, {}, sync, iterations, warmup) if changed else None
+        if final is None or (default is not None and default.iteration_ms <= final.iteration_ms):
+            if default is None:
+                continue
+            final, knobs = default, {}
+        full = {**policy_knobs(p), **knobs}
+        candidates.append(Candidate(p, full, sync, counts[p], final))
+    candidates.sort(key=lambda c: (c.iteration_ms, c.policy))
+    if not candidates:
+        raise ScheduleError(f"plan: no policy could be simulated for {workload.model} on {cluster.name}")
+    floor_s += time.perf_counter() - final_start
+    return SearchOutcome(tuple(candidates), done, time.perf_counter() - start, budget_s, exhausted, floor_s)
+
+
+@dataclass(frozen=True)
+class Advice:
+    """What :func:`advise` found: every lossless policy ranked, the winner's plan and the overlap bound."""
+
+    model: str
+    cluster: str
+    candidates: tuple[Candidate, ...]
+    ideal: IdealResult
+    seed: int
+    simulations: int
+    search_s: float
+    budget_s: float
+    budget_exhausted: bool
+
+    @property
+    def winner(self) -> Candidate:
+        return self.candidates[0]
+
+    @property
+    def plan(self) -> CommPlan:
+        """The winner's plan (``plan.save(path)``; ``parallelize(model, opt, plan=path)`` runs it)."""
+        return self.winner.plan
+
+    def parallelize_call(self) -> str:
+        """The exact ``commsched.parallelize`` call for the winner (knobs that differ from the defaults)."""
+        w = self.winner
+        args = "".join(f", {k}={v!r}" for k, v in w.changed_knobs.items())
+        return f"model, optimizer = commsched.parallelize(model, optimizer, policy={w.policy!r}{args})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "cluster": self.cluster,
+            "winner": self.winner.policy,
+            "parallelize": self.parallelize_call(),
+            "candidates": [c.to_dict() for c in self.candidates],
+            "ideal_iteration_ms": self.ideal.iteration_ms,
+            "seed": self.seed,
+            "simulations": self.simulations,
+            "search_s": self.search_s,
+            "budget_s": self.budget_s,
+            "budget_exhausted": self.budget_exhausted,
+        }
+
+
+def advise(
+    workload: Workload,
+    cluster: Cluster,
+    *,
+    budget_s: float = 5.0,
+    sim_options: SimOptions | Mapping[str, Any] | None = None,
+    progress: Progress | None = None,
+    seed: int = 0,
+    trials: int = 30,
+    iterations: int = 20,
+    warmup: int = 3,
+) -> Advice:
+    """Rank every lossless policy, each with its knobs searched, by simulated iteration time.
+
+    Every rank runs the workload's batch; buckets go by collective (the
+    simulator's ``algorithm``). ``budget_s`` bounds the search's wall-clock time;
+    ``Advice.search_s`` reports what it took and ``budget_exhausted`` whether the
+    budget cut the knob search short (results are then no longer reproducible
+    by seed alone). The overlap bound (:func:`commsched.sim.ideal.ideal`) comes
+    with it: no lossless schedule beats it under the same cost model.
+
+    >>> advice = advise(zoo.load("resnet50"), load_cluster("8xV100-10GbE"))  # doctest: +SKIP
+    >>> advice.winner.policy, advice.parallelize_call()  # doctest: +SKIP
+    """
+    outcome = search_policies(
+        workload,
+        cluster,
+        sim_options=sim_options,
+        budget_s=budget_s,
+        trials=trials,
+        seed=seed,
+        iterations=iterations,
+        warmup=warmup,
+        progress=progress,
+    )
+    return Advice(
+        model=workload.model,
+        cluster=cluster.name,
+        candidates=outcome.candidates,
+        ideal=ideal(workload, cluster, sim_options),
+        seed=seed,
+        simulations=outcome.simulations,
+        search_s=outcome.search_s,
+        budget_s=budget_s,
+        budget_exhausted=outcome.budget_exhausted,
+    )

@@ -1,0 +1,63 @@
+"""``commsched advise`` and ``commsched plan`` end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from commsched.cli import cli
+from commsched.schedule import LOSSLESS, CommPlan
+
+
+def _json(*args: str) -> Any:
+    result = CliRunner().invoke(cli, list(args))
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_advise_json_ranks_every_lossless_policy_and_plots_the_winner(tmp_path: Path) -> None:
+    png, plan_file = tmp_path / "winner.png", tmp_path / "winner.json"
+    data = _json(
+        "advise", "-m", "resnet18", "-c", "8xV100-10GbE", "--trials", "2", "--json", "--plot", str(png),
+        "--save-plan", str(plan_file),
+    )  # fmt: skip
+    assert {c["policy"] for c in data["candidates"]} == set(LOSSLESS)
+    times = [c["iteration_ms"] for c in data["candidates"]]
+    assert times == sorted(times) and data["winner"] == data["candidates"][0]["policy"]
+    assert data["parallelize"].startswith("model, optimizer = commsched.parallelize(model, optimizer, policy=")
+    assert data["ideal_iteration_ms"] <= times[0]
+    assert png.stat().st_size > 0
+    assert CommPlan.load(plan_file).policy == data["winner"]
+
+
+def test_advise_table_prints_the_parallelize_call_and_the_search_time() -> None:
+    result = CliRunner().invoke(
+        cli, ["advise", "-m", "resnet18", "-c", "8xV100-10GbE", "--trials", "2"], terminal_width=200
+    )
+    assert result.exit_code == 0, result.output
+    assert "commsched.parallelize(model, optimizer, policy=" in result.stdout
+    assert "ideal" in result.stdout and "simulations in" in result.stdout
+
+
+def test_plan_json_and_out_file_load_as_a_comm_plan_with_per_rank_batches_beside_it(tmp_path: Path) -> None:
+    out = tmp_path / "plans" / "plan.json"
+    data = _json("plan", "-m", "resnet18", "-c", "hetero-8", "--budget-s", "2", "--json", "-o", str(out))
+    assert sum(data["batch_sizes"]) == data["global_batch"] == 64 * 8
+    assert {b["name"] for b in data["baselines"]} == {"even_allreduce", "proportional_allreduce"}
+    assert data["speedup_over_even_allreduce"] >= 1.0
+    plan = CommPlan.load(out)
+    assert plan.policy == data["policy"] and len(plan.tasks) == len(data["buckets"])
+    ranks = json.loads((tmp_path / "plans" / "plan.ranks.json").read_text())
+    assert ranks["format"] == "commsched.RankBatches" and ranks["plan"] == "plan.json"
+    assert [r["local_batch"] for r in ranks["ranks"]] == data["batch_sizes"]
+
+
+def test_plan_reports_a_device_that_cannot_hold_one_sample() -> None:
+    result = CliRunner().invoke(
+        cli, ["plan", "-m", "resnet18", "-c", "hetero-8", "--activation-mb-per-sample", "12000", "--budget-s", "1"]
+    )
+    assert result.exit_code == 1
+    assert "does not fit on rank 2 (GTX-1080Ti" in result.output and "short by" in result.output
