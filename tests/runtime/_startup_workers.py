@@ -237,3 +237,34 @@ def switch_plans(rank: int, world: int, port: int, out: str, steps: int) -> None
         result = {"error": traceback.format_exc()}
     _write(out, rank, result)
     os._exit(0)
+
+
+def auto_policy(rank: int, world: int, port: int, out: str, steps: int) -> None:
+    """policy='auto' with re-planning forced often: still DDP's parameters; reports what it chose."""
+    try:
+        from commsched.runtime.replan import DriftPolicy
+
+        init(rank, world, port)
+        base = M.fresh()
+        ref_model = M.clone(base)
+        ref, ref_opt = parallelize(ref_model, M.make_optimizer("sgd", ref_model), policy="torch_ddp")
+        M.train(ref, ref_opt, rank, steps)
+        model = M.clone(base)
+        drift = DriftPolicy(every=2, threshold=1e-9, patience=1)  # any change re-plans, every 4 iterations
+        wrapped, opt = parallelize(
+            model, M.make_optimizer("sgd", model), policy="auto", auto_budget_s=30.0, replan=drift
+        )
+        M.train(wrapped, opt, rank, 3)
+        first = wrapped.plan  # type: ignore[union-attr]
+        M.train(wrapped, opt, rank, steps - 3, start=3)
+        result = {
+            "diff": _diff(M.snapshot(wrapped), M.snapshot(ref)),
+            "moved": _diff(M.snapshot(wrapped), M.snapshot(base)),
+            "first_plan": first.to_json(indent=None),
+            "replans": wrapped.engine.replans,  # type: ignore[union-attr]
+        }
+        wrapped.close()  # type: ignore[operator]
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    _write(out, rank, result)
+    os._exit(0)

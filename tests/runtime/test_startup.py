@@ -167,3 +167,20 @@ def test_switching_plans_mid_run_between_update_modes_still_trains_like_ddp(tmp_
         assert "error" not in r and "missing" not in r, r
         assert r["updates"] == ["forward", "step", "forward"]
         assert r["moved"] > 1e-3 and r["diff"] < TOL, r
+
+
+def test_auto_runs_what_advise_ranks_first_and_replans_without_changing_the_result(tmp_path: Path) -> None:
+    from commsched.plan import advise
+    from commsched.profile.network import measured_cluster
+
+    res = spawn(S.auto_policy, 2, tmp_path, 12)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert r["moved"] > 1e-3 and r["diff"] < TOL, r
+        assert r["replans"] >= 1
+    first = CommPlan.from_json(res[0]["first_plan"])
+    net = first.network
+    cluster = measured_cluster(net.latency_s, 1.0 / net.bandwidth_bytes_per_s, net.world_size)
+    advice = advise(first.workload, cluster, budget_s=30.0)
+    assert not advice.budget_exhausted
+    assert (first.policy, first.knobs.to_dict()) == (advice.winner.policy, advice.winner.knobs)

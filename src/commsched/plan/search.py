@@ -352,8 +352,9 @@ def advise(
     trials: int = 30,
     iterations: int = 20,
     warmup: int = 3,
+    policies: Sequence[str] | None = None,
 ) -> Advice:
-    """Rank every lossless policy, each with its knobs searched, by simulated iteration time.
+    """Rank every lossless policy (or ``policies``), each with its knobs searched, by simulated iteration time.
 
     Every rank runs the workload's batch; buckets go by collective (the
     simulator's ``algorithm``). ``budget_s`` bounds the search's wall-clock time;
@@ -368,6 +369,7 @@ def advise(
     outcome = search_policies(
         workload,
         cluster,
+        policies=policies,
         sim_options=sim_options,
         budget_s=budget_s,
         trials=trials,

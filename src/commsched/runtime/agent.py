@@ -144,10 +144,9 @@ class Agent:
         self._follower: threading.Thread | None = None
         self._sender: threading.Thread | None = None
         self._closing = False
-        self._watcher = threading.Thread(
-            target=self._guard(self._watch_loop), name=f"commsched-watch-r{rank}", daemon=True
-        )
-        self._watcher.start()
+        #: Called by the watcher for each finished transfer: (kind, bytes, seconds).
+        self.on_transfer: Callable[[str, int, float], None] | None = None
+        self._watcher = self._thread(self._watch_loop, "watch")
 
     # ---- reports ----
 
@@ -257,11 +256,14 @@ class Agent:
                 raise RuntimeCommError(f"rank {self.rank}: a transfer failed: {exc}") from exc
             end = time.perf_counter()
             state = self._state
+            # From when the transfer began where the handle knows it (ring ops queue behind
+            # each other on one thread), else from the start, as the simulator's trace counts.
+            begin = getattr(started.handle, "started_s", None) or started.start_s
+            if state is not None and state.epoch == started.epoch and self.on_transfer is not None:
+                task = state.plan.tasks[started.task]
+                self.on_transfer(task.kind, task.bytes, end - begin)
             if self._trace is not None and state is not None and state.epoch == started.epoch:
                 task = state.plan.tasks[started.task]
-                # From when the transfer began where the handle knows it (ring ops queue behind
-                # each other on one thread), else from the start, as the simulator's trace counts.
-                begin = getattr(started.handle, "started_s", None) or started.start_s
                 self._trace.add(
                     TraceEvent(
                         task.name, task.kind, self.rank, begin - self._t0, end - self._t0,

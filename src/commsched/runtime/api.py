@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import logging
 import math
 import types
 import weakref
@@ -18,8 +19,12 @@ import torch.distributed as dist
 from torch import nn
 
 from commsched.errors import RuntimeCommError, UnsupportedError
-from commsched.runtime.engine import Engine, bind_plan
+from commsched.runtime.engine import Engine, Planner, bind_plan
+from commsched.runtime.replan import DriftPolicy
 from commsched.schedule import (
+    AUTO,
+    LOSSLESS,
+    POLICIES,
     RUNTIME_POLICIES,
     TORCH_DDP,
     CommPlan,
@@ -31,6 +36,8 @@ from commsched.schedule import (
 from commsched.trace import Trace
 from commsched.units import gbps_to_bytes_per_s
 from commsched.workload import Workload
+
+log = logging.getLogger("commsched")
 
 # Optimizers whose step needs every parameter at once (a closure re-evaluating the loss).
 _UNSPLITTABLE = ("LBFGS",)
@@ -99,6 +106,8 @@ def parallelize(
     latency_us: float = 0.0,
     trace: bool = False,
     grad_scaler: torch.amp.GradScaler | None = None,
+    auto_budget_s: float = 5.0,
+    replan: DriftPolicy | bool | None = None,
     **knobs: Any,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Make ``model`` and ``optimizer`` train data-parallel under a communication policy.
@@ -124,6 +133,16 @@ def parallelize(
     ``max_grad_norm`` clips the global norm of the averaged gradients.
     ``grad_scaler``: the ``torch.amp.GradScaler`` the loop will use, so a policy
     that cannot take one is refused now rather than at its first step.
+
+    ``policy="auto"``: after the warm-up, rank 0 runs the search of ``commsched
+    advise`` (every lossless policy with its knobs searched, simulated on the
+    measured model and network) within ``auto_budget_s`` seconds, logs the
+    choice and its predicted time (logger ``commsched``), and every rank runs
+    the winner (``model.plan`` says which). With a ``grad_scaler`` only policies
+    that update at ``step()`` compete. ``replan`` (default: on for ``auto``, off
+    otherwise; a :class:`~commsched.runtime.replan.DriftPolicy` to tune it) keeps
+    measuring compute and bandwidth and makes the plan again, on every rank at
+    the same iteration, when they drift.
     ``timeout_s`` bounds every wait: a crashed or hung peer ends training with
     :class:`commsched.errors.RuntimeCommError`.
 
@@ -148,11 +167,28 @@ def parallelize(
         return _torch_ddp(model, optimizer, process_group, max_grad_norm)
     elif policy not in RUNTIME_POLICIES:
         raise ValueError(f"policy: unknown policy {policy!r}; known: {', '.join(RUNTIME_POLICIES)}")
+    elif policy == AUTO:
+        if knobs:
+            raise ValueError(f"{AUTO}: knobs are searched, not given; got {', '.join(sorted(knobs))}")
+        if not (_number(auto_budget_s) and auto_budget_s > 0):
+            raise ValueError(f"auto_budget_s: must be a finite number > 0, got {auto_budget_s!r}")
+        knob_values = {"budget_s": auto_budget_s}
     else:
         knob_values = make_knobs(policy, knobs).to_dict()
-    defers = policy_class(policy).update_mode == "forward"
-    if grad_scaler is not None and defers:
+    # auto may choose a deferring policy unless told of a scaler: a scaler it was not told of is refused.
+    defers = True if policy == AUTO else policy_class(policy).update_mode == "forward"
+    if grad_scaler is not None and policy != AUTO and defers:
         raise UnsupportedError(_grad_scaler_refusal(policy))
+    if policy == AUTO:
+        step_only = tuple(n for n in POLICIES if POLICIES[n].update_mode == "step" and n in LOSSLESS)
+        choices = step_only if grad_scaler is not None else None
+        defers = grad_scaler is None
+        planner: Planner = functools.partial(_plan_auto, auto_budget_s, choices)
+    else:
+        planner = functools.partial(_plan_by_name, policy, knob_values)
+    if replan is None:
+        replan = policy == AUTO
+    drift = (DriftPolicy() if replan is True else replan) or None
     network = None
     if bandwidth_gbps is not None:
         network = NetworkEstimate(world, gbps_to_bytes_per_s(bandwidth_gbps), latency_us / 1e6)
@@ -161,7 +197,8 @@ def parallelize(
         optimizer,
         policy=policy,
         knobs=knob_values,
-        planner=functools.partial(_plan_by_name, policy, knob_values),
+        planner=planner,
+        replan=drift,
         plan=plan,
         process_group=process_group,
         max_grad_norm=max_grad_norm,
@@ -178,6 +215,23 @@ def parallelize(
 
 def _plan_by_name(policy: str, knobs: dict[str, Any], workload: Workload, network: NetworkEstimate) -> CommPlan:
     return build_plan(policy, workload, network, **knobs)
+
+
+def _plan_auto(
+    budget_s: float, policies: tuple[str, ...] | None, workload: Workload, network: NetworkEstimate
+) -> CommPlan:
+    """The plan ``commsched advise`` chooses for the measured model on the measured network."""
+    from commsched.plan import advise
+    from commsched.profile.network import measured_cluster
+
+    cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)
+    advice = advise(workload, cluster, budget_s=budget_s, policies=policies)
+    best = advice.winner
+    log.info(
+        "commsched auto: %s %s, predicted %.1f ms per iteration (%d simulations in %.1f s of a %.1f s budget)",
+        best.policy, best.knobs, best.iteration_ms, advice.simulations, advice.search_s, budget_s,
+    )  # fmt: skip
+    return advice.plan
 
 
 def _check_arguments(
@@ -215,6 +269,11 @@ def _number(value: object) -> bool:
 
 
 def _grad_scaler_refusal(policy: str) -> str:
+    if policy == AUTO:
+        return (
+            "GradScaler: pass it to parallelize(..., policy='auto', grad_scaler=scaler), so that auto chooses "
+            "among the policies that apply updates at step()"
+        )
     steps = ", ".join(
         name for name in RUNTIME_POLICIES if name == TORCH_DDP or policy_class(name).update_mode == "step"
     )

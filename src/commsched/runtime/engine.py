@@ -15,9 +15,11 @@ the model the engine runs the provisional plan; then rank 0 makes the real one
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -25,16 +27,20 @@ import torch.distributed as dist
 from torch import nn
 
 from commsched.errors import PlanMismatchError, RuntimeCommError, UnsupportedError
+from commsched.formulas import ring_factors
 from commsched.layers import layer_module
 from commsched.runtime import startup, warmup
 from commsched.runtime.agent import Agent
 from commsched.runtime.buffers import GradientBuffers
 from commsched.runtime.hooks import ComputeTracer, install_hooks
+from commsched.runtime.replan import DriftMonitor, DriftPolicy
 from commsched.runtime.updates import DeferredUpdates, clip_coefficient
 from commsched.schedule import CommPlan, NetworkEstimate, provisional_plan
 from commsched.trace import Trace
 from commsched.transport import Transport, open_transports
 from commsched.workload import Workload
+
+log = logging.getLogger("commsched")
 
 #: The estimate a provisional plan is made for before anything was measured (10 Gbit/s).
 DEFAULT_NETWORK_BYTES_PER_S = 1.25e9
@@ -55,6 +61,7 @@ class Engine:
         knobs: dict[str, Any],
         planner: Planner,
         plan: CommPlan | None,
+        replan: DriftPolicy | None,
         process_group: dist.ProcessGroup | None,
         max_grad_norm: float | None,
         timeout_s: float,
@@ -105,7 +112,14 @@ class Engine:
         self._orig_step = type(optimizer).step.__get__(optimizer)
         self._orig_state_dict = type(optimizer).state_dict.__get__(optimizer)
         self._handles = install_hooks(module, self._params, self._on_forward_pre, self._on_grad, self.flush)
+        self._replan_policy = replan
+        self._monitor = DriftMonitor(replan) if replan is not None and self.rank == 0 else None
+        if self._monitor is not None:
+            self.agent.on_transfer = self._on_transfer
+        self._iter_start: float | None = None
+        self._waited_s = 0.0
         self._warming = plan is None
+        self.replans = 0  # plans made again after a drift
         if plan is None:
             self._adopt(provisional_plan(warmup.unmeasured_workload(module), self._network()))
         else:
@@ -159,6 +173,32 @@ class Engine:
         self._adopt(CommPlan.from_json(payload[0], "the plan made after warm-up"))
         self._warming = False
 
+    def _check_drift(self) -> None:
+        """Every ``every`` iterations: rank 0's drift decision, the same on every rank; re-plan if it says so."""
+        payload: list[Any] = [None]
+        if self._monitor is not None:
+            factors = self._monitor.drifted()
+            if factors is not None:
+                compute, bandwidth = factors
+                workload = self.plan.workload.scaled(1.0 / compute)
+                network = replace(
+                    self.plan.network, bandwidth_bytes_per_s=self.plan.network.bandwidth_bytes_per_s * bandwidth
+                )
+                payload = [self.planner(workload, network).to_json(indent=None)]
+                log.info(
+                    "commsched: compute x%.2f, bandwidth x%.2f since the plan was made: re-planned", compute, bandwidth
+                )
+        with startup.peers("sharing the drift check"):
+            dist.broadcast_object_list(payload, src=self.groups.leader(), group=self.groups.control)
+        if payload[0] is not None:
+            self.replans += 1
+            self.use_plan(CommPlan.from_json(payload[0], "the plan made after a drift"))
+
+    def _on_transfer(self, kind: str, nbytes: int, seconds: float) -> None:
+        """A finished transfer (watcher thread): its bytes on the wire per rank, for the drift monitor."""
+        if self._monitor is not None and kind in ("all_reduce", "reduce_scatter", "all_gather"):
+            self._monitor.record_transfer(ring_factors(kind, self.world)[1] * nbytes, seconds)
+
     def use_plan(self, plan: CommPlan) -> None:
         """Switch to ``plan`` between two iterations; every rank must call it at the same point.
 
@@ -185,7 +225,10 @@ class Engine:
         self.check_error()
         if not torch.is_grad_enabled() or not self.module.training:
             self.flush()
-        if self.plan.update == "step" and self._sync and torch.is_grad_enabled() and self.module.training:
+        training = self._sync and torch.is_grad_enabled() and self.module.training
+        if training and self._iter_start is None:
+            self._iter_start, self._waited_s = time.perf_counter(), 0.0
+        if self.plan.update == "step" and training:
             # p.grad as bucket views: autograd accumulates straight into the communication buffers
             self._attached = self.buffers.attach_views([t for t, p in enumerate(self.buffers.params) if p.grad is None])
         if self.broadcast_buffers and self._require_forward_sync:
@@ -252,6 +295,9 @@ class Engine:
             self._tracer.backward_ends(self._iteration)
         if self._check_first is not None:
             self._check_plan_fits(self._check_first)
+        if self._monitor is not None and self._iter_start is not None:
+            self._monitor.record_iteration(time.perf_counter() - self._iter_start - self._waited_s)
+        self._iter_start = None
         if self.plan.update == "step":
             start = time.perf_counter()
             for task in range(len(self.plan.tasks)):
@@ -293,6 +339,8 @@ class Engine:
         if self._warming and self._iteration == self.warmup_iters:
             self.recorder.active = False
             self._replan()
+        elif self._replan_policy is not None and not self._warming and self._iteration % self._replan_policy.every == 0:
+            self._check_drift()
 
     def _clip_coefficient(self) -> float:
         """Global-norm clipping factor of the averaged gradients, computed before any layer is updated."""
@@ -355,9 +403,11 @@ class Engine:
 
     def _wait(self, task: int, instance: int) -> None:
         name = self.plan.tasks[task].name
+        start = time.perf_counter()
         self.agent.completions.wait(
             task, instance, self.timeout_s, lambda: f"rank {self.rank}: task {name} of iteration {instance}"
         )
+        self._waited_s += time.perf_counter() - start
 
     def check_error(self) -> None:
         try:

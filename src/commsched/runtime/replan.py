@@ -81,4 +81,3 @@ class DriftMonitor:
         self.strikes = 0
         self.baseline_compute_s = self.baseline_bandwidth = None  # the next window measures the new plan
         return compute_factor, bandwidth_factor
-

@@ -21,6 +21,7 @@ from commsched.schedule.dispatch import Dispatcher, Start
 from commsched.schedule.knobs import Knobs
 from commsched.schedule.plan import CommPlan
 from commsched.schedule.registry import (
+    AUTO,
     LOSSLESS,
     POLICIES,
     RUNTIME_POLICIES,
@@ -37,6 +38,7 @@ from commsched.schedule.registry import (
 )
 
 __all__ = [
+    "AUTO",
     "LOSSLESS",
     "POLICIES",
     "RUNTIME_POLICIES",

@@ -52,8 +52,12 @@ TORCH_DDP = "torch_ddp"
 #: ``DistributedDataParallel._get_ddp_logging_data()``, torch 2.13).
 TORCH_DDP_AS_POLICY: tuple[str, dict[str, Any]] = ("ddp", {"rebuilt": False})
 
+#: Not a policy: the runtime measures the model and the network, then runs the plan that ``commsched advise``
+#: would choose (every lossless policy with its knobs searched by simulation), and re-plans on drift.
+AUTO = "auto"
+
 #: Every name ``parallelize(policy=...)`` and ``commsched bench`` accept.
-RUNTIME_POLICIES: tuple[str, ...] = (TORCH_DDP, *POLICIES)
+RUNTIME_POLICIES: tuple[str, ...] = (TORCH_DDP, AUTO, *POLICIES)
 
 
 def policy_class(name: str) -> type[Scheduler]:

@@ -1,0 +1,40 @@
+"""The drift rule: a baseline window, a relative threshold, patience, and the factors to re-plan with."""
+
+from __future__ import annotations
+
+import pytest
+
+from commsched.runtime.replan import DriftMonitor, DriftPolicy
+
+
+def _window(m: DriftMonitor, compute_s: float, bandwidth: float) -> tuple[float, float] | None:
+    for _ in range(5):
+        m.record_iteration(compute_s)
+    m.record_transfer(bandwidth * 2.0, 2.0)
+    return m.drifted()
+
+
+def test_the_first_window_is_the_baseline_and_small_changes_never_replan() -> None:
+    m = DriftMonitor(DriftPolicy(every=5, threshold=0.25, patience=2))
+    assert _window(m, 0.100, 1e9) is None  # baseline
+    for _ in range(10):
+        assert _window(m, 0.120, 0.9e9) is None  # within 25 %
+
+
+def test_a_drift_replans_only_after_patience_windows_in_a_row_with_the_measured_factors() -> None:
+    m = DriftMonitor(DriftPolicy(every=5, threshold=0.25, patience=2))
+    _window(m, 0.100, 1e9)
+    assert _window(m, 0.100, 0.5e9) is None  # one drifted window: not yet
+    assert _window(m, 0.100, 1e9) is None  # back to normal: the count restarts
+    assert _window(m, 0.100, 0.5e9) is None
+    factors = _window(m, 0.200, 0.5e9)
+    assert factors == pytest.approx((2.0, 0.5))
+    assert _window(m, 0.200, 0.5e9) is None  # a new baseline after re-planning
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("every", 1), ("every", 2.5), ("threshold", 0), ("patience", 0), ("patience", True)]
+)
+def test_bad_drift_settings_are_refused_naming_the_setting(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"replan {field}: must be"):
+        DriftPolicy(**{field: value})  # type: ignore[arg-type]
