@@ -1,12 +1,15 @@
 """The main job: predict with the simulator, then measure for real on this machine.
 
-1. Simulate every policy on a zoo model and cluster preset and pick the fastest
-   commsched policy (``--model``/``--cluster``, default ResNet-50 on 64 V100s, 10 GbE).
-2. Train a small CNN data-parallel with 4 local processes (gloo on CPU) under
-   that policy and under PyTorch DDP, on the same synthetic data, and print both:
-   iteration time, throughput and the largest parameter difference.
+1. Ask the planner (``commsched advise``): every policy, its knobs searched,
+   simulated on a zoo model and cluster preset (``--model``/``--cluster``,
+   default ResNet-50 on 64 V100s, 10 GbE); print the ranking.
+2. Train a small CNN data-parallel with local processes (gloo on CPU, one per
+   core: 2 by default) under ``policy="auto"`` (which measures this machine,
+   runs the same search on what it measured, and trains with the winner) and
+   under PyTorch DDP, on the same synthetic data, and print both: iteration
+   time, throughput, what auto chose and the largest parameter difference.
 
-    python examples/demo.py [--model resnet50] [--cluster 64xV100-10GbE] [--workers 4] [--iters 15]
+    python examples/demo.py [--model resnet50] [--cluster 64xV100-10GbE] [--workers 2] [--iters 20]
 """
 
 from __future__ import annotations
@@ -24,24 +27,26 @@ from rich.table import Table
 
 from commsched import zoo
 from commsched.cluster import load_cluster
-from commsched.schedule import POLICIES
-from commsched.sim import simulate
+from commsched.plan import advise
 
 HERE = Path(__file__).resolve().parent
 
 
-def best_policy(model: str, cluster: str, console: Console) -> str:
+def show_advice(model: str, cluster: str, console: Console) -> None:
     workload, spec = zoo.load(model), load_cluster(cluster)
-    results = {}
-    with console.status(f"simulating {len(POLICIES)} policies on {model} / {cluster}"):
-        for policy in POLICIES:
-            results[policy] = simulate(workload, spec, policy, trace=False).iteration_ms
-    best = min((p for p in results if p != "no_overlap"), key=results.__getitem__)
+    with console.status(f"searching every policy's knobs on {model} / {cluster}"):
+        advice = advise(workload, spec)
+    table = Table(title=f"simulated {model} on {cluster}: policies ranked (knobs searched)")
+    for col in ("policy", "iteration ms", "vs ddp", "knobs"):
+        table.add_column(col, justify="left" if col in ("policy", "knobs") else "right")
+    ddp = next(c.iteration_ms for c in advice.candidates if c.policy == "ddp")
+    for c in advice.candidates:
+        knobs = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in c.knobs.items())
+        table.add_row(c.policy, f"{c.iteration_ms:.1f}", f"{ddp / c.iteration_ms:.2f}x", knobs or "-")
+    console.print(table)
     console.print(
-        f"simulated {model} on {cluster}: best commsched policy [bold]{best}[/] "
-        f"({results[best]:.1f} ms/iteration, ddp {results['ddp']:.1f} ms)"
+        f"lower bound for any lossless schedule: {advice.ideal.iteration_ms:.1f} ms; {advice.parallelize_call()}"
     )
-    return best
 
 
 def train(policy: str, workers: int, iters: int, out: Path) -> dict:
@@ -63,25 +68,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--cluster", default="64xV100-10GbE")
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--iters", type=int, default=15)
+    parser.add_argument("--workers", type=int, default=2, help="local processes (one per core measures best)")
+    parser.add_argument("--iters", type=int, default=20)
     args = parser.parse_args()
     console = Console()
-    policy = best_policy(args.model, args.cluster, console)
+    show_advice(args.model, args.cluster, console)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in ("torch_ddp", policy):
+        for name in ("torch_ddp", "auto"):
             with console.status(f"training a small CNN with {args.workers} processes under {name}"):
                 rows.append(train(name, args.workers, args.iters, Path(tmp) / f"{name}.json"))
     table = Table(title=f"real training on this machine: {args.workers} gloo processes, small CNN, synthetic data")
-    for col in ("policy", "iteration ms", "samples/s", "vs torch_ddp", "max |Δparam| vs torch_ddp"):
+    for col in ("policy", "iteration ms", "samples/s", "vs torch_ddp", "max |Δparam| vs torch_ddp", "ran"):
         table.add_column(col, justify="right" if col != "policy" else "left")
     base = rows[0]["iteration_ms"]
     for r in rows:
         diff = r.get("max_param_diff_vs_torch_ddp")
         table.add_row(
             r["policy"], f"{r['iteration_ms']:.1f}", f"{r['samples_per_s']:.1f}", f"{base / r['iteration_ms']:.2f}x",
-            "—" if diff is None else f"{diff:.1e}",
+            "—" if diff is None else f"{diff:.1e}", r.get("plan", "—"),
         )  # fmt: skip
     console.print(table)
     console.print(

@@ -69,7 +69,10 @@ def main() -> None:
     dist.init_process_group("gloo")
     times, model = run(args.policy, args.model, args.iters, args.batch, options, trace=bool(args.trace))
     iter_s = statistics.median(times[args.warmup :])
+    plan = getattr(model, "plan", None)
     result = {
+        "plan": plan.policy if plan is not None else args.policy,
+        "plan_knobs": plan.knobs.to_dict() if plan is not None else {},
         "policy": args.policy,
         "model": args.model,
         "world_size": dist.get_world_size(),
