@@ -16,9 +16,8 @@ $(BIN)/commsched: pyproject.toml
 
 setup: $(BIN)/commsched
 
-## Simulate every policy on ResNet-50 / 64 V100s, then train for real on this machine: best policy vs PyTorch DDP.
+## Rank every policy on ResNet-50 / 64 V100s by simulation, then train for real here: policy="auto" vs PyTorch DDP.
 demo: setup
-	$(BIN)/commsched compare --model resnet50 --cluster 64xV100-10GbE
 	$(BIN)/python examples/demo.py
 
 lint: setup
