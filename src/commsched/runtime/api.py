@@ -51,7 +51,9 @@ class ParallelModule(nn.Module):
         self.module = module
         self._engine = engine
 
+    @torch.compiler.disable  # type: ignore[misc]
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped model's forward; ``torch.compile`` of the wrapper leaves it (and the hooks) eager."""
         self._engine.begin_forward()
         try:
             return self.module(*args, **kwargs)
@@ -234,6 +236,14 @@ def _plan_auto(
     return advice.plan
 
 
+#: Why a compiled model is refused: the runtime works through module hooks and gradient hooks, which a
+#: compiled graph runs (or drops) on its own terms; compile the model inside instead.
+_COMPILE_REFUSAL = (
+    "torch.compile: commsched works through forward pre-hooks and gradient hooks, which a compiled graph does "
+    "not keep; pass the uncompiled model to parallelize() and do not compile the model it returns"
+)
+
+
 def _check_arguments(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -243,6 +253,8 @@ def _check_arguments(
     bandwidth_gbps: float | None,
     latency_us: float,
 ) -> None:
+    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
+        raise UnsupportedError(_COMPILE_REFUSAL)
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError(
             f"model: {type(model).__name__} has no trainable parameters (none, or all frozen); nothing to synchronise"
