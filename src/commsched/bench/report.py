@@ -334,8 +334,18 @@ def plot(report: dict[str, Any], path: Path) -> None:
                 hatch="//" if is_ref else ("xx" if name == YARDSTICK else None),
             )
             if name == "best DDP" and value == "median_ms":  # which configuration won, session by session
-                for x, y, session in zip(xs, ys, [s for s in sessions if "best_ddp" in s], strict=True):
-                    ax.annotate(session["best_ddp"], (x, y), ha="center", va="bottom", rotation=90, fontsize=6)
+                for x, session in zip(xs, [s for s in sessions if "best_ddp" in s], strict=True):
+                    ax.annotate(
+                        session["best_ddp"],
+                        (x, 0),
+                        xytext=(0, 4),
+                        textcoords="offset points",
+                        ha="center",
+                        va="bottom",
+                        rotation=90,
+                        fontsize=7,
+                        color="white",
+                    )
 
     bars(top, names, "median_ms", "min_ms", "max_ms")
     bounds = [(i, s["ideal_overlap_ms"]) for i, s in enumerate(sessions) if "ideal_overlap_ms" in s]
