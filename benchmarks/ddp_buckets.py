@@ -13,6 +13,10 @@ configuration's bucket sizes (``DistributedDataParallel._get_ddp_logging_data``)
 and its median iteration time over the timed steps of each repeat. The
 simulator's ``ddp`` policy models the rebuilt buckets by default and the
 initial ones with ``rebuilt=False``.
+
+``commsched bench`` itself measures both flags at bucket caps 1, 4 and 25 MiB
+in every session (its default DDP and best DDP rows,
+:mod:`commsched.bench.baselines`); this script adds DDP's own bucket sizes.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
     python benchmarks/testbed_tables.py bench-results/bench.json [--png out.png]
 
 Prints the machine, the command line, and per link shaping the measured link
-check and one table: policies, then the references; with ``--phases`` where
-each step's time goes; for a ``--validate`` run, the simulator's predictions
-beside the measurements.
+check and one table: policies, default DDP and best DDP, then the references;
+the DDP grid (every configuration measured; results saved before the grid
+have none); with ``--phases`` where each step's time goes; for a
+``--validate`` run, the simulator's predictions beside the measurements.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import statistics
 from pathlib import Path
 
 from commsched.bench.calibrate import revalidate
-from commsched.bench.report import markdown_table, phase_table, plot, shaping, validation_markdown
+from commsched.bench.report import grid_markdown, markdown_table, phase_table, plot, shaping, validation_markdown
 from commsched.bench.run import resummarise
 
 
@@ -47,6 +48,10 @@ def main() -> None:
         print()
         print(markdown_table(report, session))
         print()
+        grid = grid_markdown(session)
+        if grid:
+            print(grid)
+            print()
         if args.phases:
             print(phase_table(report, session))
             print()

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from commsched import zoo
+from commsched.bench.baselines import DDP_GRID, YARDSTICK
 from commsched.bench.calibrate import Calibration, load_calibration, predict_session, revalidate, save_inputs
 from commsched.bench.report import validation_markdown, validation_table
 from commsched.bench.validate import predict
-from commsched.bench.worker import YARDSTICK
 from commsched.cluster import Cluster
 from commsched.formulas import ring_all_reduce_s
 from commsched.profile.network import ProbeSample, fit_alpha_beta
@@ -143,3 +143,16 @@ def test_the_fit_weights_each_size_by_its_own_noise_not_by_its_time() -> None:
     fit = fit_alpha_beta(samples)
     assert fit.bandwidth_gbps == pytest.approx(0.3, rel=0.02)
     assert fit.predict_s(2**24) == pytest.approx(2**24 / rate, rel=0.01)
+
+
+def test_each_ddp_configuration_of_the_grid_is_predicted_with_its_buckets() -> None:
+    cal = Calibration(_calibration_data(), "test")
+    measured = {c.name: 800.0 for c in DDP_GRID} | {"dear": 700.0}
+    rows = predict_session(_session(measured), cal, ["torch_ddp", "dear"], {})["rows"]
+    assert list(rows) == ["torch_ddp", "dear", *(c.name for c in DDP_GRID if c.name != "torch_ddp")]
+    w, cluster = cal.workload, cal.cluster
+    # PyTorch's defaults rebuild the buckets in gradient-ready order; find_unused_parameters keeps the initial ones
+    default = predict(w, cluster, ["ddp"], knobs={"ddp": {"bucket_cap_mb": 25.0}}, update_ms=7.0)["ddp"]
+    assert rows["ddp[25MiB]"]["predicted_ms"] == default != rows["torch_ddp"]["predicted_ms"]
+    four = predict(w, cluster, ["ddp"], knobs={"ddp": {"rebuilt": False, "bucket_cap_mb": 4.0}}, update_ms=7.0)
+    assert rows["ddp[4MiB,find_unused]"]["predicted_ms"] == four["ddp"]

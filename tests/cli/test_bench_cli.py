@@ -60,3 +60,17 @@ def test_a_bad_knob_is_refused_when_the_command_line_is_parsed(started: list[Any
         result = CliRunner().invoke(cli, args, terminal_width=200)
         assert result.exit_code == 2 and message in result.output, (knob, result.output)
     assert started == []  # nothing ran
+
+
+def test_help_says_the_ddp_grid_always_runs_and_how_to_turn_it_off() -> None:
+    out = CliRunner().invoke(cli, ["bench", "--help"], terminal_width=200).output
+    assert "--ddp-grid / --no-ddp-grid" in out
+    assert "bucket_cap_mb 1, 4, 25 × find_unused_parameters False, True" in out
+    assert "default DDP (ddp[25MiB])" in out and "best DDP" in out
+
+
+def test_the_ddp_grid_is_on_unless_turned_off(started: list[Any], tmp_path: Path) -> None:
+    for extra, grid in (([], True), (["--no-ddp-grid"], False)):
+        result = CliRunner().invoke(cli, ["bench", "--policies", "dear", *extra, "--out", str(tmp_path)])
+        assert isinstance(result.exception, Started), result.output
+        assert started[-1].ddp_grid is grid and started[-1].policies == ("dear",)

@@ -1,4 +1,4 @@
-"""Real namespaces: a 2-worker testbed trains torch_ddp and dear over a shaped link, and leaves nothing behind.
+"""Real namespaces: a 2-worker testbed trains dear and PyTorch DDP's grid over a shaped link, and leaves nothing behind.
 
 Needs root and iproute2; skipped otherwise, with the reason.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from commsched.bench.baselines import DDP_GRID
 from commsched.bench.run import BenchConfig, run_bench
 from commsched.bench.validate import gloo_options
 from commsched.cluster import Cluster
@@ -69,13 +70,18 @@ def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(t
     assert dear["max_param_diff"] < 1e-5
     assert dear["min_param_moved"] > 1e-4  # training did change the model
     assert dear["replica_spread"] == 0.0 and session["summary"]["torch_ddp"]["replica_spread"] == 0.0
+    # the DDP grid ran beside the policies: every configuration trains alike, default and best DDP are named
+    grid = [c.name for c in DDP_GRID]
+    assert all(session["summary"][name]["max_param_diff"] < 1e-5 for name in grid if name != "torch_ddp")
+    assert session["default_ddp"] == "ddp[25MiB]" and session["best_ddp"] in grid
+    assert dear["speedup_vs_default_ddp"] > 0 and dear["speedup_vs_best_ddp"] > 0
     for run in session["runs"]["dear"]:
         assert len(run["times_s"]) == 2 and len(run["times_s"][0]) == 5 and len(run["rank_iteration_ms"]) == 2
         assert run["iteration_ms"] == max(run["rank_iteration_ms"]) > 0
     assert session["traces"] == {"dear": "trace-2gbit-dear.json"} and (tmp_path / "trace-2gbit-dear.json").exists()
     # --validate: calibrated on these links before the policies ran, then every policy predicted
     validation = session["validation"]
-    assert set(validation["rows"]) == {"torch_ddp", "dear"}
+    assert set(validation["rows"]) == {"dear", *grid}
     assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in validation["rows"].values())
     # (not compared with the 2 Gbit/s shaping: cnn's messages are small enough to pass in tbf's burst)
     assert 0 < validation["calibration"]["bandwidth_mbit_s"] < math.inf

@@ -2,6 +2,8 @@
 
 * :mod:`commsched.bench.run`: sessions, repeats, the JSON report (:func:`run_bench`);
 * :mod:`commsched.bench.worker`: what each rank runs (``python -m commsched.bench.worker JOB.json``);
+* :mod:`commsched.bench.baselines`: the PyTorch DDP configurations measured beside the policies
+  (default DDP, best DDP);
 * :mod:`commsched.bench.calibrate` and :mod:`commsched.bench.validate`: ``--validate``, the
   simulator calibrated on the same links and its predictions beside the measurement;
 * :mod:`commsched.bench.report`: tables and the bar chart.

@@ -20,7 +20,9 @@ and for the references whose time the model also predicts:
   ``parallelize(policy="torch_ddp")`` builds DDP with
   ``find_unused_parameters=True``, which keeps DDP's initial buckets
   (registration order, 1 MiB for the first layers, 25 MiB for the rest);
-* the 1 MiB-bucket PyTorch DDP: the same with ``bucket_cap_mb=1``;
+* the other PyTorch DDP configurations (:mod:`commsched.bench.baselines`):
+  ``ddp`` with their ``bucket_cap_mb``, and ``rebuilt=True`` (buckets rebuilt
+  in gradient-ready order) where ``find_unused_parameters=False``;
 * ``compute, N in lock-step``: forward + backward + update of the profile;
 * ``all-reduce alone``: the fitted all-reduce of every gradient at once.
 
@@ -37,8 +39,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from commsched.bench.baselines import DDP_GRID, TORCH_DDP
 from commsched.bench.validate import predict
-from commsched.bench.worker import YARDSTICK, YARDSTICK_BUCKET_MB
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.formulas import ring_all_reduce_s
@@ -50,8 +52,8 @@ __all__ = ["Calibration", "load_calibration", "predict_session", "revalidate", "
 
 #: How each measured name is predicted: (simulated policy, extra knobs).
 _SIMULATED_AS: dict[str, tuple[str, dict[str, Any]]] = {
-    "torch_ddp": TORCH_DDP_AS_POLICY,
-    YARDSTICK: (TORCH_DDP_AS_POLICY[0], {**TORCH_DDP_AS_POLICY[1], "bucket_cap_mb": YARDSTICK_BUCKET_MB}),
+    **{c.name: c.simulated_as for c in DDP_GRID},
+    TORCH_DDP: TORCH_DDP_AS_POLICY,
 }
 
 
@@ -118,7 +120,7 @@ def predict_session(
     summary = session["summary"]
     workload, cluster = calibration.workload, calibration.cluster
     rows: dict[str, dict[str, Any]] = {}
-    for name in [*policies, YARDSTICK]:
+    for name in [*policies, *(c.name for c in DDP_GRID if c.name not in policies)]:
         if name not in summary:
             continue
         simulated, extra = _SIMULATED_AS.get(name, (name, {}))

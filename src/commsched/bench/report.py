@@ -7,9 +7,11 @@ from typing import Any
 
 from rich.table import Table
 
+from commsched.bench.baselines import DDP_GRID, TORCH_DDP
 from commsched.bench.run import REFERENCES, YARDSTICK
 from commsched.testbed import LinkShape
 
+#: Sessions measured before the DDP grid (or with ``--no-ddp-grid``): speed-up against torch_ddp.
 COLUMNS = ("policy", "iter ms", "min–max", "samples/s", "speed-up", "÷ ideal", "max |Δp|")
 CAPTION = (
     "iter ms: median over repeats (min–max: over repeats) of the slowest rank's mean iteration time; "
@@ -17,13 +19,38 @@ CAPTION = (
     "difference after the last step) are against torch_ddp; ÷ ideal: iteration time over max(compute N in "
     "lock-step, all-reduce alone), same repeat"
 )
+#: Sessions with the DDP grid: speed-up against default DDP and best DDP.
+GRID_COLUMNS = ("policy", "iter ms", "min–max", "samples/s", "vs default DDP", "vs best DDP", "÷ ideal", "max |Δp|")
+GRID_CAPTION = (
+    "iter ms: median over repeats (min–max: over repeats) of the slowest rank's mean iteration time; "
+    "vs default DDP (DistributedDataParallel(model), PyTorch's defaults) and vs best DDP (the fastest of "
+    "bucket_cap_mb 1, 4, 25 × find_unused_parameters False, True, by median): median over repeats of the "
+    "baseline / policy in the same repeat (min–max over repeats); max |Δp|: largest parameter difference from "
+    "torch_ddp after the last step; ÷ ideal: iteration time over max(compute N in lock-step, all-reduce alone)"
+)
+GRID_TABLE_COLUMNS = ("DDP", "bucket_cap_mb", "find_unused_parameters", "iter ms", "min–max", "vs default DDP")
 
 
-def _speed_cell(s: dict[str, Any]) -> str:
-    cell = f"{s['speedup_vs_torch_ddp']:.2f}×"
-    if "speedup_min" in s and s["speedup_min"] != s["speedup_max"]:
-        cell += f" ({s['speedup_min']:.2f}–{s['speedup_max']:.2f})"
+def _speed_cell(s: dict[str, Any], baseline: str = TORCH_DDP) -> str | None:
+    """``1.23× (1.10–1.31)``: the paired speed-up against ``baseline`` (torch_ddp, default_ddp, best_ddp)."""
+    value = s.get(f"speedup_vs_{baseline}")
+    if value is None:
+        return None
+    prefix = "speedup" if baseline == TORCH_DDP else f"speedup_vs_{baseline}"
+    cell = f"{value:.2f}×"
+    lo, hi = s.get(f"{prefix}_min"), s.get(f"{prefix}_max")
+    if lo is not None and lo != hi:
+        cell += f" ({lo:.2f}–{hi:.2f})"
     return cell
+
+
+def has_grid(session: dict[str, Any]) -> bool:
+    """Whether the session measured default DDP (and so the DDP grid): its tables compare against DDP's defaults."""
+    return "default_ddp" in session
+
+
+def columns(session: dict[str, Any]) -> tuple[str, ...]:
+    return GRID_COLUMNS if has_grid(session) else COLUMNS
 
 
 def _diff_cell(name: str, diff: float | None) -> str:
@@ -33,26 +60,36 @@ def _diff_cell(name: str, diff: float | None) -> str:
 
 
 def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str], bool]]:
-    """Table rows (cells, is_reference): the policies as run, then the references and the ideal bound."""
+    """Table rows (cells, is_reference) under :func:`columns`.
+
+    The policies as run; with the DDP grid, ``default DDP`` and ``best DDP``
+    (naming the winning configuration); then the references and the ideal bound.
+    """
     summary = session["summary"]
+    baselines = ("default_ddp", "best_ddp") if has_grid(session) else (TORCH_DDP,)
     out: list[tuple[list[str], bool]] = []
 
     def row(name: str, label: str, s: dict[str, Any], reference: bool) -> None:
-        speed, vs_ideal = s.get("speedup_vs_torch_ddp"), s.get("vs_ideal")
+        vs_ideal = s.get("vs_ideal")
+        measured = not reference or name == YARDSTICK
+        speeds = [_speed_cell(s, baseline) or ("" if reference else "—") for baseline in baselines]
         cells = [
             label,
             f"{s['median_ms']:.0f}",
             f"{s['min_ms']:.0f}–{s['max_ms']:.0f}",
-            f"{s['samples_per_s']:.1f}" if not reference or name == YARDSTICK else "",
-            _speed_cell(s) if speed is not None else ("" if reference else "—"),
+            f"{s['samples_per_s']:.1f}" if measured else "",
+            *speeds,
             f"{vs_ideal:.2f}" if vs_ideal is not None else ("" if reference else "—"),
-            _diff_cell(name, s.get("max_param_diff")) if not reference or name == YARDSTICK else "",
+            _diff_cell(name, s.get("max_param_diff")) if measured else "",
         ]
         out.append((cells, reference))
 
     for name in report["meta"]["config"]["policies"]:
         if name in summary:
             row(name, name, summary[name], False)
+    for key, label in (("default_ddp", "default DDP"), ("best_ddp", "best DDP")):
+        if key in session:
+            row(session[key], f"{label}: {session[key]}", summary[session[key]], False)
     if YARDSTICK in summary:
         row(YARDSTICK, REFERENCES[YARDSTICK], summary[YARDSTICK], True)
     alone = report.get("compute_alone")
@@ -62,14 +99,68 @@ def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str
         if key in summary:
             row(key, REFERENCES[key], summary[key], True)
     if "ideal_overlap_ms" in session:
-        out.append((["ideal ≈ max(N in lock-step, all-reduce)", f"{session['ideal_overlap_ms']:.0f}", *[""] * 5], True))
+        blank = [""] * (len(columns(session)) - 2)
+        out.append((["ideal ≈ max(N in lock-step, all-reduce)", f"{session['ideal_overlap_ms']:.0f}", *blank], True))
     return out
+
+
+def grid_rows(session: dict[str, Any]) -> list[list[str]]:
+    """One row per DDP configuration measured in the session, the default and the best marked; [] without a grid."""
+    summary = session["summary"]
+    if not has_grid(session):
+        return []
+    out = []
+    for config in DDP_GRID:
+        s = summary.get(config.name)
+        if s is None:
+            continue
+        marks = [m for key, m in (("default_ddp", "default"), ("best_ddp", "best")) if session.get(key) == config.name]
+        out.append(
+            [
+                config.name + (f" ({', '.join(marks)})" if marks else ""),
+                str(config.bucket_cap_mb),
+                str(config.find_unused_parameters),
+                f"{s['median_ms']:.0f}",
+                f"{s['min_ms']:.0f}–{s['max_ms']:.0f}",
+                _speed_cell(s, "default_ddp") or "—",
+            ]
+        )
+    return out
+
+
+def grid_markdown(session: dict[str, Any]) -> str:
+    """The DDP grid of a session as Markdown; "" when the session has none."""
+    body = grid_rows(session)
+    if not body:
+        return ""
+    lines = [f"| {' | '.join(GRID_TABLE_COLUMNS)} |", "|---" * len(GRID_TABLE_COLUMNS) + "|"]
+    return "\n".join(lines + [f"| {' | '.join(cells)} |" for cells in body])
+
+
+def grid_table(report: dict[str, Any], session: dict[str, Any]) -> Table | None:
+    """The DDP grid of a session for the console; None when the session has none."""
+    body = grid_rows(session)
+    if not body:
+        return None
+    table = Table(
+        title=f"PyTorch DDP, links {shaping(session)}: which configuration is best DDP",
+        title_justify="left",
+        caption="default: DistributedDataParallel(model); best: lowest median iteration time; torch_ddp is "
+        "(25, True), the reference of max |Δp|",
+        caption_justify="left",
+    )
+    for i, col in enumerate(GRID_TABLE_COLUMNS):
+        table.add_column(col, justify="left" if i == 0 else "right")
+    for cells in body:
+        table.add_row(*cells)
+    return table
 
 
 def phase_table(report: dict[str, Any], session: dict[str, Any]) -> str:
     """Markdown: where a step's time goes, per policy (median over repeats of the ranks' mean per phase)."""
     summary = session["summary"]
-    names = [*report["meta"]["config"]["policies"], YARDSTICK, "compute"]
+    policies = report["meta"]["config"]["policies"]
+    names = [*policies, *(c.name for c in DDP_GRID if c.name not in policies), "compute"]
     lines = ["| policy | forward ms | backward ms | step ms | iteration ms |", "|---|---|---|---|---|"]
     for name in names:
         s = summary.get(name)
@@ -97,8 +188,9 @@ def _title(report: dict[str, Any], session: dict[str, Any]) -> str:
 
 
 def session_table(report: dict[str, Any], session: dict[str, Any]) -> Table:
-    table = Table(title=_title(report, session), title_justify="left", caption=CAPTION, caption_justify="left")
-    for i, col in enumerate(COLUMNS):
+    caption = GRID_CAPTION if has_grid(session) else CAPTION
+    table = Table(title=_title(report, session), title_justify="left", caption=caption, caption_justify="left")
+    for i, col in enumerate(columns(session)):
         table.add_column(col, justify="left" if i == 0 else "right")
     previous_ref = False
     for cells, reference in rows(report, session):
@@ -171,20 +263,26 @@ def validation_markdown(report: dict[str, Any]) -> str:
 
 def markdown_table(report: dict[str, Any], session: dict[str, Any]) -> str:
     """The same table as Markdown (for BENCHMARKS.md); references in italics."""
-    header = [c.replace("|", "\\|") for c in COLUMNS]
-    lines = [f"| {' | '.join(header)} |", "|---" * len(COLUMNS) + "|"]
+    header = [c.replace("|", "\\|") for c in columns(session)]
+    lines = [f"| {' | '.join(header)} |", "|---" * len(header) + "|"]
     for cells, reference in rows(report, session):
         label = f"*{cells[0]}*" if reference else cells[0]
         lines.append(f"| {' | '.join([label, *cells[1:]])} |")
     return "\n".join(lines)
 
 
+#: Series of the plot that are a session's baseline, whichever DDP configuration it is there.
+_BASELINE_SERIES = {"default DDP": "default_ddp", "best DDP": "best_ddp"}
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
     """Two panels, one group of bars per link shaping.
 
-    Top: iteration time per policy (median, error bar min–max over repeats),
-    the references hatched, the ideal-overlap bound dashed. Bottom: speed-up
-    over ``torch_ddp`` (median of the per-repeat ratios, error bar min–max).
+    Top: iteration time per policy, default DDP and best DDP where measured
+    (median, error bar min–max over repeats), the references hatched, the
+    ideal-overlap bound dashed. Bottom: speed-up over best DDP (median of the
+    per-repeat ratios, error bar min–max), or over ``torch_ddp`` for sessions
+    measured without the DDP grid.
     """
     import matplotlib
 
@@ -193,20 +291,28 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     cfg = report["meta"]["config"]
     sessions = report["sessions"]
-    policies = [*cfg["policies"], YARDSTICK]
+    baselines = [label for label, key in _BASELINE_SERIES.items() if any(key in s for s in sessions)]
+    policies = [*cfg["policies"], *baselines, YARDSTICK]
     names = [*policies, "compute", "allreduce"]
-    colors = plt.get_cmap("tab10")
-    color = {name: colors(j % 10) for j, name in enumerate(policies)}
+    colors = plt.get_cmap("tab10" if len(policies) <= 10 else "tab20")
+    color = {name: colors(j % colors.N) for j, name in enumerate(policies)}
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(max(8.0, 2.6 * len(sessions) + 4), 7.5), height_ratios=(3, 2), sharex=True
     )
+
+    def summary_of(session: dict[str, Any], name: str) -> dict[str, Any] | None:
+        if name in _BASELINE_SERIES:
+            chosen = session.get(_BASELINE_SERIES[name])
+            return None if chosen is None else session["summary"].get(chosen)
+        result: dict[str, Any] | None = session["summary"].get(name)
+        return result
 
     def bars(ax: Any, names: list[str], value: str, lo_key: str, hi_key: str) -> None:
         width = 0.84 / len(names)
         for j, name in enumerate(names):
             xs, ys, lo, hi = [], [], [], []
             for i, session in enumerate(sessions):
-                s = session["summary"].get(name)
+                s = summary_of(session, name)
                 if s is None or value not in s:
                     continue
                 xs.append(i + (j - (len(names) - 1) / 2) * width)
@@ -227,6 +333,19 @@ def plot(report: dict[str, Any], path: Path) -> None:
                 edgecolor="gray" if is_ref else color[name],
                 hatch="//" if is_ref else ("xx" if name == YARDSTICK else None),
             )
+            if name == "best DDP" and value == "median_ms":  # which configuration won, session by session
+                for x, session in zip(xs, [s for s in sessions if "best_ddp" in s], strict=True):
+                    ax.annotate(
+                        session["best_ddp"],
+                        (x, 0),
+                        xytext=(0, 4),
+                        textcoords="offset points",
+                        ha="center",
+                        va="bottom",
+                        rotation=90,
+                        fontsize=7,
+                        color="white",
+                    )
 
     bars(top, names, "median_ms", "min_ms", "max_ms")
     bounds = [(i, s["ideal_overlap_ms"]) for i, s in enumerate(sessions) if "ideal_overlap_ms" in s]
@@ -246,11 +365,19 @@ def plot(report: dict[str, Any], path: Path) -> None:
         "median over repeats, bars min–max"
     )
     top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    bars(bottom, [p for p in policies if p != "torch_ddp"], "speedup_vs_torch_ddp", "speedup_min", "speedup_max")
+    if "best DDP" in baselines:
+        key, label = "speedup_vs_best_ddp", "speed-up over best DDP"
+        compared = [p for p in policies if p not in ("best DDP", YARDSTICK)]
+        lo_key, hi_key = f"{key}_min", f"{key}_max"
+    else:
+        key, label = "speedup_vs_torch_ddp", "speed-up over torch_ddp"
+        compared = [p for p in policies if p != TORCH_DDP]
+        lo_key, hi_key = "speedup_min", "speedup_max"
+    bars(bottom, compared, key, lo_key, hi_key)
     bottom.axhline(1.0, color="black", linewidth=0.8)
-    lows = [s.get("speedup_min", 1.0) for session in sessions for s in session["summary"].values()]
+    lows = [s.get(lo_key, 1.0) for session in sessions for s in session["summary"].values()]
     bottom.set_ylim(bottom=min(0.5, *lows) - 0.05)
-    bottom.set_ylabel("speed-up over torch_ddp")
+    bottom.set_ylabel(label)
     bottom.set_xticks(range(len(sessions)), [shaping(s) for s in sessions])
     bottom.set_xlabel("per-worker link (both directions)")
     fig.tight_layout()

@@ -1,9 +1,11 @@
-"""``commsched bench``: real data-parallel training on the testbed, every policy against ``torch_ddp``.
+"""``commsched bench``: real data-parallel training on the testbed, every policy against default and best DDP.
 
 For each link shaping (a *session*: one launch of the workers, one gloo group),
-every policy trains ``repeats`` times from the same seed on the same
-synthetic data, ``warmup + iters`` iterations each; policies alternate
-within a repeat so that slow drifts of the machine hit them alike.
+every policy and every PyTorch DDP configuration of the grid
+(:mod:`commsched.bench.baselines`: ``bucket_cap_mb`` ∈ {1, 4, 25} ×
+``find_unused_parameters`` ∈ {False, True}) trains ``repeats`` times from the
+same seed on the same synthetic data, ``warmup + iters`` iterations each; they
+alternate within a repeat so that slow drifts of the machine hit them alike.
 
 Definitions (also written into the JSON):
 
@@ -14,8 +16,10 @@ Definitions (also written into the JSON):
   between steps, so single steps vary while the throughput does not. A
   policy's time is the median over repeats, its spread the min and max;
 * samples/s = workers × per-rank batch / iteration time;
-* speed-up = median over repeats of ``torch_ddp``'s time / the policy's
-  time in the same repeat (paired, so drift between repeats cancels);
+* speed-up = median over repeats of the baseline's time / the policy's
+  time in the same repeat (paired, so drift between repeats cancels), against
+  ``torch_ddp``, default DDP (``ddp[25MiB]``: PyTorch's defaults) and best DDP
+  (the grid configuration of the lowest median time in this session);
 * max |Δparam| = largest absolute difference of any parameter from the
   ``torch_ddp`` run of the same repeat, on rank 0, after the last step;
 * references: ``compute, world 1``: one rank alone in one namespace, no
@@ -23,8 +27,8 @@ Definitions (also written into the JSON):
   replica at the same time, with a barrier after each step (the CPUs shared
   as in a real run, only the gradients not exchanged); ``all-reduce alone``:
   one gloo all-reduce of a buffer of all gradients; ideal overlap ≈
-  max(compute N in lock-step, all-reduce alone); ``torch DDP, 1 MiB buckets``:
-  PyTorch DDP with smaller buckets (more overlap), whose parameter
+  max(compute N in lock-step, all-reduce alone); ``torch DDP, 1 MiB buckets``
+  (``ddp[1MiB,find_unused]``): PyTorch DDP with smaller buckets, whose parameter
   difference from ``torch_ddp`` shows what reordering float sums alone does
   (with more than 2 ranks and BatchNorm on random data, ulp-level
   differences grow by orders of magnitude within a few steps).
@@ -46,8 +50,9 @@ from typing import Any
 
 import torch
 
+from commsched.bench.baselines import BY_NAME, DEFAULT_DDP, LEGACY_YARDSTICK, YARDSTICK, best_ddp
 from commsched.bench.calibrate import load_calibration, predict_session, save_inputs
-from commsched.bench.worker import YARDSTICK, calibration_sizes
+from commsched.bench.worker import calibration_sizes, session_order
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.runtime import RUNTIME_POLICIES
 from commsched.testbed.commands import LinkShape
@@ -72,7 +77,12 @@ DEFINITIONS = {
     "(loss.backward(), including any wait for gradients the policy makes there) and step (optimizer.step + "
     "zero_grad); per policy: median over repeats",
     "speedup": "median over repeats of torch_ddp's iteration time / the policy's, both of the same repeat "
-    "(paired; speedup_min/max: over repeats)",
+    "(paired; speedup_min/max: over repeats); speedup_vs_default_ddp and speedup_vs_best_ddp (with _min/_max) "
+    "the same against default DDP and best DDP",
+    "ddp_grid": "PyTorch DDP with bucket_cap_mb in {1, 4, 25} x find_unused_parameters in {False, True}, named "
+    "ddp[<cap>MiB] (False) and ddp[<cap>MiB,find_unused] (True), except torch_ddp = (25, True); "
+    "default_ddp: ddp[25MiB] (PyTorch's defaults); best_ddp: the configuration of the lowest median "
+    "iteration time in the session (only when all six ran)",
     "max_param_diff": "max |param - param of torch_ddp, same repeat| on rank 0 after the last step; "
     "for torch_ddp itself: vs its first repeat (run-to-run difference)",
     "min_param_moved": "min over repeats of max |final param - initial param| (training did change the model)",
@@ -83,7 +93,8 @@ DEFINITIONS = {
     "allreduce": "one gloo all_reduce of a fp32 buffer with as many elements as the model has parameters",
     "ideal_overlap": "per repeat max(compute (N in lock-step), all-reduce alone); vs_ideal: median over repeats "
     "of the policy's time / that bound",
-    YARDSTICK: "PyTorch DDP with bucket_cap_mb=1 (torch_ddp: 25): its max_param_diff is what "
+    YARDSTICK: "PyTorch DDP with bucket_cap_mb=1 (torch_ddp: 25), both find_unused_parameters=True: "
+    "its max_param_diff is what "
     "reordering the gradient sums alone does to the parameters",
     "validation": "--validate: per session, the simulator's iteration time of each policy (calibrated before the "
     "policies ran: alpha-beta of gloo's all-reduce on the shaped links, rank 0's per-layer profile taken in "
@@ -111,6 +122,7 @@ class BenchConfig:
     lr: float = 0.01
     comm_timeout_s: float = 60.0
     references: bool = True
+    ddp_grid: bool = True
     probe: bool = True
     validate: bool = False
     isolation: Isolation = "auto"
@@ -363,9 +375,10 @@ def run_bench(
             if not shapes:
                 raise TestbedError("bench: nothing left to run: every requested shaping needs the namespace testbed")
         steps = config.warmup + config.iters
-        per_session = config.repeats * steps * (len(config.policies) + (2 if config.references else 0))
-        if config.references and "torch_ddp" in config.policies:
-            per_session += config.repeats * steps  # the 1 MiB-bucket DDP
+        runs_per_repeat = len(
+            session_order(list(config.policies), 0, references=config.references, ddp_grid=config.ddp_grid)
+        ) + (2 if config.references else 0)
+        per_session = config.repeats * steps * runs_per_repeat
         calibrate_steps = len(calibration_sizes(numel)) + 1 + 2 * steps if config.validate else 0
         total = len(shapes) * (per_session + calibrate_steps) + (config.repeats * steps if config.references else 0)
         progress_task = progress.add_task("starting", total=total) if progress is not None else None
@@ -434,6 +447,7 @@ def run_bench(
                 policies=list(config.policies),
                 knobs=knobs,
                 references=config.references,
+                ddp_grid=config.ddp_grid,
                 fail=dict(config.fail) if config.fail else None,
             )
             session["load_average_end"] = os.getloadavg()
@@ -462,30 +476,41 @@ def _write(report: dict[str, Any], out_dir: Path, *, complete: bool) -> None:
 
 
 def _add_ratios(session: dict[str, Any], alone: dict[str, Any] | None) -> None:
-    """Paired ratios: each repeat's policy run against torch_ddp and the bound of the same repeat.
+    """Paired ratios: each repeat's run against torch_ddp, default and best DDP, and the bound of the same repeat.
 
     The machine's speed drifts between repeats (other work, scheduling); within a
     repeat all runs see nearly the same machine, so the median of per-repeat
-    ratios is steadier than the ratio of medians.
+    ratios is steadier than the ratio of medians. Best DDP is chosen first, by
+    median over repeats, then paired like the others. Sets ``default_ddp`` and
+    ``best_ddp`` (names) on the session where they were measured.
     """
     summary, runs = session["summary"], session["runs"]
 
     def by_repeat(name: str) -> dict[int, float]:
         return {r["repeat"]: r["iteration_ms"] for r in runs.get(name, [])}
 
-    ddp = by_repeat("torch_ddp")
+    baselines = {"torch_ddp": "torch_ddp"}
+    if DEFAULT_DDP.name in summary:
+        session["default_ddp"] = baselines["default_ddp"] = DEFAULT_DDP.name
+    best = best_ddp(summary)
+    if best is not None:
+        session["best_ddp"] = baselines["best_ddp"] = best
     compute, allreduce = by_repeat("compute"), by_repeat("allreduce")
     bound = {k: max(compute[k], allreduce[k]) for k in compute if k in allreduce}
     if bound:
         session["ideal_overlap_ms"] = statistics.median(bound.values())
     for name, s in summary.items():
-        if name not in RUNTIME_POLICIES and name != YARDSTICK:
+        if name not in RUNTIME_POLICIES and name not in BY_NAME:
             continue
         mine = by_repeat(name)
-        speedups = [ddp[k] / ms for k, ms in mine.items() if k in ddp]
-        if speedups:
-            s["speedup_vs_torch_ddp"] = statistics.median(speedups)
-            s["speedup_min"], s["speedup_max"] = min(speedups), max(speedups)
+        for key, baseline in baselines.items():
+            theirs = by_repeat(baseline)
+            speedups = [theirs[k] / ms for k, ms in mine.items() if k in theirs]
+            if not speedups:
+                continue
+            s[f"speedup_vs_{key}"] = statistics.median(speedups)
+            prefix = "speedup" if key == "torch_ddp" else f"speedup_vs_{key}"  # as named before the grid
+            s[f"{prefix}_min"], s[f"{prefix}_max"] = min(speedups), max(speedups)
         vs_ideal = [ms / bound[k] for k, ms in mine.items() if k in bound]
         if vs_ideal:
             s["vs_ideal"] = statistics.median(vs_ideal)
@@ -494,12 +519,17 @@ def _add_ratios(session: dict[str, Any], alone: dict[str, Any] | None) -> None:
 
 
 def resummarise(report: dict[str, Any]) -> dict[str, Any]:
-    """Recompute every summary and ratio of a saved report from its raw runs (after a change of definitions)."""
+    """Recompute every summary and ratio of a saved report from its raw runs (after a change of definitions).
+
+    Runs named as before the DDP grid are renamed (``torch_ddp_1mb`` is ``ddp[1MiB,find_unused]``).
+    """
     workers, batch = report["meta"]["config"]["workers"], report["meta"]["config"]["batch"]
     alone = report.get("compute_alone")
     if alone is not None:
         alone["summary"] = {name: _summarise(rs, 1, batch) for name, rs in alone["runs"].items()}
     for session in report["sessions"]:
+        if LEGACY_YARDSTICK in session["runs"]:
+            session["runs"] = {YARDSTICK if n == LEGACY_YARDSTICK else n: rs for n, rs in session["runs"].items()}
         session["summary"] = {name: _summarise(rs, workers, batch) for name, rs in session["runs"].items()}
         _add_ratios(session, alone)
     return report

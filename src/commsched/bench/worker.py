@@ -11,9 +11,11 @@ The rank and the rendezvous come from the environment the testbed sets
     and in lock-step (a barrier per step), so the CPUs are shared as in real
     runs; ``allreduce``: one all-reduce of a buffer as
     large as all gradients per iteration), then ``torch_ddp`` (first: it is the
-    reference of the parameter check), PyTorch DDP with 1 MiB buckets
-    (:data:`YARDSTICK`), then the other policies in an order
-    rotated by one per repeat. Every run starts after a barrier from the same
+    reference of the parameter check), then the other policies and the other
+    PyTorch DDP configurations of :mod:`commsched.bench.baselines` (the grid
+    of bucket caps × ``find_unused_parameters``; without it only the 1 MiB
+    yardstick, with the references) in an order rotated by one per repeat
+    (:func:`session_order`). Every run starts after a barrier from the same
     seed and sees the same data.
 ``compute_alone``
     World size 1: training with no communication at all, nothing else running.
@@ -52,13 +54,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from commsched.bench.baselines import BY_NAME, TORCH_DDP, YARDSTICK, ddp_names
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
 
-#: PyTorch DDP with 1 MiB buckets (torch_ddp uses DDP's default 25 MiB): same arithmetic, another
-#: summation order. Its parameter difference from torch_ddp is the yardstick for the policies'.
-YARDSTICK = "torch_ddp_1mb"
-YARDSTICK_BUCKET_MB = 1.0
+__all__ = ["YARDSTICK", "Job", "calibration_sizes", "session_order"]
 
 
 def calibration_sizes(numel: int) -> list[int]:
@@ -78,6 +78,7 @@ class Job:
     policies: list[str] = field(default_factory=list)
     knobs: dict[str, dict[str, Any]] = field(default_factory=dict)
     references: bool = True
+    ddp_grid: bool = True
     seed: int = 0
     lr: float = 0.01
     momentum: float = 0.9
@@ -89,6 +90,18 @@ class Job:
     @property
     def steps(self) -> int:
         return self.warmup + self.iters
+
+
+def session_order(policies: list[str], repeat: int, *, references: bool, ddp_grid: bool) -> list[str]:
+    """What one repeat of a session runs after the references: ``torch_ddp`` first, the rest rotated by ``repeat``.
+
+    ``policies`` are the commsched policies asked for; the DDP configurations
+    (:func:`commsched.bench.baselines.ddp_names`) always run, ``torch_ddp`` among them.
+    """
+    ddp = ddp_names(grid=ddp_grid, references=references)
+    others = [p for p in policies if p not in ddp] + [n for n in ddp if n != TORCH_DDP]
+    k = repeat % len(others) if others else 0
+    return [TORCH_DDP, *others[k:], *others[:k]]
 
 
 class _Progress:
@@ -198,14 +211,15 @@ def _policy(
     initial = _flat_params(model)
     wrapped: torch.nn.Module
     optimizer: torch.optim.Optimizer
-    if policy == YARDSTICK:  # PyTorch DDP with other buckets: only the summation order changes
-        wrapped, optimizer = (
-            DistributedDataParallel(model, bucket_cap_mb=YARDSTICK_BUCKET_MB, find_unused_parameters=True),
-            opt,
+    ddp = BY_NAME.get(policy)
+    if ddp is not None and policy != TORCH_DDP:  # PyTorch DDP as configured: only the summation order changes
+        wrapped = DistributedDataParallel(
+            model, bucket_cap_mb=ddp.bucket_cap_mb, find_unused_parameters=ddp.find_unused_parameters
         )
+        optimizer = opt
     else:
         knobs = dict(job.knobs.get(policy, {}))
-        if policy != "torch_ddp":
+        if policy != TORCH_DDP:
             knobs.update(timeout_s=job.comm_timeout_s, trace=repeat == job.trace_repeat)
         wrapped, optimizer = parallelize(model, opt, policy=policy, **knobs)
     clock = _Clock()
@@ -295,7 +309,6 @@ def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
     progress = _Progress(out / "progress.jsonl", rank == 0)
     batches = _batches(job, rank)
     numel = sum(p.numel() for p in build_model(job.model, job.seed).parameters())
-    others = [p for p in job.policies if p != "torch_ddp"]
     runs: list[dict[str, Any]] = []
     first_ddp: torch.Tensor | None = None  # torch_ddp of repeat 0: its run-to-run difference is the noise floor
     for repeat in range(job.repeats):
@@ -306,16 +319,12 @@ def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
             runs.append({"name": "compute", "repeat": repeat, **compute})
             dist.barrier()
             runs.append({"name": "allreduce", "repeat": repeat, **_allreduce(job, numel, progress, repeat)})
-        k = repeat % len(others) if others else 0
-        order = (["torch_ddp"] if "torch_ddp" in job.policies else []) + others[k:] + others[:k]
-        if job.references and "torch_ddp" in job.policies:
-            order.insert(1, YARDSTICK)
-        for policy in order:
+        for policy in session_order(job.policies, repeat, references=job.references, ddp_grid=job.ddp_grid):
             dist.barrier()
             clock, params, moved, trace = _policy(job, rank, policy, batches, progress, repeat)
             run: dict[str, Any] = {"name": policy, "repeat": repeat, **clock, "max_param_moved": moved}
             run["replica_spread"] = _replica_spread(params)
-            if policy == "torch_ddp":
+            if policy == TORCH_DDP:
                 reference = params
                 if first_ddp is None:
                     first_ddp = params

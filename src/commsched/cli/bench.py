@@ -1,4 +1,4 @@
-"""``commsched bench``: real training on an emulated cluster (network namespaces + tc), policies vs torch_ddp."""
+"""``commsched bench``: real training on an emulated cluster (network namespaces + tc), policies vs PyTorch DDP."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from commsched.bench.report import plot, session_table, validation_table
+from commsched.bench.baselines import DEFAULT_DDP, YARDSTICK
+from commsched.bench.report import grid_table, plot, session_table, validation_table
 from commsched.bench.run import DEFAULT_POLICIES, MIN_WARMUP, BenchConfig, run_bench
 from commsched.cli.inputs import KNOB_HELP, KnobAssignment, knobs_by_policy
 from commsched.cli.progress import progress
@@ -32,7 +33,12 @@ from commsched.testbed import LinkShape, parse_rate
 @click.option("--delay", type=click.FloatRange(0), default=0.0, help="one-way delay between workers, ms (netem)")
 @click.option("--jitter", type=click.FloatRange(0), default=0.0, help="delay jitter, ms (netem)")
 @click.option("--loss", type=click.FloatRange(0, 100, max_open=True), default=0.0, help="packet loss, % (netem)")
-@click.option("--policies", default=",".join(DEFAULT_POLICIES), show_default=True, help="comma list")
+@click.option(
+    "--policies",
+    default=",".join(DEFAULT_POLICIES),
+    show_default=True,
+    help="commsched policies, comma list (PyTorch DDP's configurations run whatever this says)",
+)
 @click.option("--iters", type=click.IntRange(1), default=10, show_default=True, help="timed iterations per run")
 @click.option(
     "--warmup",
@@ -50,6 +56,13 @@ from commsched.testbed import LinkShape, parse_rate
     "--comm-timeout", type=click.FloatRange(1), default=60.0, show_default=True, help="s; a dead peer ends the run"
 )
 @click.option("--knob", "-k", "knobs", multiple=True, type=KnobAssignment(), help=KNOB_HELP)
+@click.option(
+    "--ddp-grid/--no-ddp-grid",
+    default=True,
+    show_default=True,
+    help="measure PyTorch DDP with bucket_cap_mb 1, 4, 25 × find_unused_parameters False, True, for the default "
+    f"DDP ({DEFAULT_DDP.name}) and best DDP rows; off: only torch_ddp and {YARDSTICK} (quick runs)",
+)
 @click.option("--no-references", is_flag=True, help="skip compute-alone and all-reduce-alone")
 @click.option("--no-probe", is_flag=True, help="skip the TCP throughput/RTT check of each shaping")
 @click.option(
@@ -88,6 +101,7 @@ def command(
     seed: int,
     comm_timeout: float,
     knobs: tuple[tuple[str, str, Any], ...],
+    ddp_grid: bool,
     no_references: bool,
     no_probe: bool,
     validate: bool,
@@ -100,6 +114,13 @@ def command(
     pair shaped with tc (needs root; without it, plain local processes, unshaped).
     Prints one table per link shaping and writes bench.json (every iteration time),
     bench.png and one Chrome trace per policy to --out.
+
+    Every session also runs the DDP grid: DistributedDataParallel with
+    bucket_cap_mb 1, 4, 25 × find_unused_parameters False, True, named
+    ddp[25MiB], ddp[4MiB,find_unused], ... (torch_ddp is 25 MiB with
+    find_unused_parameters=True, the reference of the parameter check). Each
+    policy's speed-up is given against default DDP (ddp[25MiB], PyTorch's
+    defaults) and best DDP (the fastest of the grid in that session).
 
     \b
         sudo commsched bench --model resnet5m --workers 4 --bandwidth none,1gbit,300mbit
@@ -142,6 +163,7 @@ def command(
             seed=seed,
             comm_timeout_s=comm_timeout,
             references=not no_references,
+            ddp_grid=ddp_grid,
             probe=not no_probe,
             validate=validate,
             isolation=isolation,  # type: ignore[arg-type]
@@ -167,11 +189,19 @@ def command(
     console.print(
         f"{m['cpu_model']}, {m['cpus']} CPUs, torch {m['torch']}; {meta['testbed']['description']}; "
         f"{meta['model_parameters']:,} parameters ({meta['gradient_mib']:.1f} MiB of gradients); "
-        f"iteration time = the slowest rank's mean over {iters} timed steps, median over {repeats} repeats",
+        f"iteration time = the slowest rank's mean over {iters} timed steps, median over {repeats} repeats; "
+        + (
+            f"default DDP = {DEFAULT_DDP.name}, best DDP = the fastest of the DDP grid"
+            if ddp_grid
+            else "DDP grid off (--no-ddp-grid): no default DDP or best DDP rows, speed-up against torch_ddp"
+        ),
         highlight=False,
     )
     for session in report["sessions"]:
         console.print(session_table(report, session))
+        grid = grid_table(report, session)
+        if grid is not None:
+            console.print(grid)
     if validate:
         console.print(validation_table(report))
     plot(report, out_dir / "bench.png")
