@@ -220,5 +220,6 @@ def test_every_repeat_runs_torch_ddp_first_then_the_policies_and_the_grid_rotate
     second = session_order(["torch_ddp", "dear"], 1, references=True, ddp_grid=True)
     assert second == ["torch_ddp", *first[2:], "dear"]
     assert session_order(["dear"], 0, references=False, ddp_grid=True) == first  # DDP runs whatever --policies says
-    assert session_order(["dear"], 0, references=True, ddp_grid=False) == ["torch_ddp", "dear", YARDSTICK]
-    assert session_order(["dear"], 0, references=False, ddp_grid=False) == ["torch_ddp", "dear"]
+    default = "ddp[25MiB]"  # default DDP: always measured, grid or not
+    assert session_order(["dear"], 0, references=True, ddp_grid=False) == ["torch_ddp", "dear", default, YARDSTICK]
+    assert session_order(["dear"], 0, references=False, ddp_grid=False) == ["torch_ddp", "dear", default]

@@ -59,13 +59,11 @@ LEGACY_YARDSTICK = "torch_ddp_1mb"  # the yardstick's name in reports written be
 
 
 def ddp_names(*, grid: bool, references: bool) -> list[str]:
-    """The DDP configurations a session runs: the grid, or (``grid=False``) ``torch_ddp`` and the yardstick.
-
-    Without the grid the yardstick runs only with the references, as before the grid existed.
-    """
+    """The DDP configurations a session runs: the grid, or (``grid=False``) ``torch_ddp``, default DDP
+    (what users run: always measured) and, with the references, the yardstick."""
     if grid:
         return [c.name for c in DDP_GRID]
-    return [TORCH_DDP, *([YARDSTICK] if references else [])]
+    return [TORCH_DDP, DEFAULT_DDP.name, *([YARDSTICK] if references else [])]
 
 
 def best_ddp(summary: Mapping[str, Mapping[str, Any]]) -> str | None:

@@ -61,7 +61,7 @@ from commsched.testbed import LinkShape, parse_rate
     default=True,
     show_default=True,
     help="measure PyTorch DDP with bucket_cap_mb 1, 4, 25 × find_unused_parameters False, True, for the default "
-    f"DDP ({DEFAULT_DDP.name}) and best DDP rows; off: only torch_ddp and {YARDSTICK} (quick runs)",
+    f"DDP ({DEFAULT_DDP.name}) and best DDP rows; off: only torch_ddp, default DDP and {YARDSTICK} (quick runs)",
 )
 @click.option("--no-references", is_flag=True, help="skip compute-alone and all-reduce-alone")
 @click.option("--no-probe", is_flag=True, help="skip the TCP throughput/RTT check of each shaping")
@@ -193,7 +193,7 @@ def command(
         + (
             f"default DDP = {DEFAULT_DDP.name}, best DDP = the fastest of the DDP grid"
             if ddp_grid
-            else "DDP grid off (--no-ddp-grid): no default DDP or best DDP rows, speed-up against torch_ddp"
+            else "DDP grid off (--no-ddp-grid): default DDP measured, no best DDP row"
         ),
         highlight=False,
     )
