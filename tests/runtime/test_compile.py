@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 import commsched
 from commsched.errors import UnsupportedError
+
 from conftest import free_port
 
 
@@ -29,7 +30,7 @@ def _model() -> torch.nn.Module:
 
 def test_a_compiled_model_is_refused_naming_torch_compile(world_of_one: None) -> None:
     model = _model()
-    with pytest.raises(UnsupportedError, match="torch.compile: commsched works through forward pre-hooks"):
+    with pytest.raises(UnsupportedError, match=r"torch\.compile: commsched works through forward pre-hooks"):
         commsched.parallelize(torch.compile(model), torch.optim.SGD(model.parameters(), lr=0.1), policy="ddp")
 
 

@@ -51,7 +51,7 @@ class ParallelModule(nn.Module):
         self.module = module
         self._engine = engine
 
-    @torch.compiler.disable  # type: ignore[misc]
+    @torch.compiler.disable
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """The wrapped model's forward; ``torch.compile`` of the wrapper leaves it (and the hooks) eager."""
         self._engine.begin_forward()
