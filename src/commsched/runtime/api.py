@@ -286,9 +286,7 @@ def _grad_scaler_refusal(policy: str) -> str:
             "GradScaler: pass it to parallelize(..., policy='auto', grad_scaler=scaler), so that auto chooses "
             "among the policies that apply updates at step()"
         )
-    steps = ", ".join(
-        name for name in RUNTIME_POLICIES if name == TORCH_DDP or policy_class(name).update_mode == "step"
-    )
+    steps = ", ".join([TORCH_DDP, *(n for n in POLICIES if policy_class(n).update_mode == "step")])
     return (
         f"GradScaler: {policy} applies updates after step() returns, when the scaler has moved on; "
         f"use bf16 autocast (no scaler needed) or a policy that updates at step() ({steps})"
