@@ -19,7 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from commsched.errors import RuntimeCommError, UnsupportedError
-from commsched.runtime.engine import Engine, Planner, bind_plan
+from commsched.runtime.binding import bind_plan
+from commsched.runtime.engine import Engine, Planner
 from commsched.runtime.replan import DriftPolicy
 from commsched.schedule import (
     AUTO,

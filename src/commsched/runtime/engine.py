@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,14 +26,13 @@ import torch.distributed as dist
 from torch import nn
 
 from commsched.errors import PlanMismatchError, RuntimeCommError, UnsupportedError
-from commsched.formulas import ring_factors
-from commsched.layers import layer_module
 from commsched.runtime import startup, warmup
 from commsched.runtime.agent import Agent
+from commsched.runtime.binding import bind_plan
 from commsched.runtime.buffers import GradientBuffers
 from commsched.runtime.hooks import ComputeTracer, install_hooks
-from commsched.runtime.replan import DriftMonitor, DriftPolicy
-from commsched.runtime.updates import DeferredUpdates, clip_coefficient
+from commsched.runtime.replan import DriftPolicy, Replanner
+from commsched.runtime.updates import DeferredUpdates, averaged_square_norm, clip_coefficient, due_layers
 from commsched.schedule import CommPlan, NetworkEstimate, provisional_plan
 from commsched.trace import Trace
 from commsched.transport import Transport, open_transports
@@ -112,12 +110,9 @@ class Engine:
         self._orig_step = type(optimizer).step.__get__(optimizer)
         self._orig_state_dict = type(optimizer).state_dict.__get__(optimizer)
         self._handles = install_hooks(module, self._params, self._on_forward_pre, self._on_grad, self.flush)
-        self._replan_policy = replan
-        self._monitor = DriftMonitor(replan) if replan is not None and self.rank == 0 else None
-        if self._monitor is not None:
-            self.agent.on_transfer = self._on_transfer
-        self._iter_start: float | None = None
-        self._waited_s = 0.0
+        self.replanner = Replanner(replan, self.world, measures=self.rank == 0) if replan is not None else None
+        if self.replanner is not None and self.rank == 0:
+            self.agent.on_transfer = self.replanner.transfer_done
         self._warming = plan is None
         self.replans = 0  # plans made again after a drift
         if plan is None:
@@ -173,31 +168,17 @@ class Engine:
         self._adopt(CommPlan.from_json(payload[0], "the plan made after warm-up"))
         self._warming = False
 
-    def _check_drift(self) -> None:
+    def _check_drift(self, replanner: Replanner) -> None:
         """Every ``every`` iterations: rank 0's drift decision, the same on every rank; re-plan if it says so."""
         payload: list[Any] = [None]
-        if self._monitor is not None:
-            factors = self._monitor.drifted()
-            if factors is not None:
-                compute, bandwidth = factors
-                workload = self.plan.workload.scaled(1.0 / compute)
-                network = replace(
-                    self.plan.network, bandwidth_bytes_per_s=self.plan.network.bandwidth_bytes_per_s * bandwidth
-                )
-                payload = [self.planner(workload, network).to_json(indent=None)]
-                log.info(
-                    "commsched: compute x%.2f, bandwidth x%.2f since the plan was made: re-planned", compute, bandwidth
-                )
+        if self.rank == 0:
+            new = replanner.new_plan(self.plan, self.planner)
+            payload = [None if new is None else new.to_json(indent=None)]
         with startup.peers("sharing the drift check"):
             dist.broadcast_object_list(payload, src=self.groups.leader(), group=self.groups.control)
         if payload[0] is not None:
             self.replans += 1
             self.use_plan(CommPlan.from_json(payload[0], "the plan made after a drift"))
-
-    def _on_transfer(self, kind: str, nbytes: int, seconds: float) -> None:
-        """A finished transfer (watcher thread): its bytes on the wire per rank, for the drift monitor."""
-        if self._monitor is not None and kind in ("all_reduce", "reduce_scatter", "all_gather"):
-            self._monitor.record_transfer(ring_factors(kind, self.world)[1] * nbytes, seconds)
 
     def use_plan(self, plan: CommPlan) -> None:
         """Switch to ``plan`` between two iterations; every rank must call it at the same point.
@@ -226,8 +207,8 @@ class Engine:
         if not torch.is_grad_enabled() or not self.module.training:
             self.flush()
         training = self._sync and torch.is_grad_enabled() and self.module.training
-        if training and self._iter_start is None:
-            self._iter_start, self._waited_s = time.perf_counter(), 0.0
+        if training and self.replanner is not None:
+            self.replanner.iteration_starts()
         if self.plan.update == "step" and training:
             # p.grad as bucket views: autograd accumulates straight into the communication buffers
             self._attached = self.buffers.attach_views([t for t, p in enumerate(self.buffers.params) if p.grad is None])
@@ -254,7 +235,8 @@ class Engine:
         if self._forward_events:
             self.agent.post("forward_pre", layer, self._epoch)
         if layer in self.updates.pending:
-            self._apply(self._due(layer))
+            done = self.agent.completions.done
+            self._apply(due_layers(layer, self.updates.pending, self.plan.final_tasks_of_layer, done))
 
     # ------------------------------------------------------------------ backward
 
@@ -295,9 +277,8 @@ class Engine:
             self._tracer.backward_ends(self._iteration)
         if self._check_first is not None:
             self._check_plan_fits(self._check_first)
-        if self._monitor is not None and self._iter_start is not None:
-            self._monitor.record_iteration(time.perf_counter() - self._iter_start - self._waited_s)
-        self._iter_start = None
+        if self.replanner is not None:
+            self.replanner.backward_ends()
         if self.plan.update == "step":
             start = time.perf_counter()
             for task in range(len(self.plan.tasks)):
@@ -310,12 +291,7 @@ class Engine:
         """The first iteration under a plan given in: the model's real order must be the plan's."""
         self._check_first = None
         self.recorder.active = False
-        rec = self.recorder
-        names = {id(m): n for m, n in zip(self._layer_modules, self._layer_names, strict=True)}
-        layer_order = [names[m] for m in sorted(rec.called, key=rec.called.__getitem__) if m in names]
-        ready = sorted((t for t, p in enumerate(self.buffers.params) if id(p) in rec.ready_s),
-                       key=lambda t: rec.ready_s[id(self.buffers.params[t])])  # fmt: skip
-        problem = warmup.plan_mismatch(plan, layer_order, ready)
+        problem = warmup.first_iteration_mismatch(plan, self.recorder, self._layer_modules, self.buffers.params)
         if problem is not None:
             raise PlanMismatchError(f"plan: the model does not run as the plan expects: {problem}")
 
@@ -339,38 +315,19 @@ class Engine:
         if self._warming and self._iteration == self.warmup_iters:
             self.recorder.active = False
             self._replan()
-        elif self._replan_policy is not None and not self._warming and self._iteration % self._replan_policy.every == 0:
-            self._check_drift()
+        elif self.replanner is not None and not self._warming and self.replanner.due(self._iteration):
+            self._check_drift(self.replanner)
 
     def _clip_coefficient(self) -> float:
         """Global-norm clipping factor of the averaged gradients, computed before any layer is updated."""
         assert self.max_grad_norm is not None
-        rs = [t.id for t in self.plan.tasks if t.kind == "reduce_scatter"]
-        if rs:  # this rank's reduce-scatter shards, then one scalar all-reduce
-            for task in rs:
-                self._wait(task, self._instance)
-            sq = self.buffers.shard_square_sum()
-            assert sq is not None
+
+        def reduce_shards(sq: torch.Tensor) -> None:
             with startup.peers("reducing the gradient norm"):
                 dist.all_reduce(sq, group=self.groups.control)
-        else:
-            sq = torch.zeros((), dtype=torch.float64)
-            for t, got in enumerate(self._got_grad):
-                if got == self._instance:
-                    for task in self.plan.final_tasks_of_tensor[t]:
-                        self._wait(task, self._instance)
-                    sq += self.buffers.averaged(t).double().pow(2).sum()
-        return clip_coefficient(self.max_grad_norm, sq)
 
-    def _due(self, layer: int) -> list[int]:
-        """``layer``, and every other pending layer whose gradients have already arrived: one optimizer call."""
-        done = self.agent.completions.done
-        final = self.plan.final_tasks_of_layer
-        due = [layer]
-        for other, instance in self.updates.pending.items():
-            if other != layer and all(done(task, instance) for task in final[other]):
-                due.append(other)
-        return due
+        sq = averaged_square_norm(self.plan, self.buffers, self._got_grad, self._instance, self._wait, reduce_shards)
+        return clip_coefficient(self.max_grad_norm, sq)
 
     def _apply(self, layers: list[int]) -> None:
         def wait_layer(layer: int, instance: int) -> None:
@@ -407,7 +364,8 @@ class Engine:
         self.agent.completions.wait(
             task, instance, self.timeout_s, lambda: f"rank {self.rank}: task {name} of iteration {instance}"
         )
-        self._waited_s += time.perf_counter() - start
+        if self.replanner is not None:
+            self.replanner.waited(time.perf_counter() - start)
 
     def check_error(self) -> None:
         try:
@@ -432,49 +390,3 @@ class Engine:
             for transport in self._transports.values():
                 if not failed:
                     transport.close()
-
-
-class _Bound:
-    """A plan bound to a live model: the parameter of each plan tensor, the module of each layer."""
-
-    __slots__ = ("modules", "params", "tensors_of_layer")
-
-    def __init__(self, params: list[nn.Parameter], modules: list[nn.Module], tensors_of_layer: list[list[int]]) -> None:
-        self.params = params
-        self.modules = modules
-        self.tensors_of_layer = tensors_of_layer
-
-
-def bind_plan(model: nn.Module, plan: CommPlan, world: int) -> _Bound:
-    """Map ``plan`` onto ``model`` by names; PlanMismatchError naming the first thing that does not fit."""
-    w = plan.workload
-    if plan.network.world_size != world:
-        raise PlanMismatchError(
-            f"plan: made for {plan.network.world_size} rank(s), this run has {world}; make it again for {world}"
-        )
-    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    planned = {t.name for t in w.tensors}
-    extra = sorted(set(named) - planned)
-    if extra:
-        raise PlanMismatchError(f"plan: the model has parameter(s) the plan does not: {', '.join(extra[:5])}")
-    params: list[nn.Parameter] = []
-    for tensor in w.tensors:
-        p = named.get(tensor.name)
-        if p is None:
-            raise PlanMismatchError(f"plan: parameter {tensor.name!r} of the plan is not a trainable one of the model")
-        if p.numel() != tensor.numel or warmup.dtype_name(p) != tensor.dtype:
-            raise PlanMismatchError(
-                f"plan: parameter {tensor.name!r} has {tensor.numel} {tensor.dtype} elements in the plan, "
-                f"{p.numel()} {warmup.dtype_name(p)} in the model"
-            )
-        params.append(p)
-    modules = []
-    for layer in w.layers:
-        try:
-            modules.append(layer_module(model, layer.name))
-        except KeyError:
-            raise PlanMismatchError(f"plan: layer {layer.name!r} is not a module of the model") from None
-    tensors_of_layer: list[list[int]] = [[] for _ in w.layers]
-    for t, li in enumerate(w.tensor_layer):
-        tensors_of_layer[li].append(t)
-    return _Bound(params, modules, tensors_of_layer)

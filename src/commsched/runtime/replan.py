@@ -16,8 +16,17 @@ interval between two switches.
 
 from __future__ import annotations
 
+import logging
 import statistics
-from dataclasses import dataclass, field
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from commsched.formulas import ring_factors
+from commsched.schedule import CommPlan, NetworkEstimate
+from commsched.workload import Workload
+
+log = logging.getLogger("commsched")
 
 
 @dataclass(frozen=True)
@@ -81,3 +90,48 @@ class DriftMonitor:
         self.strikes = 0
         self.baseline_compute_s = self.baseline_bandwidth = None  # the next window measures the new plan
         return compute_factor, bandwidth_factor
+
+
+class Replanner:
+    """Rank 0's measurements for one engine, and the re-plan they call for (other ranks measure nothing)."""
+
+    __slots__ = ("_iter_start", "_waited_s", "monitor", "policy", "world")
+
+    def __init__(self, policy: DriftPolicy, world: int, measures: bool) -> None:
+        self.policy = policy
+        self.world = world
+        self.monitor = DriftMonitor(policy) if measures else None
+        self._iter_start: float | None = None
+        self._waited_s = 0.0
+
+    def iteration_starts(self) -> None:
+        if self._iter_start is None:
+            self._iter_start, self._waited_s = time.perf_counter(), 0.0
+
+    def waited(self, seconds: float) -> None:
+        self._waited_s += seconds
+
+    def backward_ends(self) -> None:
+        """The iteration's compute: from its first forward to the end of backward, less the waits."""
+        if self.monitor is not None and self._iter_start is not None:
+            self.monitor.record_iteration(time.perf_counter() - self._iter_start - self._waited_s)
+        self._iter_start = None
+
+    def transfer_done(self, kind: str, nbytes: int, seconds: float) -> None:
+        """A finished transfer (watcher thread): its bytes on the wire per rank."""
+        if self.monitor is not None and kind in ("all_reduce", "reduce_scatter", "all_gather"):
+            self.monitor.record_transfer(ring_factors(kind, self.world)[1] * nbytes, seconds)
+
+    def due(self, iteration: int) -> bool:
+        return iteration % self.policy.every == 0
+
+    def new_plan(self, plan: CommPlan, planner: Callable[[Workload, NetworkEstimate], CommPlan]) -> CommPlan | None:
+        """The plan made again from ``plan``'s inputs scaled by the drift, or None (rank 0 decides)."""
+        factors = self.monitor.drifted() if self.monitor is not None else None
+        if factors is None:
+            return None
+        compute, bandwidth = factors
+        workload = plan.workload.scaled(1.0 / compute)
+        network = replace(plan.network, bandwidth_bytes_per_s=plan.network.bandwidth_bytes_per_s * bandwidth)
+        log.info("commsched: compute x%.2f, bandwidth x%.2f since the plan was made: re-planned", compute, bandwidth)
+        return planner(workload, network)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from commsched.runtime.buffers import GradientBuffers
+from commsched.schedule import CommPlan
 
 
 class DeferredUpdates:
@@ -85,6 +86,47 @@ class DeferredUpdates:
             self._orig_step()
         finally:
             opt.param_groups = current
+
+
+def due_layers(
+    layer: int, pending: dict[int, int], final_tasks: Sequence[Sequence[int]], done: Callable[[int, int], bool]
+) -> list[int]:
+    """``layer``, and every other pending layer whose gradients have already arrived: one optimizer call.
+
+    Applying an update before the layer's forward is due is harmless: it only needs its gradients.
+    """
+    due = [layer]
+    for other, instance in pending.items():
+        if other != layer and all(done(task, instance) for task in final_tasks[other]):
+            due.append(other)
+    return due
+
+
+def averaged_square_norm(
+    plan: CommPlan,
+    buffers: GradientBuffers,
+    got_grad: Sequence[int],
+    instance: int,
+    wait: Callable[[int, int], None],
+    reduce_shards: Callable[[torch.Tensor], None],
+) -> torch.Tensor:
+    """‖averaged gradients‖² (float64) before any layer is updated: from this rank's reduce-scatter shards
+    and one scalar all-reduce (``reduce_shards``) where the plan has them, else from the averaged gradients."""
+    rs = [t.id for t in plan.tasks if t.kind == "reduce_scatter"]
+    if rs:
+        for task in rs:
+            wait(task, instance)
+        sq = buffers.shard_square_sum()
+        assert sq is not None
+        reduce_shards(sq)
+        return sq
+    sq = torch.zeros((), dtype=torch.float64)
+    for t, got in enumerate(got_grad):
+        if got == instance:
+            for task in plan.final_tasks_of_tensor[t]:
+                wait(task, instance)
+            sq += buffers.averaged(t).double().pow(2).sum()
+    return sq
 
 
 def clip_coefficient(max_norm: float, square_sum: torch.Tensor) -> float:

@@ -20,6 +20,7 @@ import itertools
 import time
 from collections.abc import Sequence
 
+import torch
 from torch import nn
 
 from commsched.layers import LayerSpec, discover_layers
@@ -116,6 +117,17 @@ def measured_network(world: int, gradient_bytes: int, rec: Recorder) -> NetworkE
     if world < 2 or not rec.allreduce_s:
         return None
     return NetworkEstimate(world, 2 * (world - 1) / world * gradient_bytes / max(min(rec.allreduce_s), 1e-9))
+
+
+def first_iteration_mismatch(
+    plan: CommPlan, rec: Recorder, layer_modules: Sequence[nn.Module], params: Sequence[torch.Tensor]
+) -> str | None:
+    """:func:`plan_mismatch` of what ``rec`` recorded in the first iteration under ``plan``."""
+    names = {id(m): layer.name for m, layer in zip(layer_modules, plan.workload.layers, strict=True)}
+    layer_order = [names[m] for m in sorted(rec.called, key=rec.called.__getitem__) if m in names]
+    got = [t for t, p in enumerate(params) if id(p) in rec.ready_s]
+    ready = sorted(got, key=lambda t: rec.ready_s[id(params[t])])
+    return plan_mismatch(plan, layer_order, ready)
 
 
 def plan_mismatch(plan: CommPlan, layer_order: Sequence[str], ready_tensors: Sequence[int]) -> str | None:

@@ -1,0 +1,50 @@
+"""Two sets of saved ``commsched bench`` runs side by side: each policy's paired speed-up over torch_ddp.
+
+    python benchmarks/compare_runs.py --before old-1.json old-2.json --after new-1.json new-2.json
+
+Per repeat, torch_ddp's iteration time over the policy's (the same repeat, so the machine's state
+cancels), then the median and range over every repeat of every run of a side. Used to check that a
+change of the runtime made nothing slower (BENCHMARKS.md, "Before and after the runtime's rewrite").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+
+def paired(paths: list[Path]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for path in paths:
+        for session in json.loads(path.read_text())["sessions"]:
+            runs = {name: {r["repeat"]: r["iteration_ms"] for r in reps} for name, reps in session["runs"].items()}
+            reference = runs.get("torch_ddp", {})
+            for name, reps in runs.items():
+                if name in ("torch_ddp", "compute", "allreduce"):
+                    continue
+                out.setdefault(name, []).extend(reference[k] / ms for k, ms in reps.items() if k in reference)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--before", nargs="+", type=Path, required=True)
+    parser.add_argument("--after", nargs="+", type=Path, required=True)
+    args = parser.parse_args()
+    before, after = paired(args.before), paired(args.after)
+    print("| policy | before: speed-up over torch_ddp | after | after / before |")
+    print("|---|---:|---:|---:|")
+    for name in before:
+        if name in after and before[name] and after[name]:
+            b, a = statistics.median(before[name]), statistics.median(after[name])
+            rb, ra = (
+                f"{min(before[name]):.2f}–{max(before[name]):.2f}",
+                f"{min(after[name]):.2f}–{max(after[name]):.2f}",
+            )
+            print(f"| {name} | {b:.2f}× ({rb}) | {a:.2f}× ({ra}) | {a / b:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
