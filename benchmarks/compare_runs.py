@@ -28,6 +28,10 @@ def paired(paths: list[Path]) -> dict[str, list[float]]:
     return out
 
 
+def _range(values: list[float]) -> str:
+    return f"{min(values):.2f}–{max(values):.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", nargs="+", type=Path, required=True)
