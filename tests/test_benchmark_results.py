@@ -38,3 +38,16 @@ def test_the_published_tables_are_recomputed_from_the_raw_results(path: Path) ->
         assert phase_table(report, session) in DOCUMENT, f"{path.name}: {session['label']} phases"
         assert "calibration" in session, f"{path.name}: {session['label']} has no raw calibration"
     assert validation_markdown(report) in DOCUMENT, f"{path.name}: validation table"
+
+
+def test_the_before_and_after_table_of_the_runtime_rewrite_is_recomputed_from_its_runs() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compare_runs", ROOT / "benchmarks" / "compare_runs.py")
+    assert spec is not None and spec.loader is not None
+    compare_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(compare_runs)
+    runs = ROOT / "benchmarks" / "results" / "refactor-check"
+    before, after = sorted(runs.glob("old-*.json")), sorted(runs.glob("new-*.json"))
+    assert len(before) == len(after) == 2
+    assert compare_runs.table(before, after) in DOCUMENT
