@@ -32,22 +32,25 @@ def _range(values: list[float]) -> str:
     return f"{min(values):.2f}–{max(values):.2f}"
 
 
+def table(before_paths: list[Path], after_paths: list[Path]) -> str:
+    """The Markdown table: per policy, the median paired speed-up over torch_ddp before and after."""
+    before, after = paired(before_paths), paired(after_paths)
+    lines = ["| policy | before: speed-up over torch_ddp | after | after / before |", "|---|---:|---:|---:|"]
+    for name in before:
+        if name in after and before[name] and after[name]:
+            b, a = statistics.median(before[name]), statistics.median(after[name])
+            lines.append(
+                f"| {name} | {b:.2f}× ({_range(before[name])}) | {a:.2f}× ({_range(after[name])}) | {a / b:.2f} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--before", nargs="+", type=Path, required=True)
     parser.add_argument("--after", nargs="+", type=Path, required=True)
     args = parser.parse_args()
-    before, after = paired(args.before), paired(args.after)
-    print("| policy | before: speed-up over torch_ddp | after | after / before |")
-    print("|---|---:|---:|---:|")
-    for name in before:
-        if name in after and before[name] and after[name]:
-            b, a = statistics.median(before[name]), statistics.median(after[name])
-            rb, ra = (
-                f"{min(before[name]):.2f}–{max(before[name]):.2f}",
-                f"{min(after[name]):.2f}–{max(after[name]):.2f}",
-            )
-            print(f"| {name} | {b:.2f}× ({rb}) | {a:.2f}× ({ra}) | {a / b:.2f} |")
+    print(table(args.before, args.after))
 
 
 if __name__ == "__main__":
