@@ -29,7 +29,7 @@ def test_pfabric_lets_a_short_flow_through_a_long_one() -> None:
     config = PacketConfig(transport="pfabric", pfabric=True, buffer_bytes=60_000, tcp=TCP)
     alone = run_flows(fabric(3, config), [Flow(1, 2, 50_000)], config)[0]
     fab = fabric(3, config)
-    long, short = run_flows(fab, [Flow(0, 2, 5_000_000), Flow(1, 2, 50_000, start_s=100e-6)], config)
+    _long, short = run_flows(fab, [Flow(0, 2, 5_000_000), Flow(1, 2, 50_000, start_s=100e-6)], config)
     assert short.fct_s < 1.3 * alone.fct_s
     fifo = PacketConfig(transport="tcp", buffer_bytes=60_000, tcp=TCP)
     _, short_fifo = run_flows(fabric(3, fifo), [Flow(0, 2, 5_000_000), Flow(1, 2, 50_000, start_s=100e-6)], fifo)
