@@ -56,7 +56,8 @@ class TcpParams:
     ``max(min_rto_s, srtt + max(clock_granularity_s, 4·rttvar))``
     (RFC 6298 with a floor), ``initial_rto_s`` before the first sample,
     doubled on each expiry. ``dupack_threshold``: duplicate ACKs that
-    trigger fast retransmit. ``delayed_ack_segments``: ACK every n-th
+    trigger fast retransmit; ``limited_transmit`` (RFC 3042) sends a new
+    segment on each duplicate ACK before that. ``delayed_ack_segments``: ACK every n-th
     in-order segment (1 = delayed ACK off), at the latest after
     ``delayed_ack_timeout_s``. ``handshake``: send a SYN and wait for the
     SYN-ACK before the first data (one RTT), as a fresh socket does.
@@ -73,6 +74,7 @@ class TcpParams:
     clock_granularity_s: float = 0.0
     max_rto_s: float = 60.0
     dupack_threshold: int = 3
+    limited_transmit: bool = True
     delayed_ack_segments: int = 1
     delayed_ack_timeout_s: float = 200e-6
     handshake: bool = False

@@ -105,7 +105,7 @@ class TcpSender:
         if not self.established:
             if not self.syn_sent:
                 self.syn_sent = True
-                out.append(Packet(-1, 0, self.hdr, now_s, syn=True, cls=self.cls))
+                out.append(Packet(-1, 0, self.hdr, now_s, syn=True, ect=self.ect, cls=self.cls))
                 self.timer_s = now_s + self.rto
             return self.end
         self._send(now_s, out)
@@ -120,6 +120,8 @@ class TcpSender:
 
     def _send(self, now_s: float, out: list[Packet]) -> None:
         limit = self.una + int(self.cwnd)
+        if self.dupacks and not self.in_recovery and self.p.limited_transmit:
+            limit += min(self.dupacks, self.p.dupack_threshold - 1)  # RFC 3042
         if limit < self.una + 1:
             limit = self.una + 1
         while self.nxt < self.end and self.nxt < limit:
@@ -200,7 +202,7 @@ class TcpSender:
             return
         if not self.established:
             self.rto = min(self.rto * 2, self.p.max_rto_s)
-            out.append(Packet(-1, 0, self.hdr, now_s, syn=True, cls=self.cls))
+            out.append(Packet(-1, 0, self.hdr, now_s, syn=True, ect=self.ect, cls=self.cls))
             self.timer_s = now_s + self.rto
             return
         if self.una >= self.nxt:
@@ -223,11 +225,13 @@ class TcpReceiver:
     """Cumulative ACKs, out-of-order segments buffered; ACK every ``delayed_ack_segments`` in-order
     segments (at once for out-of-order or duplicate data, and for a CE change), each echoing the
     timestamp of the segment that triggered it and its CE mark (ECE, per packet as DCTCP wants).
+    ``ect``: ACKs are ECN-capable too (DCTCP in Linux and ns-3), so an AQM marks rather than drops them.
     """
 
-    def __init__(self, params: TcpParams, cls: int = 0) -> None:
+    def __init__(self, params: TcpParams, cls: int = 0, *, ect: bool = False) -> None:
         self.p = params
         self.cls = cls
+        self.ect = ect
         self.hdr = params.header_bytes
         self.rcv_nxt = 0
         self.ooo: set[int] = set()
@@ -247,6 +251,7 @@ class TcpReceiver:
                 ack=self.rcv_nxt,
                 ts_echo=self._last_ts,
                 ece=self._last_ce,
+                ect=self.ect,
                 cls=self.cls,
             )
         )
@@ -255,7 +260,9 @@ class TcpReceiver:
 
     def on_data(self, pkt: Packet, now_s: float, out: list[Packet]) -> None:
         if pkt.syn:
-            out.append(Packet(-1, 0, self.hdr, now_s, is_ack=True, syn=True, ts_echo=pkt.ts, cls=self.cls))
+            out.append(
+                Packet(-1, 0, self.hdr, now_s, is_ack=True, syn=True, ts_echo=pkt.ts, ect=self.ect, cls=self.cls)
+            )
             return
         seq = pkt.seq
         in_order = seq == self.rcv_nxt and not self.ooo
@@ -289,7 +296,8 @@ class TcpReceiver:
 class DctcpSender(TcpSender):
     """DCTCP (Alizadeh et al., SIGCOMM 2010; RFC 8257): data is ECN-capable; α, the EWMA (gain ``g``)
     of the fraction of acked segments that were marked, is updated once per window; on the first ECE of
-    a window the window is cut to ``cwnd · (1 - α/2)``. Loss is handled as in NewReno."""
+    a window the window is cut to ``cwnd · (1 - α/2)`` and does not grow until that window is acked
+    (CWR). Loss is handled as in NewReno."""
 
     ect = True
 
@@ -315,6 +323,10 @@ class DctcpSender(TcpSender):
             self.cwnd = max(self.cwnd * (1 - self.alpha / 2), 1.0)
             self.ssthresh = self.cwnd
             self._cwr_end = self.nxt
+
+    def _on_new_ack(self, newly: int) -> None:
+        if self.una > self._cwr_end:  # no growth for the window after a cut (CWR)
+            super()._on_new_ack(newly)
 
 
 # ---- pFabric ----
@@ -359,7 +371,7 @@ def _tcp(params: TcpParams, cls: int) -> tuple[Sender, Receiver]:
 
 
 def _dctcp(params: TcpParams, cls: int) -> tuple[Sender, Receiver]:
-    return DctcpSender(params, cls), TcpReceiver(params, cls)
+    return DctcpSender(params, cls), TcpReceiver(params, cls, ect=True)
 
 
 def _pfabric(params: TcpParams, cls: int) -> tuple[Sender, Receiver]:
