@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from commsched.sim.packet import compile as packet_compile
+from commsched.sim.packet import _core as packet_compile
 
 
 def test_compiled_modules_out_of_date_with_their_source_are_reported_stale(
@@ -15,7 +15,7 @@ def test_compiled_modules_out_of_date_with_their_source_are_reported_stale(
     monkeypatch.setattr(packet_compile, "RECORD", record)
     monkeypatch.setattr(packet_compile, "compiled", lambda: True)
     assert packet_compile.stale() == list(packet_compile.MODULES)  # no record: nothing is known to match
-    digests = {name: packet_compile._digest(name) for name in packet_compile.MODULES}
+    digests = {name: packet_compile.digest(name) for name in packet_compile.MODULES}
     record.write_text(json.dumps(digests))
     assert packet_compile.stale() == []
     record.write_text(json.dumps({**digests, "transport": "0" * 64}))

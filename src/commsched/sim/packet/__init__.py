@@ -12,7 +12,7 @@ import importlib.util
 import sys
 import warnings
 
-from commsched.sim.packet import compile as _compile
+from commsched.sim.packet import _core as _compile
 
 _STALE = _compile.stale()
 if _STALE:  # compiled modules older than their sources: run the sources

@@ -14,44 +14,19 @@ another language.
 The extension modules sit next to the sources and take precedence on import.
 The hashes of the compiled sources are written to ``_compiled.json``; if a
 source has changed since, :mod:`commsched.sim.packet` loads the pure-Python
-modules instead and warns (see :func:`stale`).
+modules instead and warns (``_core.stale``).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-SRC = HERE.parents[2]  # the directory holding the ``commsched`` package
-#: The modules that are compiled, in import order.
-MODULES = ("fabric", "transport", "connection")
-RECORD = HERE / "_compiled.json"
-
-
-def _digest(name: str) -> str:
-    return hashlib.sha256((HERE / f"{name}.py").read_bytes()).hexdigest()
-
-
-def compiled() -> bool:
-    """Whether an extension module exists for every compiled module."""
-    return all(any(HERE.glob(f"{name}.*.so")) or any(HERE.glob(f"{name}.*.pyd")) for name in MODULES)
-
-
-def stale() -> list[str]:
-    """Modules whose source changed since they were compiled ([] when not compiled or up to date)."""
-    if not compiled():
-        return []
-    try:
-        record = json.loads(RECORD.read_text())
-    except (OSError, ValueError):
-        return list(MODULES)
-    return [name for name in MODULES if record.get(name) != _digest(name)]
+from commsched.sim.packet._core import HERE, MODULES, RECORD, SRC, digest
 
 
 def clean() -> None:
@@ -69,7 +44,7 @@ def build() -> None:
     files = [str(Path("commsched/sim/packet") / f"{name}.py") for name in MODULES]
     subprocess.run([sys.executable, "-m", "mypyc", *files], cwd=SRC, check=True)
     shutil.rmtree(SRC / "build", ignore_errors=True)
-    RECORD.write_text(json.dumps({name: _digest(name) for name in MODULES}, indent=1) + "\n")
+    RECORD.write_text(json.dumps({name: digest(name) for name in MODULES}, indent=1) + "\n")
 
 
 def main() -> None:

@@ -58,7 +58,8 @@ TransportFactory = Callable[[TcpParams, int], tuple[Sender, Receiver]]
 
 class TcpSender:
     """TCP NewReno (RFC 6582) over segments: slow start, congestion avoidance, fast retransmit and
-    recovery with partial ACKs, RTO with exponential backoff and go-back-N.
+    recovery with partial ACKs (only the first of which restarts the retransmission timer, as
+    RFC 6582 says), RTO with exponential backoff and go-back-N.
 
     Windows count segments. Slow start adds one segment per ACK of new data,
     congestion avoidance ``1/cwnd`` (as ns-3's NewReno without ABC). RTT
@@ -84,6 +85,7 @@ class TcpSender:
         self.dupacks = 0
         self.recover = -1
         self.in_recovery = False
+        self._first_partial = False
         self.srtt = -1.0
         self.rttvar = 0.0
         self.rto = params.initial_rto_s
@@ -160,6 +162,7 @@ class TcpSender:
                 self.nxt = ack
             self.dupacks = 0
             self._on_ecn(pkt, newly, now_s)
+            restart = True
             if self.in_recovery:
                 if ack > self.recover:
                     self.in_recovery = False
@@ -168,9 +171,12 @@ class TcpSender:
                     out.append(self._segment(ack, now_s))
                     self.retransmits += 1
                     self.cwnd = max(self.cwnd - newly + 1, 1.0)
+                    restart = self._first_partial  # RFC 6582: only the first partial ACK restarts the timer
+                    self._first_partial = False
             else:
                 self._on_new_ack(newly)
-            self.timer_s = now_s + self.rto if self.una < self.nxt else INF
+            if restart:
+                self.timer_s = now_s + self.rto if self.una < self.nxt else INF
         elif ack == self.una and self.una < self.nxt:
             self._on_ecn(pkt, 0, now_s)
             self.dupacks += 1
@@ -184,6 +190,7 @@ class TcpSender:
         self.ssthresh = max((self.nxt - self.una) / 2, 2.0)
         self.recover = self.nxt - 1
         self.in_recovery = True
+        self._first_partial = True
         self.cwnd = self.ssthresh + self.p.dupack_threshold
         out.append(self._segment(self.una, now_s))
         self.retransmits += 1
