@@ -41,6 +41,13 @@ class Sender(Protocol):
 
 
 class Receiver(Protocol):
+    """``rcv_nxt``: the stream is complete, for the application, up to this segment (exclusive).
+
+    TCP advances it over segments received in order; a bounded-loss
+    transport may advance it over holes it decides to give up on. The driver
+    completes a message once ``rcv_nxt`` reaches the message's end.
+    """
+
     timer_s: float
     rcv_nxt: int
 
