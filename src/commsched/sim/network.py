@@ -34,6 +34,7 @@ from commsched.cluster import Cluster
 from commsched.schedule.base import CommTask
 from commsched.sim.costs import CommModel, Phase
 from commsched.sim.engine import COMM, EventLoop
+from commsched.sim.packet.model import packet_network
 
 
 class SharedLink:
@@ -238,4 +239,4 @@ def flow_network(context: NetworkContext) -> Network:
 
 
 #: Network models by the name ``SimOptions.network`` accepts.
-NETWORK_MODELS: dict[str, NetworkFactory] = {"flow": flow_network}
+NETWORK_MODELS: dict[str, NetworkFactory] = {"flow": flow_network, "packet": packet_network}

@@ -1,0 +1,360 @@
+"""The packet-level network core: hosts, switches, output ports, and its own event loop.
+
+A packet travels a precomputed route: a tuple of output :class:`Port` objects,
+the first the sending host's NIC, the last the switch port facing the
+receiver. At each port it is queued (or dropped, or ECN-marked), serialised at
+the port's rate (``wire bytes / rate``) and arrives at the next hop one
+propagation delay later. So a packet alone on an idle path of ``h`` ports
+arrives ``Σ (size / rate_h + prop_h)`` after it was sent (store and forward).
+
+Queueing at one port (:meth:`Port.enqueue`): the packet's class picks a
+strict-priority band; RED/ECN (if configured) marks an ECN-capable packet or
+drops one that is not; a full buffer drops the packet (drop-tail), or under
+pFabric drops the least urgent packet in the buffer. Dequeue takes the
+first packet of the most urgent non-empty band (pFabric: the most urgent
+packet, or rather the oldest packet of its connection).
+
+The event loop is a heap of ``(time, sequence, callback, argument)``: every
+callback is a packet arriving at its next hop, a port finishing a
+transmission, or a timer. A port that finishes a packet with nothing queued
+schedules nothing (``busy_until`` tells the next arrival when it may start),
+which keeps idle ports free. Transports (:mod:`commsched.sim.packet.transport`)
+never see the clock except as an argument.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from commsched.sim.packet.config import PacketConfig, RedParams
+
+
+class Packet:
+    """One packet on the wire. ``size_bytes`` is what serialises; ``payload_bytes`` what the stream carries."""
+
+    __slots__ = (
+        "ack",
+        "ce",
+        "cls",
+        "conn",
+        "ece",
+        "ect",
+        "hop",
+        "is_ack",
+        "payload_bytes",
+        "prio",
+        "route",
+        "seq",
+        "size_bytes",
+        "syn",
+        "ts",
+        "ts_echo",
+    )
+
+    def __init__(
+        self,
+        seq: int,
+        payload_bytes: int,
+        size_bytes: int,
+        ts: float,
+        *,
+        is_ack: bool = False,
+        ack: int = 0,
+        ts_echo: float = 0.0,
+        ect: bool = False,
+        ece: bool = False,
+        cls: int = 0,
+        prio: float = 0.0,
+        syn: bool = False,
+    ) -> None:
+        self.seq = seq
+        self.payload_bytes = payload_bytes
+        self.size_bytes = size_bytes
+        self.ts = ts
+        self.is_ack = is_ack
+        self.ack = ack
+        self.ts_echo = ts_echo
+        self.ect = ect
+        self.ce = False
+        self.ece = ece
+        self.cls = cls
+        self.prio = prio
+        self.syn = syn
+        self.conn: Any = None
+        self.route: tuple[Port, ...] = ()
+        self.hop = 0
+
+
+class Port:
+    """One output port: its queue (bands, RED/ECN, drop-tail or pFabric) and the link behind it.
+
+    Counters: ``tx_bytes`` sent, ``drops``/``marks`` packets, ``busy`` merged
+    transmission periods (for utilisation); ``samples`` ``(time_s, queued
+    bytes)`` when the fabric records queues.
+    """
+
+    __slots__ = (
+        "_red_avg",
+        "bands",
+        "buffer_bytes",
+        "busy",
+        "busy_until",
+        "drops",
+        "fabric",
+        "marks",
+        "name",
+        "pending",
+        "pfabric",
+        "prop_s",
+        "queued_bytes",
+        "rate_bytes_per_s",
+        "red",
+        "samples",
+        "tx_bytes",
+    )
+
+    def __init__(
+        self,
+        fabric: Fabric,
+        name: str,
+        rate_bytes_per_s: float,
+        prop_s: float,
+        buffer_bytes: float,
+        classes: int,
+        red: RedParams | None,
+        pfabric: bool,
+    ) -> None:
+        self.fabric = fabric
+        self.name = name
+        self.rate_bytes_per_s = rate_bytes_per_s
+        self.prop_s = prop_s
+        self.buffer_bytes = buffer_bytes
+        self.bands: list[deque[Packet]] = [deque() for _ in range(classes)]
+        self.red = red
+        self.pfabric = pfabric
+        self._red_avg = 0.0
+        self.queued_bytes = 0
+        self.busy_until = 0.0
+        self.pending = False
+        self.tx_bytes = 0
+        self.drops = 0
+        self.marks = 0
+        self.busy: list[list[float]] = []
+        self.samples: list[tuple[float, int]] | None = [] if fabric.config.record_queues else None
+
+    # ---- queueing ----
+
+    def enqueue(self, pkt: Packet) -> None:
+        fabric = self.fabric
+        now = fabric.now
+        if not self.queued_bytes and not self.pending and now >= self.busy_until:
+            self._transmit(pkt, now)  # an idle port: no queue, no AQM
+            return
+        size = pkt.size_bytes
+        red = self.red
+        if red is not None and self._red_hit(red, pkt):
+            if pkt.ect and not (red.hard_drop and self.queued_bytes >= red.max_bytes):
+                pkt.ce = True
+                self.marks += 1
+                pkt.conn.marks += 1
+            else:
+                self._drop(pkt)
+                return
+        if self.queued_bytes + size > self.buffer_bytes and (not self.pfabric or not self._pfabric_evict(pkt)):
+            self._drop(pkt)
+            return
+        band = pkt.cls if pkt.cls < len(self.bands) else len(self.bands) - 1
+        self.bands[band].append(pkt)
+        self.queued_bytes += size
+        if self.samples is not None:
+            self.samples.append((now, self.queued_bytes))
+        if not self.pending:
+            self.pending = True
+            fabric.schedule(self.busy_until if self.busy_until > now else now, self._tx_done, None)
+
+    def _red_hit(self, red: RedParams, pkt: Packet) -> bool:
+        q = self.queued_bytes
+        avg = q if red.weight >= 1.0 else (1 - red.weight) * self._red_avg + red.weight * q
+        self._red_avg = avg
+        if avg < red.min_bytes:
+            return False
+        if avg >= red.max_bytes:
+            return True
+        p = red.max_p * (avg - red.min_bytes) / (red.max_bytes - red.min_bytes)
+        return self.fabric.rng.random() < p
+
+    def _drop(self, pkt: Packet) -> None:
+        self.drops += 1
+        pkt.conn.drops += 1
+        self.fabric.dropped_bytes += pkt.size_bytes
+
+    def _pfabric_evict(self, pkt: Packet) -> bool:
+        """Make room for ``pkt`` by dropping less urgent packets; False if ``pkt`` is the least urgent."""
+        need = self.queued_bytes + pkt.size_bytes - self.buffer_bytes
+        while need > 0:
+            worst: tuple[float, int, int] | None = None
+            for b, band in enumerate(self.bands):
+                for i, q in enumerate(band):
+                    if worst is None or q.prio >= worst[0]:
+                        worst = (q.prio, b, i)
+            if worst is None or worst[0] <= pkt.prio:
+                return False
+            _, b, i = worst
+            victim = self.bands[b][i]
+            del self.bands[b][i]
+            self.queued_bytes -= victim.size_bytes
+            need -= victim.size_bytes
+            self._drop(victim)
+        return True
+
+    def _dequeue(self) -> Packet | None:
+        for band in self.bands:
+            if band:
+                if not self.pfabric:
+                    return band.popleft()
+                best = min(band, key=lambda q: q.prio)  # the most urgent packet...
+                for i, q in enumerate(band):  # ...but the oldest of its connection goes first (no reordering)
+                    if q.conn is best.conn:
+                        del band[i]
+                        return q
+        return None
+
+    def _tx_done(self, _: None) -> None:
+        self.pending = False
+        pkt = self._dequeue()
+        if pkt is None:
+            return
+        now = self.fabric.now
+        self.queued_bytes -= pkt.size_bytes
+        if self.samples is not None:
+            self.samples.append((now, self.queued_bytes))
+        self._transmit(pkt, now)
+        if self.queued_bytes:
+            self.pending = True
+            self.fabric.schedule(self.busy_until, self._tx_done, None)
+
+    def _transmit(self, pkt: Packet, now: float) -> None:
+        size = pkt.size_bytes
+        end = now + size / self.rate_bytes_per_s
+        busy = self.busy
+        if busy and busy[-1][1] >= now:
+            busy[-1][1] = end
+        else:
+            busy.append([now, end])
+        self.busy_until = end
+        self.tx_bytes += size
+        fabric = self.fabric
+        fabric.schedule(end + self.prop_s, fabric.arrive, pkt)
+
+    def busy_within(self, start_s: float, end_s: float) -> float:
+        """Seconds in ``[start_s, end_s]`` during which the port was transmitting."""
+        return sum(max(0.0, min(hi, end_s) - max(lo, start_s)) for lo, hi in self.busy)
+
+
+class Host:
+    """An end point: one NIC port, and the connections that terminate here."""
+
+    __slots__ = ("index", "name", "nic", "overhead_s")
+
+    def __init__(self, index: int, name: str, overhead_s: float) -> None:
+        self.index = index
+        self.name = name
+        self.overhead_s = overhead_s
+        self.nic: Port | None = None
+
+
+class Fabric:
+    """Hosts, switch ports and routes, plus the packet event loop (module docstring).
+
+    ``paths[(src, dst)]``: the equal-cost routes between two hosts, each a
+    tuple of ports. ``injected_bytes``, ``delivered_bytes``, ``dropped_bytes``:
+    wire bytes that hosts sent, that reached their destination host, that
+    ports dropped (conservation: injected = delivered + dropped + in flight).
+    """
+
+    def __init__(self, config: PacketConfig) -> None:
+        self.config = config
+        self.now = 0.0
+        self._heap: list[tuple[float, int, Callable[[Any], None], Any]] = []
+        self._seq = 0
+        self.processed = 0
+        self.rng = random.Random(config.seed)
+        self.hosts: list[Host] = []
+        self.ports: dict[str, Port] = {}
+        self.paths: dict[tuple[int, int], list[tuple[Port, ...]]] = {}
+        self.injected_bytes = 0
+        self.delivered_bytes = 0
+        self.dropped_bytes = 0
+        self._spray = config.load_balancing == "spray"
+
+    # ---- building ----
+
+    def add_host(self, name: str, overhead_s: float = 0.0) -> Host:
+        host = Host(len(self.hosts), name, overhead_s)
+        self.hosts.append(host)
+        return host
+
+    def add_port(self, name: str, gbps: float, latency_s: float, *, host: bool = False) -> Port:
+        """An output port; a host's NIC queue is unbounded and has one band, a switch port the configured queue."""
+        cfg = self.config
+        if host:
+            port = Port(self, name, gbps * 1e9 / 8, latency_s, float("inf"), cfg.priority_classes, None, False)
+        else:
+            port = Port(
+                self, name, gbps * 1e9 / 8, latency_s, cfg.buffer_bytes, cfg.priority_classes, cfg.red, cfg.pfabric
+            )
+        self.ports[name] = port
+        return port
+
+    def route(self, conn: Any, src: int, dst: int) -> tuple[Port, ...]:
+        """A route for one packet of ``conn``: its ECMP path, or a random one when spraying."""
+        paths = self.paths[(src, dst)]
+        if len(paths) == 1:
+            return paths[0]
+        if self._spray:
+            return paths[self.rng.randrange(len(paths))]
+        return paths[conn.path_hash % len(paths)]
+
+    # ---- events ----
+
+    def schedule(self, time_s: float, callback: Callable[[Any], None], arg: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (time_s, self._seq, callback, arg))
+
+    def peek(self) -> float:
+        return self._heap[0][0] if self._heap else float("inf")
+
+    def run(self, until: float = float("inf"), stop: Callable[[], bool] | None = None) -> None:
+        """Run events with time ``<= until``; return early once ``stop()`` is true after an event."""
+        heap = self._heap
+        pop = heapq.heappop
+        while heap and heap[0][0] <= until:
+            time_s, _, callback, arg = pop(heap)
+            self.now = time_s
+            self.processed += 1
+            callback(arg)
+            if stop is not None and stop():
+                return
+
+    # ---- packets ----
+
+    def send(self, conn: Any, pkt: Packet, src: int, dst: int) -> None:
+        """Put ``pkt`` on ``src``'s NIC towards ``dst``."""
+        pkt.conn = conn
+        pkt.route = self.route(conn, src, dst)
+        pkt.hop = 0
+        self.injected_bytes += pkt.size_bytes
+        pkt.route[0].enqueue(pkt)
+
+    def arrive(self, pkt: Packet) -> None:
+        """``pkt`` reached the far end of its current hop: queue it at the next port or deliver it."""
+        pkt.hop += 1
+        if pkt.hop < len(pkt.route):
+            pkt.route[pkt.hop].enqueue(pkt)
+        else:
+            self.delivered_bytes += pkt.size_bytes
+            pkt.conn.deliver(pkt)

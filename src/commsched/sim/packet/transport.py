@@ -1,0 +1,401 @@
+"""Transports as clock-free state machines: what a sender and a receiver do with each packet.
+
+A transport is a :class:`Sender` and a :class:`Receiver` for one byte stream
+(one connection). Neither reads a clock or schedules anything: every method
+takes ``now_s`` and a list ``out`` to append the packets it sends, and each
+exposes ``timer_s``, the time it next wants :meth:`on_timer` (``inf`` for
+none). The driver, the packet fabric here and a real socket loop elsewhere,
+delivers packets and fires timers. A stream is cut into segments of
+``segment_bytes``; :meth:`Sender.push` appends a message, the receiver's
+``rcv_nxt`` counts segments delivered in order, so the driver knows which
+messages have arrived.
+
+:data:`TRANSPORTS` names the factories ``PacketConfig.transport`` selects:
+``tcp`` (NewReno), ``dctcp``, ``pfabric``. A new transport (DLCP's
+bounded-loss datagrams) is one :func:`register_transport` call with a
+factory returning its sender and receiver.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+from commsched.sim.packet.config import TcpParams
+from commsched.sim.packet.fabric import Packet
+
+INF = math.inf
+
+
+class Sender(Protocol):
+    timer_s: float
+
+    def push(self, nbytes: int, now_s: float, out: list[Packet]) -> int:
+        """Append a message of ``nbytes`` to the stream; return the segment index it ends at (exclusive)."""
+        ...
+
+    def on_ack(self, pkt: Packet, now_s: float, out: list[Packet]) -> None: ...
+
+    def on_timer(self, now_s: float, out: list[Packet]) -> None: ...
+
+
+class Receiver(Protocol):
+    """``rcv_nxt``: the stream is complete, for the application, up to this segment (exclusive).
+
+    TCP advances it over segments received in order; a bounded-loss
+    transport may advance it over holes it decides to give up on. The driver
+    completes a message once ``rcv_nxt`` reaches the message's end.
+    """
+
+    timer_s: float
+    rcv_nxt: int
+
+    def on_data(self, pkt: Packet, now_s: float, out: list[Packet]) -> None: ...
+
+    def on_timer(self, now_s: float, out: list[Packet]) -> None: ...
+
+
+#: Builds the sender and receiver of one connection: ``(params, traffic class) -> (sender, receiver)``.
+TransportFactory = Callable[[TcpParams, int], tuple[Sender, Receiver]]
+
+
+# ---- TCP NewReno ----
+
+
+class TcpSender:
+    """TCP NewReno (RFC 6582) over segments: slow start, congestion avoidance, fast retransmit and
+    recovery with partial ACKs (only the first of which restarts the retransmission timer, as
+    RFC 6582 says), RTO with exponential backoff and go-back-N.
+
+    Windows count segments. Slow start adds one segment per ACK of new data,
+    congestion avoidance ``1/cwnd`` (as ns-3's NewReno without ABC). RTT
+    samples come from the timestamp each ACK echoes. Subclasses change
+    :meth:`_on_new_ack` (window growth) and mark packets (``ect``, ``prio``).
+    """
+
+    ect = False
+
+    def __init__(self, params: TcpParams, cls: int = 0) -> None:
+        self.p = params
+        self.cls = cls
+        self.mss = params.segment_bytes
+        self.hdr = params.header_bytes
+        self.cwnd = float(params.initial_window_segments)
+        self.ssthresh = INF
+        self.una = 0
+        self.nxt = 0
+        self.end = 0
+        self.high = 0  # highest segment sent + 1
+        self.partial: dict[int, int] = {}  # last segment of a message -> its payload bytes
+        self.ends: list[int] = []  # message ends, in segments (for pFabric's remaining size)
+        self.dupacks = 0
+        self.recover = -1
+        self.in_recovery = False
+        self._first_partial = False
+        self.srtt = -1.0
+        self.rttvar = 0.0
+        self.rto = params.initial_rto_s
+        self.timer_s = INF
+        self.established = not params.handshake
+        self.syn_sent = False
+        self.retransmits = 0
+        self.timeouts = 0
+
+    # ---- the stream ----
+
+    def push(self, nbytes: int, now_s: float, out: list[Packet]) -> int:
+        full, rest = divmod(nbytes, self.mss)
+        self.end += full
+        if rest:
+            self.partial[self.end] = rest
+            self.end += 1
+        self.ends.append(self.end)
+        if not self.established:
+            if not self.syn_sent:
+                self.syn_sent = True
+                out.append(Packet(-1, 0, self.hdr, now_s, syn=True, ect=self.ect, cls=self.cls))
+                self.timer_s = now_s + self.rto
+            return self.end
+        self._send(now_s, out)
+        return self.end
+
+    def _segment(self, seq: int, now_s: float) -> Packet:
+        payload = self.partial.get(seq, self.mss)
+        return Packet(seq, payload, payload + self.hdr, now_s, ect=self.ect, cls=self.cls, prio=self._prio(seq))
+
+    def _prio(self, seq: int) -> float:
+        return 0.0
+
+    def _send(self, now_s: float, out: list[Packet]) -> None:
+        limit = self.una + int(self.cwnd)
+        if self.dupacks and not self.in_recovery and self.p.limited_transmit:
+            limit += min(self.dupacks, self.p.dupack_threshold - 1)  # RFC 3042
+        if limit < self.una + 1:
+            limit = self.una + 1
+        while self.nxt < self.end and self.nxt < limit:
+            out.append(self._segment(self.nxt, now_s))
+            self.nxt += 1
+        if self.nxt > self.high:
+            self.high = self.nxt
+        if self.timer_s == INF and self.una < self.nxt:
+            self.timer_s = now_s + self.rto
+
+    # ---- ACKs ----
+
+    def _rtt_sample(self, rtt_s: float) -> None:
+        if self.srtt < 0:
+            self.srtt, self.rttvar = rtt_s, rtt_s / 2
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt_s)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt_s
+        p = self.p
+        self.rto = min(p.max_rto_s, max(p.min_rto_s, self.srtt + max(p.clock_granularity_s, 4 * self.rttvar)))
+
+    def on_ack(self, pkt: Packet, now_s: float, out: list[Packet]) -> None:
+        if pkt.syn:  # SYN-ACK
+            if not self.established:
+                self.established = True
+                self._rtt_sample(now_s - pkt.ts_echo)
+                self.timer_s = INF
+                self._send(now_s, out)
+            return
+        self._rtt_sample(now_s - pkt.ts_echo)
+        ack = pkt.ack
+        if ack > self.una:
+            newly = ack - self.una
+            self.una = ack
+            if self.nxt < ack:
+                self.nxt = ack
+            self.dupacks = 0
+            self._on_ecn(pkt, newly, now_s)
+            restart = True
+            if self.in_recovery:
+                if ack > self.recover:
+                    self.in_recovery = False
+                    self.cwnd = self.ssthresh
+                else:  # partial ACK: retransmit the next hole, deflate by what was acked
+                    out.append(self._segment(ack, now_s))
+                    self.retransmits += 1
+                    self.cwnd = max(self.cwnd - newly + 1, 1.0)
+                    restart = self._first_partial  # RFC 6582: only the first partial ACK restarts the timer
+                    self._first_partial = False
+            else:
+                self._on_new_ack(newly)
+            if restart:
+                self.timer_s = now_s + self.rto if self.una < self.nxt else INF
+        elif ack == self.una and self.una < self.nxt:
+            self._on_ecn(pkt, 0, now_s)
+            self.dupacks += 1
+            if self.in_recovery:
+                self.cwnd += 1
+            elif self.dupacks == self.p.dupack_threshold and ack > self.recover:
+                self._enter_recovery(now_s, out)
+        self._send(now_s, out)
+
+    def _enter_recovery(self, now_s: float, out: list[Packet]) -> None:
+        self.ssthresh = max((self.nxt - self.una) / 2, 2.0)
+        self.recover = self.nxt - 1
+        self.in_recovery = True
+        self._first_partial = True
+        self.cwnd = self.ssthresh + self.p.dupack_threshold
+        out.append(self._segment(self.una, now_s))
+        self.retransmits += 1
+
+    def _on_new_ack(self, newly: int) -> None:
+        if self.cwnd < self.ssthresh:
+            self.cwnd += 1
+        else:
+            self.cwnd += 1 / self.cwnd
+
+    def _on_ecn(self, pkt: Packet, newly: int, now_s: float) -> None:
+        pass
+
+    def on_timer(self, now_s: float, out: list[Packet]) -> None:
+        if now_s < self.timer_s:
+            return
+        if not self.established:
+            self.rto = min(self.rto * 2, self.p.max_rto_s)
+            out.append(Packet(-1, 0, self.hdr, now_s, syn=True, ect=self.ect, cls=self.cls))
+            self.timer_s = now_s + self.rto
+            return
+        if self.una >= self.nxt:
+            self.timer_s = INF
+            return
+        self.timeouts += 1
+        self.ssthresh = max((self.nxt - self.una) / 2, 2.0)
+        self.cwnd = 1.0
+        self.recover = self.high - 1
+        self.in_recovery = False
+        self.dupacks = 0
+        self.nxt = self.una  # go back N
+        self.rto = min(self.rto * 2, self.p.max_rto_s)
+        self.timer_s = INF
+        self.retransmits += 1
+        self._send(now_s, out)
+
+
+class TcpReceiver:
+    """Cumulative ACKs, out-of-order segments buffered; ACK every ``delayed_ack_segments`` in-order
+    segments (at once for out-of-order or duplicate data, and for a CE change), each echoing the
+    timestamp of the segment that triggered it and its CE mark (ECE, per packet as DCTCP wants).
+    ``ect``: ACKs are ECN-capable too (DCTCP in Linux and ns-3), so an AQM marks rather than drops them.
+    """
+
+    def __init__(self, params: TcpParams, cls: int = 0, *, ect: bool = False) -> None:
+        self.p = params
+        self.cls = cls
+        self.ect = ect
+        self.hdr = params.header_bytes
+        self.rcv_nxt = 0
+        self.ooo: set[int] = set()
+        self.timer_s = INF
+        self._unacked = 0
+        self._last_ts = 0.0
+        self._last_ce = False
+
+    def _ack(self, now_s: float, out: list[Packet]) -> None:
+        out.append(
+            Packet(
+                0,
+                0,
+                self.hdr,
+                now_s,
+                is_ack=True,
+                ack=self.rcv_nxt,
+                ts_echo=self._last_ts,
+                ece=self._last_ce,
+                ect=self.ect,
+                cls=self.cls,
+            )
+        )
+        self._unacked = 0
+        self.timer_s = INF
+
+    def on_data(self, pkt: Packet, now_s: float, out: list[Packet]) -> None:
+        if pkt.syn:
+            out.append(
+                Packet(-1, 0, self.hdr, now_s, is_ack=True, syn=True, ts_echo=pkt.ts, ect=self.ect, cls=self.cls)
+            )
+            return
+        seq = pkt.seq
+        in_order = seq == self.rcv_nxt and not self.ooo
+        if seq == self.rcv_nxt:
+            self.rcv_nxt += 1
+            ooo = self.ooo
+            while self.rcv_nxt in ooo:
+                ooo.discard(self.rcv_nxt)
+                self.rcv_nxt += 1
+        elif seq > self.rcv_nxt:
+            self.ooo.add(seq)
+        ce_changed = pkt.ce != self._last_ce
+        if ce_changed and self._unacked:  # DCTCP: ACK what came before with the old CE state first
+            self._ack(now_s, out)
+        self._last_ts = pkt.ts
+        self._last_ce = pkt.ce
+        self._unacked += 1
+        if not in_order or self._unacked >= self.p.delayed_ack_segments:
+            self._ack(now_s, out)
+        elif self.timer_s == INF:
+            self.timer_s = now_s + self.p.delayed_ack_timeout_s
+
+    def on_timer(self, now_s: float, out: list[Packet]) -> None:
+        if now_s >= self.timer_s and self._unacked:
+            self._ack(now_s, out)
+
+
+# ---- DCTCP ----
+
+
+class DctcpSender(TcpSender):
+    """DCTCP (Alizadeh et al., SIGCOMM 2010; RFC 8257): data is ECN-capable; α, the EWMA (gain ``g``)
+    of the fraction of acked segments that were marked, is updated once per window; on the first ECE of
+    a window the window is cut to ``cwnd · (1 - α/2)`` and does not grow until that window is acked
+    (CWR). Loss is handled as in NewReno."""
+
+    ect = True
+
+    def __init__(self, params: TcpParams, cls: int = 0) -> None:
+        super().__init__(params, cls)
+        self.alpha = params.dctcp_alpha_init
+        self._acked = 0
+        self._marked = 0
+        self._window_end = 0
+        self._cwr_end = -1
+
+    def _on_ecn(self, pkt: Packet, newly: int, now_s: float) -> None:
+        counted = newly if newly else 1
+        self._acked += counted
+        if pkt.ece:
+            self._marked += counted
+        if self.una > self._window_end:
+            g = self.p.dctcp_g
+            self.alpha = (1 - g) * self.alpha + g * (self._marked / self._acked if self._acked else 0.0)
+            self._acked = self._marked = 0
+            self._window_end = self.nxt
+        if pkt.ece and self.una > self._cwr_end and not self.in_recovery:
+            self.cwnd = max(self.cwnd * (1 - self.alpha / 2), 1.0)
+            self.ssthresh = self.cwnd
+            self._cwr_end = self.nxt
+
+    def _on_new_ack(self, newly: int) -> None:
+        if self.una > self._cwr_end:  # no growth for the window after a cut (CWR)
+            super()._on_new_ack(newly)
+
+
+# ---- pFabric ----
+
+
+class PfabricSender(TcpSender):
+    """pFabric's end host (Alizadeh et al., SIGCOMM 2013): each packet carries its message's remaining
+    bytes as priority (smaller first, at pFabric switch ports); a fixed window of about one BDP
+    (``pfabric_window_segments``), no window cut on duplicate ACKs (just the retransmission), a small
+    fixed timeout (``pfabric_rto_s``) after which the window restarts from one segment in slow start."""
+
+    def __init__(self, params: TcpParams, cls: int = 0) -> None:
+        super().__init__(params, cls)
+        self.cwnd = float(params.pfabric_window_segments)
+        self.rto = params.pfabric_rto_s
+
+    def _prio(self, seq: int) -> float:
+        for end in self.ends:
+            if seq < end:
+                return float((end - seq) * self.mss)
+        return 0.0
+
+    def _rtt_sample(self, rtt_s: float) -> None:
+        self.rto = self.p.pfabric_rto_s
+
+    def _on_new_ack(self, newly: int) -> None:
+        cap = float(self.p.pfabric_window_segments)
+        if self.cwnd < cap:
+            self.cwnd = min(cap, self.cwnd + 1)
+
+    def _enter_recovery(self, now_s: float, out: list[Packet]) -> None:
+        out.append(self._segment(self.una, now_s))
+        self.retransmits += 1
+
+    def on_timer(self, now_s: float, out: list[Packet]) -> None:
+        super().on_timer(now_s, out)
+        self.rto = self.p.pfabric_rto_s
+
+
+def _tcp(params: TcpParams, cls: int) -> tuple[Sender, Receiver]:
+    return TcpSender(params, cls), TcpReceiver(params, cls)
+
+
+def _dctcp(params: TcpParams, cls: int) -> tuple[Sender, Receiver]:
+    return DctcpSender(params, cls), TcpReceiver(params, cls, ect=True)
+
+
+def _pfabric(params: TcpParams, cls: int) -> tuple[Sender, Receiver]:
+    return PfabricSender(params, cls), TcpReceiver(params, cls)
+
+
+#: Transports by the name ``PacketConfig.transport`` accepts.
+TRANSPORTS: dict[str, TransportFactory] = {"tcp": _tcp, "dctcp": _dctcp, "pfabric": _pfabric}
+
+
+def register_transport(name: str, factory: TransportFactory) -> None:
+    """Make ``name`` a transport the packet network can run (replacing any earlier registration)."""
+    TRANSPORTS[name] = factory

@@ -1,0 +1,34 @@
+"""The packet model against ns-3 on a tiny scenario (skipped without ns-3's Python bindings)."""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+_SCRIPT = Path(__file__).resolve().parents[3] / "scripts" / "ns3_validate.py"
+_spec = importlib.util.spec_from_file_location("ns3_validate", _SCRIPT)
+assert _spec is not None and _spec.loader is not None
+ns3_validate = importlib.util.module_from_spec(_spec)
+sys.modules["ns3_validate"] = ns3_validate  # dataclasses look their module up there
+_spec.loader.exec_module(ns3_validate)
+
+_why = ns3_validate.ns3_available()
+
+
+@pytest.mark.skipif(_why is not None, reason=_why or "")
+def test_a_4_to_1_incast_matches_ns3_within_10_percent_median_fct() -> None:
+    [scenario] = ns3_validate.scenarios(quick=True)
+    for transport in ("tcp", "dctcp"):
+        ref = ns3_validate.ns3(scenario, transport)
+        got = ns3_validate.ours(scenario, transport)
+        assert statistics.median(got) == pytest.approx(statistics.median(ref), rel=0.10)
+
+
+def test_the_same_scenario_runs_on_our_side_without_ns3() -> None:
+    [scenario] = ns3_validate.scenarios(quick=True)
+    fcts = ns3_validate.ours(scenario, "tcp")
+    assert len(fcts) == 4 and all(f > 0 for f in fcts)
