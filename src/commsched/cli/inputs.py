@@ -64,7 +64,7 @@ def parse_pairs(pairs: Iterable[str]) -> dict[str, Any]:
 KNOB_HELP = "POLICY.KNOB=VALUE, repeatable (e.g. dear.threshold_mb=8); `commsched knobs` lists every policy's"
 SIM_HELP = (
     "KEY=VALUE, repeatable: a simulator option: algorithm=ring|tree|hierarchical|ps, "
-    "max_concurrent=N (default 1), update_ms=X (default 0), network=flow"
+    "max_concurrent=N (default 1), update_ms=X (default 0), network=flow|packet (packet level: docs/simulator.md)"
 )
 
 
