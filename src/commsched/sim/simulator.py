@@ -95,7 +95,8 @@ class SimOptions:
     (scaled by worker speed), spread over layers in proportion to their bytes.
     0 by default because the shipped profiles fold it into backward.
     ``network``: the network model (:data:`~commsched.sim.network.NETWORK_MODELS`):
-    ``flow`` (α-β phases, bandwidth shared fairly on each link resource).
+    ``flow`` (α-β phases, bandwidth shared fairly on each link resource) or
+    ``packet`` (queues, transports and packets: :mod:`commsched.sim.packet`).
     """
 
     algorithm: str = "ring"
