@@ -268,3 +268,46 @@ def auto_policy(rank: int, world: int, port: int, out: str, steps: int) -> None:
         result = {"error": traceback.format_exc()}
     _write(out, rank, result)
     os._exit(0)
+
+
+def checkpoint_with_plan(rank: int, world: int, port: int, out: str, steps: int) -> None:
+    """A checkpoint keeps the plan in use; restoring it runs that plan (no new search) and continues exactly."""
+    try:
+        from commsched.schedule import CommPlan
+
+        init(rank, world, port)
+        base = M.fresh()
+        whole_model = M.clone(base)
+        opt = M.make_optimizer("adamw", whole_model)
+        whole, opt = parallelize(whole_model, opt, policy="dear", **SMALL_KNOBS["dear"])
+        M.train(whole, opt, rank, 2 * steps)
+        uninterrupted = M.snapshot(whole)
+        whole.close()  # type: ignore[operator]
+
+        first_model = M.clone(base)
+        opt = M.make_optimizer("adamw", first_model)
+        first, opt = parallelize(first_model, opt, policy="dear", **SMALL_KNOBS["dear"])
+        M.train(first, opt, rank, steps)
+        checkpoint = {
+            "model": first.state_dict(),
+            "optimizer": opt.state_dict(),
+            "plan": first.plan.to_dict(),  # type: ignore[union-attr]
+        }
+        first.close()  # type: ignore[operator]
+
+        second_model = M.clone(base)
+        opt = M.make_optimizer("adamw", second_model)
+        plan = CommPlan.from_dict(checkpoint["plan"], "checkpoint")
+        second, opt = parallelize(second_model, opt, plan=plan)
+        second.load_state_dict(checkpoint["model"])
+        opt.load_state_dict(checkpoint["optimizer"])
+        M.train(second, opt, rank, steps, start=steps)
+        result = {
+            "diff": _diff(M.snapshot(second), uninterrupted),
+            "same_plan": second.plan.to_dict() == checkpoint["plan"],  # type: ignore[union-attr]
+        }
+        second.close()  # type: ignore[operator]
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    _write(out, rank, result)
+    os._exit(0)

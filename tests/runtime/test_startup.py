@@ -184,3 +184,10 @@ def test_auto_runs_what_advise_ranks_first_and_replans_without_changing_the_resu
     advice = advise(first.workload, cluster, budget_s=30.0)
     assert not advice.budget_exhausted
     assert (first.policy, first.knobs.to_dict()) == (advice.winner.policy, advice.winner.knobs)
+
+
+def test_a_checkpoint_keeps_the_plan_in_use_and_restoring_it_continues_exactly(tmp_path: Path) -> None:
+    res = spawn(S.checkpoint_with_plan, 2, tmp_path, 4)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert r["same_plan"] and r["diff"] < TOL, r
