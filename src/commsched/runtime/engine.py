@@ -158,6 +158,8 @@ class Engine:
     def _replan(self) -> None:
         """After the warm-up: rank 0 plans from what it measured and sends the plan to every rank."""
         payload: list[Any] = [None]
+        if self.world > 1 and self.network is None:  # the per-message cost: a few one-element all-reduces
+            self.recorder.latency_s.extend(startup.tiny_allreduce_s(self.groups.sync, 5, self._params[0].device))
         if self.rank == 0:
             workload, _ = warmup.measured_workload(self.module, self.recorder)
             nbytes = sum(p.numel() * p.element_size() for p in self._params)

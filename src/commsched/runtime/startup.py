@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -126,6 +127,21 @@ def peers(what: str) -> Iterator[None]:
         raise
     except RuntimeError as exc:
         raise RuntimeCommError(f"{what} failed, a peer may have crashed or hung: {exc}") from exc
+
+
+def tiny_allreduce_s(group: dist.ProcessGroup, repeats: int, device: torch.device) -> list[float]:
+    """Seconds of ``repeats`` all-reduces of one element on ``group`` (collective: every rank calls it)."""
+    one = torch.zeros(1, device=device)
+    out = []
+    with peers("timing a one-element all-reduce"):
+        dist.all_reduce(one, group=group)  # connections warm
+        for _ in range(repeats):
+            start = time.perf_counter()
+            dist.all_reduce(one, group=group)
+            if one.is_cuda:
+                torch.cuda.synchronize(device)
+            out.append(time.perf_counter() - start)
+    return out
 
 
 def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int, group: dist.ProcessGroup, what: str) -> None:

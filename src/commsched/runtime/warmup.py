@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from commsched.formulas import ring_factors
 from commsched.layers import LayerSpec, discover_layers
 from commsched.schedule import CommPlan, NetworkEstimate
 from commsched.schedule.fusion import ready_order
@@ -34,7 +35,7 @@ DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16
 class Recorder:
     """Forward call order and times, gradient-ready times, all-reduce seconds of one iteration."""
 
-    __slots__ = ("active", "allreduce_s", "called", "forward_s", "ready_s")
+    __slots__ = ("active", "allreduce_s", "called", "forward_s", "latency_s", "ready_s")
 
     def __init__(self) -> None:
         self.active = False
@@ -42,6 +43,7 @@ class Recorder:
         self.forward_s: dict[int, float] = {}  # id(module) -> time of its first call
         self.ready_s: dict[int, float] = {}  # id(param) -> time its gradient was ready
         self.allreduce_s: list[float] = []
+        self.latency_s: list[float] = []  # all-reduces of one element: the per-message cost
 
     def forward_pre(self, module: nn.Module) -> None:
         if self.active and id(module) not in self.called:
@@ -113,10 +115,14 @@ def dtype_name(p: nn.Parameter) -> str:
 
 
 def measured_network(world: int, gradient_bytes: int, rec: Recorder) -> NetworkEstimate | None:
-    """Bandwidth from the fastest warm-up all-reduce of every gradient: ``2(p-1)/p · n / T``."""
+    """α from the tiny all-reduces (``T₀ / 2(p-1)``), then β from the fastest warm-up all-reduce of every
+    gradient: ``B = 2(p-1)/p · n / (T - 2(p-1)·α)`` (the ring formula solved for B)."""
     if world < 2 or not rec.allreduce_s:
         return None
-    return NetworkEstimate(world, 2 * (world - 1) / world * gradient_bytes / max(min(rec.allreduce_s), 1e-9))
+    steps, volume = ring_factors("all_reduce", world)
+    alpha_s = min(rec.latency_s) / steps if rec.latency_s else 0.0
+    transfer_s = max(min(rec.allreduce_s) - steps * alpha_s, 1e-9)
+    return NetworkEstimate(world, volume * gradient_bytes / transfer_s, alpha_s)
 
 
 def first_iteration_mismatch(
