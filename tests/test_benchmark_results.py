@@ -51,3 +51,9 @@ def test_the_before_and_after_table_of_the_runtime_rewrite_is_recomputed_from_it
     before, after = sorted(runs.glob("old-*.json")), sorted(runs.glob("new-*.json"))
     assert len(before) == len(after) == 2
     assert compare_runs.table(before, after) in DOCUMENT
+
+
+def test_the_auto_tables_are_recomputed_from_their_run() -> None:
+    report = resummarise(json.loads((ROOT / "benchmarks" / "results" / "auto-2w" / "bench.json").read_text()))
+    for session in report["sessions"]:
+        assert markdown_table(report, session) in DOCUMENT, session["label"]
