@@ -311,3 +311,33 @@ def checkpoint_with_plan(rank: int, world: int, port: int, out: str, steps: int)
         result = {"error": traceback.format_exc()}
     _write(out, rank, result)
     os._exit(0)
+
+
+def auto_trial(rank: int, world: int, port: int, out: str, steps: int) -> None:
+    """Every trial lost (margin < -1): auto replaces its plan by the next best, then again; still DDP's result."""
+    try:
+        import commsched.runtime.replan as replan
+
+        replan.TRIAL_MARGIN = -2.0  # every plan measures "slower than the warm-up"
+        init(rank, world, port)
+        base = M.fresh()
+        ref_model = M.clone(base)
+        ref, ref_opt = parallelize(ref_model, M.make_optimizer("sgd", ref_model), policy="torch_ddp")
+        M.train(ref, ref_opt, rank, steps)
+        model = M.clone(base)
+        opt = M.make_optimizer("sgd", model)
+        wrapped, opt = parallelize(model, opt, policy="auto", auto_budget_s=30.0)
+        policies = []
+        for step in range(steps):
+            M.train(wrapped, opt, rank, 1, start=step)
+            policies.append(wrapped.plan.policy)  # type: ignore[union-attr]
+        result = {
+            "diff": _diff(M.snapshot(wrapped), M.snapshot(ref)),
+            "policies": policies,
+            "replans": wrapped.engine.replans,  # type: ignore[union-attr]
+        }
+        wrapped.close()  # type: ignore[operator]
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    _write(out, rank, result)
+    os._exit(0)

@@ -38,3 +38,15 @@ def test_a_drift_replans_only_after_patience_windows_in_a_row_with_the_measured_
 def test_bad_drift_settings_are_refused_naming_the_setting(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"replan {field}: must be"):
         DriftPolicy(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_trial_loses_only_when_its_median_is_slower_than_the_warm_up_by_the_margin() -> None:
+    from commsched.runtime.replan import TRIAL_MARGIN, Replanner
+
+    r = Replanner(DriftPolicy(), world=2, measures=True)
+    r.periods = {1: 0.100, 3: 0.104, 4: 0.300, 5: 0.104}
+    assert not r.trial_lost(1, 3, 5)  # median 0.104: within the margin
+    r.periods[5] = 0.100 * (1 + TRIAL_MARGIN) + 0.01
+    r.periods[3] = 0.2
+    assert r.trial_lost(1, 3, 5)
+    assert not r.trial_lost(0, 3, 5)  # no baseline measured: keep

@@ -191,3 +191,14 @@ def test_a_checkpoint_keeps_the_plan_in_use_and_restoring_it_continues_exactly(t
     for r in res:
         assert "error" not in r and "missing" not in r, r
         assert r["same_plan"] and r["diff"] < TOL, r
+
+
+def test_auto_replaces_a_plan_that_measures_slower_than_the_warm_up_by_the_next_best(tmp_path: Path) -> None:
+    res = spawn(S.auto_trial, 2, tmp_path, 20)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert r["diff"] < TOL, r
+        assert r["replans"] == 3  # MAX_TRIALS replacements, each measured in turn
+        distinct = list(dict.fromkeys(p for p in r["policies"][2:]))
+        assert len(distinct) == 4, r["policies"]  # the first choice and three others, none tried twice
+    assert res[0]["policies"] == res[1]["policies"]

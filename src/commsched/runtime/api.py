@@ -33,6 +33,7 @@ from commsched.schedule import (
     build_plan,
     make_knobs,
     policy_class,
+    provisional_plan,
 )
 from commsched.trace import Trace
 from commsched.units import gbps_to_bytes_per_s
@@ -216,19 +217,31 @@ def parallelize(
     return ParallelModule(model, engine), optimizer
 
 
-def _plan_by_name(policy: str, knobs: dict[str, Any], workload: Workload, network: NetworkEstimate) -> CommPlan:
+def _plan_by_name(
+    policy: str, knobs: dict[str, Any], workload: Workload, network: NetworkEstimate, exclude: frozenset[str]
+) -> CommPlan:
+    """The named policy's plan (``exclude`` cannot apply: the user chose it)."""
     return build_plan(policy, workload, network, **knobs)
 
 
 def _plan_auto(
-    budget_s: float, policies: tuple[str, ...] | None, workload: Workload, network: NetworkEstimate
+    budget_s: float,
+    policies: tuple[str, ...] | None,
+    workload: Workload,
+    network: NetworkEstimate,
+    exclude: frozenset[str],
 ) -> CommPlan:
-    """The plan ``commsched advise`` chooses for the measured model on the measured network."""
+    """The plan ``commsched advise`` chooses for the measured model on the measured network, among the
+    policies not excluded; with none left, the provisional plan the warm-up measured."""
     from commsched.plan import advise
     from commsched.profile.network import measured_cluster
 
+    candidates = tuple(p for p in (policies or tuple(LOSSLESS)) if p not in exclude)
+    if not candidates:
+        return provisional_plan(workload, network)
     cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)
-    advice = advise(workload, cluster, budget_s=budget_s, policies=policies)
+    chosen = policies if not exclude else sorted(candidates)
+    advice = advise(workload, cluster, budget_s=budget_s, policies=chosen)
     best = advice.winner
     log.info(
         "commsched auto: %s %s, predicted %.1f ms per iteration (%d simulations in %.1f s of a %.1f s budget)",

@@ -31,7 +31,7 @@ from commsched.runtime.agent import Agent
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.buffers import GradientBuffers
 from commsched.runtime.hooks import ComputeTracer, install_hooks
-from commsched.runtime.replan import DriftPolicy, Replanner
+from commsched.runtime.replan import TRIAL_ITERATIONS, DriftPolicy, Replanner
 from commsched.runtime.updates import DeferredUpdates, averaged_square_norm, clip_coefficient, due_layers
 from commsched.schedule import CommPlan, NetworkEstimate, provisional_plan
 from commsched.trace import Trace
@@ -40,11 +40,16 @@ from commsched.workload import Workload
 
 log = logging.getLogger("commsched")
 
+#: Plans tried after the first at most (each replacement is measured in turn).
+MAX_TRIALS = 3
+
 #: The estimate a provisional plan is made for before anything was measured (10 Gbit/s).
 DEFAULT_NETWORK_BYTES_PER_S = 1.25e9
 
 #: Makes the real plan from the measured model and network (on rank 0, after warm-up).
-Planner = Callable[[Workload, NetworkEstimate], CommPlan]
+#: Makes the real plan from the measured model and network (on rank 0, after warm-up), avoiding the
+#: policies named in its third argument (plans of theirs measured slower than the warm-up's).
+Planner = Callable[[Workload, NetworkEstimate, frozenset[str]], CommPlan]
 
 
 class Engine:
@@ -113,6 +118,9 @@ class Engine:
         self.replanner = Replanner(replan, self.world, measures=self.rank == 0) if replan is not None else None
         if self.replanner is not None and self.rank == 0:
             self.agent.on_transfer = self.replanner.transfer_done
+        self._trial: tuple[int, int] | None = None
+        self._baseline_iteration = -1
+        self._plan_inputs: tuple[Workload, NetworkEstimate] | None = None
         self._warming = plan is None
         self.replans = 0  # plans made again after a drift
         if plan is None:
@@ -160,15 +168,45 @@ class Engine:
         payload: list[Any] = [None]
         if self.world > 1 and self.network is None:  # the per-message cost: a few one-element all-reduces
             self.recorder.latency_s.extend(startup.tiny_allreduce_s(self.groups.sync, 5, self._params[0].device))
+        start = time.perf_counter()
         if self.rank == 0:
             workload, _ = warmup.measured_workload(self.module, self.recorder)
             nbytes = sum(p.numel() * p.element_size() for p in self._params)
             network = self.network or warmup.measured_network(self.world, nbytes, self.recorder) or self._network()
-            payload = [self.planner(workload, network).to_json(indent=None)]
+            self._plan_inputs = (workload, network)
+            payload = [self.planner(workload, network, frozenset()).to_json(indent=None)]
         with startup.peers("sharing the plan made after warm-up"):
             dist.broadcast_object_list(payload, src=self.groups.leader(), group=self.groups.control)
         self._adopt(CommPlan.from_json(payload[0], "the plan made after warm-up"))
         self._warming = False
+        if self.replanner is not None:
+            self.replanner.exclude(time.perf_counter() - start)
+            self._baseline_iteration = self._iteration - 1  # the last warm-up iteration
+            self._start_trial()
+
+    def _start_trial(self) -> None:
+        """Measure the plan just adopted (the first iteration after the switch is not counted)."""
+        self._trial = (self._iteration + 1, self._iteration + TRIAL_ITERATIONS + 1)
+
+    def _check_trial(self, replanner: Replanner) -> None:
+        """The trial's end: rank 0 keeps the plan, or replaces it by the next best (every rank alike)."""
+        first, decide_at = self._trial or (0, 0)
+        self._trial = None
+        start = time.perf_counter()
+        payload: list[Any] = [None]
+        if self.rank == 0 and replanner.trial_lost(self._baseline_iteration, first, decide_at - 2):
+            replanner.tried.add(self.plan.policy)
+            assert self._plan_inputs is not None
+            workload, network = self._plan_inputs
+            payload = [self.planner(workload, network, frozenset(replanner.tried)).to_json(indent=None)]
+        with startup.peers("sharing the trial's outcome"):
+            dist.broadcast_object_list(payload, src=self.groups.leader(), group=self.groups.control)
+        if payload[0] is not None:
+            self.replans += 1
+            self.use_plan(CommPlan.from_json(payload[0], "the plan that replaced a slower one"))
+            replanner.exclude(time.perf_counter() - start)
+            if self.replans < MAX_TRIALS:
+                self._start_trial()
 
     def _check_drift(self, replanner: Replanner) -> None:
         """Every ``every`` iterations: rank 0's drift decision, the same on every rank; re-plan if it says so."""
@@ -210,7 +248,7 @@ class Engine:
             self.flush()
         training = self._sync and torch.is_grad_enabled() and self.module.training
         if training and self.replanner is not None:
-            self.replanner.iteration_starts()
+            self.replanner.iteration_starts(self._iteration)
         if self.plan.update == "step" and training:
             # p.grad as bucket views: autograd accumulates straight into the communication buffers
             self._attached = self.buffers.attach_views([t for t, p in enumerate(self.buffers.params) if p.grad is None])
@@ -317,6 +355,8 @@ class Engine:
         if self._warming and self._iteration == self.warmup_iters:
             self.recorder.active = False
             self._replan()
+        elif self.replanner is not None and self._trial is not None and self._iteration == self._trial[1]:
+            self._check_trial(self.replanner)
         elif self.replanner is not None and not self._warming and self.replanner.due(self._iteration):
             self._check_drift(self.replanner)
 

@@ -92,10 +92,34 @@ class DriftMonitor:
         return compute_factor, bandwidth_factor
 
 
-class Replanner:
-    """Rank 0's measurements for one engine, and the re-plan they call for (other ranks measure nothing)."""
+#: Iterations a chosen plan is measured for before it is kept (the first after a switch is not counted).
+TRIAL_ITERATIONS = 4
+#: A chosen plan slower than the warm-up's plan by more than this (relative) is replaced by the next best.
+TRIAL_MARGIN = 0.05
 
-    __slots__ = ("_iter_start", "_waited_s", "monitor", "policy", "world")
+
+class Replanner:
+    """Rank 0's measurements for one engine, and the re-plan they call for (other ranks measure nothing).
+
+    Besides drift, a **trial**: a plan chosen by prediction is measured for
+    :data:`TRIAL_ITERATIONS` iterations and compared with the last warm-up
+    iteration (the provisional plan, measured on the same machine); if it is
+    slower by more than :data:`TRIAL_MARGIN`, its policy is excluded and the
+    next best is tried — what the simulator cannot see (e.g. the runtime's
+    own work per message) cannot keep a bad choice.
+    """
+
+    __slots__ = (
+        "_excluded_s",
+        "_iter_start",
+        "_last_start",
+        "_waited_s",
+        "monitor",
+        "periods",
+        "policy",
+        "tried",
+        "world",
+    )
 
     def __init__(self, policy: DriftPolicy, world: int, measures: bool) -> None:
         self.policy = policy
@@ -103,10 +127,35 @@ class Replanner:
         self.monitor = DriftMonitor(policy) if measures else None
         self._iter_start: float | None = None
         self._waited_s = 0.0
+        self._last_start: tuple[int, float] | None = None
+        self._excluded_s = 0.0
+        #: iteration -> its wall time, start to next start (planning time left out)
+        self.periods: dict[int, float] = {}
+        #: policies whose plans lost their trial
+        self.tried: set[str] = set()
 
-    def iteration_starts(self) -> None:
+    def iteration_starts(self, iteration: int) -> None:
         if self._iter_start is None:
-            self._iter_start, self._waited_s = time.perf_counter(), 0.0
+            now = time.perf_counter()
+            if self._last_start is not None and self._last_start[0] == iteration - 1:
+                self.periods[iteration - 1] = now - self._last_start[1] - self._excluded_s
+            self._last_start, self._excluded_s = (iteration, now), 0.0
+            self._iter_start, self._waited_s = now, 0.0
+
+    def exclude(self, seconds: float) -> None:
+        """Time spent planning, left out of the iteration it fell in."""
+        self._excluded_s += seconds
+
+    def trial_lost(self, baseline_iteration: int, first: int, last: int) -> bool:
+        """Whether iterations ``first..last`` were slower than ``baseline_iteration`` by more than the margin."""
+        trial = [self.periods[k] for k in range(first, last + 1) if k in self.periods]
+        base = self.periods.get(baseline_iteration)
+        if not trial or base is None:
+            return False
+        lost = statistics.median(trial) > base * (1 + TRIAL_MARGIN)
+        log.info("commsched: trial %.1f ms vs warm-up %.1f ms: %s", 1e3 * statistics.median(trial), 1e3 * base,
+                 "replaced" if lost else "kept")  # fmt: skip
+        return lost
 
     def waited(self, seconds: float) -> None:
         self._waited_s += seconds
@@ -125,7 +174,9 @@ class Replanner:
     def due(self, iteration: int) -> bool:
         return iteration % self.policy.every == 0
 
-    def new_plan(self, plan: CommPlan, planner: Callable[[Workload, NetworkEstimate], CommPlan]) -> CommPlan | None:
+    def new_plan(
+        self, plan: CommPlan, planner: Callable[[Workload, NetworkEstimate, frozenset[str]], CommPlan]
+    ) -> CommPlan | None:
         """The plan made again from ``plan``'s inputs scaled by the drift, or None (rank 0 decides)."""
         factors = self.monitor.drifted() if self.monitor is not None else None
         if factors is None:
@@ -134,4 +185,4 @@ class Replanner:
         workload = plan.workload.scaled(1.0 / compute)
         network = replace(plan.network, bandwidth_bytes_per_s=plan.network.bandwidth_bytes_per_s * bandwidth)
         log.info("commsched: compute x%.2f, bandwidth x%.2f since the plan was made: re-planned", compute, bandwidth)
-        return planner(workload, network)
+        return planner(workload, network, frozenset(self.tried))
