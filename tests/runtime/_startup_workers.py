@@ -314,7 +314,8 @@ def checkpoint_with_plan(rank: int, world: int, port: int, out: str, steps: int)
 
 
 def auto_trial(rank: int, world: int, port: int, out: str, steps: int) -> None:
-    """Every trial lost (margin < -1): auto replaces its plan by the next best, then again; still DDP's result."""
+    """Every trial lost (margin < -1): auto replaces its plan by the next best, then by the warm-up's plan;
+    still DDP's result."""
     try:
         import commsched.runtime.replan as replan
 

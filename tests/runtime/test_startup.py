@@ -198,7 +198,8 @@ def test_auto_replaces_a_plan_that_measures_slower_than_the_warm_up_by_the_next_
     for r in res:
         assert "error" not in r and "missing" not in r, r
         assert r["diff"] < TOL, r
-        assert r["replans"] == 3  # MAX_TRIALS replacements, each measured in turn
-        distinct = list(dict.fromkeys(p for p in r["policies"][2:]))
-        assert len(distinct) == 4, r["policies"]  # the first choice and three others, none tried twice
+        assert r["replans"] == 2  # MAX_TRIALS replacements, each measured in turn
+        distinct = list(dict.fromkeys(p for p in r["policies"][1:]))
+        assert distinct[-1] == "no_overlap", r["policies"]  # at last the plan the warm-up measured
+        assert len(distinct) >= 2 and len(set(r["policies"][1:6])) == 1, r["policies"]  # measured 4 iterations
     assert res[0]["policies"] == res[1]["policies"]

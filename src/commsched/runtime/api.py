@@ -187,7 +187,7 @@ def parallelize(
         step_only = tuple(n for n in POLICIES if POLICIES[n].update_mode == "step" and n in LOSSLESS)
         choices = step_only if grad_scaler is not None else None
         defers = grad_scaler is None
-        planner: Planner = functools.partial(_plan_auto, auto_budget_s, choices)
+        planner: Planner = _AutoPlanner(auto_budget_s, choices)
     else:
         planner = functools.partial(_plan_by_name, policy, knob_values)
     if replan is None:
@@ -224,30 +224,41 @@ def _plan_by_name(
     return build_plan(policy, workload, network, **knobs)
 
 
-def _plan_auto(
-    budget_s: float,
-    policies: tuple[str, ...] | None,
-    workload: Workload,
-    network: NetworkEstimate,
-    exclude: frozenset[str],
-) -> CommPlan:
-    """The plan ``commsched advise`` chooses for the measured model on the measured network, among the
-    policies not excluded; with none left, the provisional plan the warm-up measured."""
-    from commsched.plan import advise
-    from commsched.profile.network import measured_cluster
+class _AutoPlanner:
+    """``policy="auto"``'s planner: the plan ``commsched advise`` ranks first for the measured model and
+    network. The ranking is kept, so a replacement (a plan excluded after measuring slower than the
+    warm-up) is the next candidate of the same search, at no new search's cost; with every candidate of
+    the ranking excluded, the provisional plan the warm-up measured."""
 
-    candidates = tuple(p for p in (policies or tuple(LOSSLESS)) if p not in exclude)
-    if not candidates:
+    __slots__ = ("_ranking", "budget_s", "policies")
+
+    def __init__(self, budget_s: float, policies: tuple[str, ...] | None) -> None:
+        self.budget_s = budget_s
+        self.policies = policies
+        self._ranking: tuple[int, list[tuple[str, dict[str, Any], float]]] | None = None
+
+    def __call__(self, workload: Workload, network: NetworkEstimate, exclude: frozenset[str]) -> CommPlan:
+        key = hash((workload.to_json(indent=None), network))
+        if self._ranking is None or self._ranking[0] != key:
+            self._ranking = (key, self._search(workload, network))
+        for policy, knobs, predicted_ms in self._ranking[1]:
+            if policy not in exclude:
+                log.info("commsched auto: %s %s, predicted %.1f ms per iteration", policy, knobs, predicted_ms)
+                return build_plan(policy, workload, network, **knobs)
+        log.info("commsched auto: every candidate measured slower than the warm-up; running the warm-up's plan")
         return provisional_plan(workload, network)
-    cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)
-    chosen = policies if not exclude else sorted(candidates)
-    advice = advise(workload, cluster, budget_s=budget_s, policies=chosen)
-    best = advice.winner
-    log.info(
-        "commsched auto: %s %s, predicted %.1f ms per iteration (%d simulations in %.1f s of a %.1f s budget)",
-        best.policy, best.knobs, best.iteration_ms, advice.simulations, advice.search_s, budget_s,
-    )  # fmt: skip
-    return advice.plan
+
+    def _search(self, workload: Workload, network: NetworkEstimate) -> list[tuple[str, dict[str, Any], float]]:
+        from commsched.plan import advise
+        from commsched.profile.network import measured_cluster
+
+        cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)
+        advice = advise(workload, cluster, budget_s=self.budget_s, policies=self.policies)
+        log.info(
+            "commsched auto: %d simulations in %.1f s of a %.1f s budget",
+            advice.simulations, advice.search_s, self.budget_s,
+        )  # fmt: skip
+        return [(c.policy, dict(c.knobs), c.iteration_ms) for c in advice.candidates]
 
 
 #: Why a compiled model is refused: the runtime works through module hooks and gradient hooks, which a
