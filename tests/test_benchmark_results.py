@@ -57,3 +57,9 @@ def test_the_auto_tables_are_recomputed_from_their_run() -> None:
     report = resummarise(json.loads((ROOT / "benchmarks" / "results" / "auto-2w" / "bench.json").read_text()))
     for session in report["sessions"]:
         assert markdown_table(report, session) in DOCUMENT, session["label"]
+
+
+def test_the_auto_trial_tables_are_recomputed_from_their_run() -> None:
+    report = resummarise(json.loads((ROOT / "benchmarks" / "results" / "auto-2w-trials" / "bench.json").read_text()))
+    for session in report["sessions"]:
+        assert markdown_table(report, session) in DOCUMENT, session["label"]
