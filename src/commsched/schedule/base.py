@@ -243,3 +243,34 @@ class ReadyTracker:
     def reset(self, plan: CommPlan) -> None:
         for task in self._missing:
             self._missing[task] = len(plan.tasks[task].tensors)
+
+
+class BucketsInOrder(Scheduler):
+    """The online part shared by bucketed all-reduce policies (DDP, MG-WFBP): a bucket is launched once
+    all its gradients are ready, and buckets in index order (a full bucket waits for the ones before it)."""
+
+    def __init__(self, plan: CommPlan) -> None:
+        super().__init__(plan)
+        self._tracker = ReadyTracker(plan)
+        self._full = [False] * len(plan.tasks)
+        self._next = 0
+
+    def on_grad_ready(self, tensor: int) -> Sequence[Action]:
+        for task in self._tracker.mark(tensor):
+            self._full[task] = True
+        out: list[Action] = []
+        while self._next < len(self._full) and self._full[self._next]:
+            out.append(Launch(self._next))
+            self._next += 1
+        return out
+
+    def on_backward_done(self) -> Sequence[Action]:
+        if self._next != len(self._full):
+            raise ScheduleError(f"{self.name}: backward done but bucket {self._next} never filled")
+        return ()
+
+    def on_step(self) -> Sequence[Action]:
+        self._tracker.reset(self.plan)
+        self._full = [False] * len(self.plan.tasks)
+        self._next = 0
+        return ()

@@ -22,12 +22,10 @@ cap), ``rebuilt`` (True: buckets in gradient-ready order).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from commsched.errors import ScheduleError
-from commsched.schedule.base import Action, Launch, NetworkEstimate, ReadyTracker, Scheduler
+from commsched.schedule.base import BucketsInOrder, NetworkEstimate
 from commsched.schedule.fusion import fuse_by_threshold, layer_priority, make_task, ready_order, whole
 from commsched.schedule.knobs import Knobs, knob
 from commsched.schedule.plan import CommPlan
@@ -43,7 +41,7 @@ class DDPKnobs(Knobs):
     rebuilt: bool = knob(True, doc="buckets in gradient-ready order (false: DDP's initial buckets)")
 
 
-class DDPScheduler(Scheduler):
+class DDPScheduler(BucketsInOrder):
     name: ClassVar[str] = "ddp"
     knob_type: ClassVar[type[Knobs]] = DDPKnobs
 
@@ -60,32 +58,3 @@ class DDPScheduler(Scheduler):
             segs = whole(workload, group)
             tasks.append(make_task(workload, i, "all_reduce", segs, f"bucket{i}", layer_priority(workload, segs)))
         return CommPlan(cls.name, workload, network, tuple(tasks), "step", knobs)
-
-    def __init__(self, plan: CommPlan) -> None:
-        super().__init__(plan)
-        self._tracker = ReadyTracker(plan)
-        self._full = [False] * len(plan.tasks)
-        self._next = 0
-
-    def _launch_in_order(self) -> list[Action]:
-        out: list[Action] = []
-        while self._next < len(self._full) and self._full[self._next]:
-            out.append(Launch(self._next))
-            self._next += 1
-        return out
-
-    def on_grad_ready(self, tensor: int) -> Sequence[Action]:
-        for task in self._tracker.mark(tensor):
-            self._full[task] = True
-        return self._launch_in_order()
-
-    def on_backward_done(self) -> Sequence[Action]:
-        if self._next != len(self._full):
-            raise ScheduleError(f"ddp: backward done but bucket {self._next} never filled")
-        return ()
-
-    def on_step(self) -> Sequence[Action]:
-        self._tracker.reset(self.plan)
-        self._full = [False] * len(self.plan.tasks)
-        self._next = 0
-        return ()

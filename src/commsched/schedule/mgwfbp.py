@@ -38,8 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from commsched.errors import ScheduleError
-from commsched.schedule.base import Action, Launch, NetworkEstimate, ReadyTracker, Scheduler
+from commsched.schedule.base import BucketsInOrder, NetworkEstimate
 from commsched.schedule.fusion import layer_priority, make_task, ready_order, whole
 from commsched.schedule.knobs import Knobs, knob
 from commsched.schedule.plan import CommPlan
@@ -91,7 +90,7 @@ def merge_groups(ready_s: Sequence[float], sizes: Sequence[int], a: float, b: fl
     return groups
 
 
-class MGWFBPScheduler(Scheduler):
+class MGWFBPScheduler(BucketsInOrder):
     name: ClassVar[str] = "mgwfbp"
     knob_type: ClassVar[type[Knobs]] = MGWFBPKnobs
 
@@ -107,29 +106,3 @@ class MGWFBPScheduler(Scheduler):
             segs = whole(workload, [order[p] for p in positions])
             tasks.append(make_task(workload, i, "all_reduce", segs, f"merged{i}", layer_priority(workload, segs)))
         return CommPlan(cls.name, workload, network, tuple(tasks), "step", knobs)
-
-    def __init__(self, plan: CommPlan) -> None:
-        super().__init__(plan)
-        self._tracker = ReadyTracker(plan)
-        self._full = [False] * len(plan.tasks)
-        self._next = 0
-
-    def on_grad_ready(self, tensor: int) -> Sequence[Action]:
-        for task in self._tracker.mark(tensor):
-            self._full[task] = True
-        out: list[Action] = []
-        while self._next < len(self._full) and self._full[self._next]:
-            out.append(Launch(self._next))
-            self._next += 1
-        return out
-
-    def on_backward_done(self) -> Sequence[Action]:
-        if self._next != len(self._full):
-            raise ScheduleError(f"mgwfbp: backward done but group {self._next} never filled")
-        return ()
-
-    def on_step(self) -> Sequence[Action]:
-        self._tracker.reset(self.plan)
-        self._full = [False] * len(self.plan.tasks)
-        self._next = 0
-        return ()
