@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import logging
 import math
 import types
 import weakref
@@ -22,6 +21,7 @@ from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.engine import Engine, Planner
 from commsched.runtime.replan import DriftPolicy
+from commsched.runtime.switching import AutoPlanner, plan_by_name
 from commsched.schedule import (
     AUTO,
     LOSSLESS,
@@ -30,16 +30,11 @@ from commsched.schedule import (
     TORCH_DDP,
     CommPlan,
     NetworkEstimate,
-    build_plan,
     make_knobs,
     policy_class,
-    provisional_plan,
 )
 from commsched.trace import Trace
 from commsched.units import gbps_to_bytes_per_s
-from commsched.workload import Workload
-
-log = logging.getLogger("commsched")
 
 # Optimizers whose step needs every parameter at once (a closure re-evaluating the loss).
 _UNSPLITTABLE = ("LBFGS",)
@@ -187,9 +182,9 @@ def parallelize(
         step_only = tuple(n for n in POLICIES if POLICIES[n].update_mode == "step" and n in LOSSLESS)
         choices = step_only if grad_scaler is not None else None
         defers = grad_scaler is None
-        planner: Planner = _AutoPlanner(auto_budget_s, choices)
+        planner: Planner = AutoPlanner(auto_budget_s, choices)
     else:
-        planner = functools.partial(_plan_by_name, policy, knob_values)
+        planner = functools.partial(plan_by_name, policy, knob_values)
     if replan is None:
         replan = policy == AUTO
     drift = (DriftPolicy() if replan is True else replan) or None
@@ -215,50 +210,6 @@ def parallelize(
     _patch_optimizer(optimizer, engine, policy, defers)
     atexit.register(_close_at_exit, weakref.ref(engine))
     return ParallelModule(model, engine), optimizer
-
-
-def _plan_by_name(
-    policy: str, knobs: dict[str, Any], workload: Workload, network: NetworkEstimate, exclude: frozenset[str]
-) -> CommPlan:
-    """The named policy's plan (``exclude`` cannot apply: the user chose it)."""
-    return build_plan(policy, workload, network, **knobs)
-
-
-class _AutoPlanner:
-    """``policy="auto"``'s planner: the plan ``commsched advise`` ranks first for the measured model and
-    network. The ranking is kept, so a replacement (a plan excluded after measuring slower than the
-    warm-up) is the next candidate of the same search, at no new search's cost; with every candidate of
-    the ranking excluded, the provisional plan the warm-up measured."""
-
-    __slots__ = ("_ranking", "budget_s", "policies")
-
-    def __init__(self, budget_s: float, policies: tuple[str, ...] | None) -> None:
-        self.budget_s = budget_s
-        self.policies = policies
-        self._ranking: tuple[int, list[tuple[str, dict[str, Any], float]]] | None = None
-
-    def __call__(self, workload: Workload, network: NetworkEstimate, exclude: frozenset[str]) -> CommPlan:
-        key = hash((workload.to_json(indent=None), network))
-        if self._ranking is None or self._ranking[0] != key:
-            self._ranking = (key, self._search(workload, network))
-        for policy, knobs, predicted_ms in self._ranking[1]:
-            if policy not in exclude:
-                log.info("commsched auto: %s %s, predicted %.1f ms per iteration", policy, knobs, predicted_ms)
-                return build_plan(policy, workload, network, **knobs)
-        log.info("commsched auto: every candidate measured slower than the warm-up; running the warm-up's plan")
-        return provisional_plan(workload, network)
-
-    def _search(self, workload: Workload, network: NetworkEstimate) -> list[tuple[str, dict[str, Any], float]]:
-        from commsched.plan import advise
-        from commsched.profile.network import measured_cluster
-
-        cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)
-        advice = advise(workload, cluster, budget_s=self.budget_s, policies=self.policies)
-        log.info(
-            "commsched auto: %d simulations in %.1f s of a %.1f s budget",
-            advice.simulations, advice.search_s, self.budget_s,
-        )  # fmt: skip
-        return [(c.policy, dict(c.knobs), c.iteration_ms) for c in advice.candidates]
 
 
 #: Why a compiled model is refused: the runtime works through module hooks and gradient hooks, which a

@@ -25,13 +25,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from commsched.errors import PlanMismatchError, RuntimeCommError, UnsupportedError
-from commsched.runtime import startup, warmup
+from commsched.errors import RuntimeCommError, UnsupportedError
+from commsched.runtime import startup, switching, warmup
 from commsched.runtime.agent import Agent
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.buffers import GradientBuffers
 from commsched.runtime.hooks import ComputeTracer, install_hooks
-from commsched.runtime.replan import TRIAL_ITERATIONS, DriftPolicy, Replanner
+from commsched.runtime.replan import DriftPolicy, Replanner
 from commsched.runtime.updates import DeferredUpdates, averaged_square_norm, clip_coefficient, due_layers
 from commsched.schedule import CommPlan, NetworkEstimate, provisional_plan
 from commsched.trace import Trace
@@ -40,13 +40,9 @@ from commsched.workload import Workload
 
 log = logging.getLogger("commsched")
 
-#: Replacements at most (each measured in turn); the last may be the warm-up's plan, which was measured.
-MAX_TRIALS = 2
-
 #: The estimate a provisional plan is made for before anything was measured (10 Gbit/s).
 DEFAULT_NETWORK_BYTES_PER_S = 1.25e9
 
-#: Makes the real plan from the measured model and network (on rank 0, after warm-up).
 #: Makes the real plan from the measured model and network (on rank 0, after warm-up), avoiding the
 #: policies named in its third argument (plans of theirs measured slower than the warm-up's).
 Planner = Callable[[Workload, NetworkEstimate, frozenset[str]], CommPlan]
@@ -135,6 +131,10 @@ class Engine:
     def _network(self) -> NetworkEstimate:
         return self.network or NetworkEstimate(self.world, DEFAULT_NETWORK_BYTES_PER_S)
 
+    def use_plan(self, plan: CommPlan) -> None:
+        """Switch to ``plan`` between two iterations (every rank at the same point): :func:`switching.use_plan`."""
+        switching.use_plan(self, plan)
+
     def _transport(self, name: str) -> Transport:
         return self._transports[name]
 
@@ -162,86 +162,6 @@ class Engine:
         self._epoch += 1
         self.agent.set_plan(plan, self.buffers, self._epoch, self._iteration)
         self._forward_events = self.agent.listens("forward_pre")
-
-    def _replan(self) -> None:
-        """After the warm-up: rank 0 plans from what it measured and sends the plan to every rank."""
-        payload: list[Any] = [None]
-        if self.world > 1 and self.network is None:  # the per-message cost: a few one-element all-reduces
-            self.recorder.latency_s.extend(startup.tiny_allreduce_s(self.groups.sync, 5, self._params[0].device))
-        start = time.perf_counter()
-        if self.rank == 0:
-            workload, _ = warmup.measured_workload(self.module, self.recorder)
-            nbytes = sum(p.numel() * p.element_size() for p in self._params)
-            network = self.network or warmup.measured_network(self.world, nbytes, self.recorder) or self._network()
-            self._plan_inputs = (workload, network)
-            payload = [self.planner(workload, network, frozenset()).to_json(indent=None)]
-        with startup.peers("sharing the plan made after warm-up"):
-            dist.broadcast_object_list(payload, src=self.groups.leader(), group=self.groups.control)
-        self._adopt(CommPlan.from_json(payload[0], "the plan made after warm-up"))
-        self._warming = False
-        if self.replanner is not None:
-            self.replanner.exclude(time.perf_counter() - start)
-            self._baseline_iteration = self._iteration - 1  # the last warm-up iteration
-            self._start_trial()
-
-    def _start_trial(self) -> None:
-        """Measure the plan just adopted (the first iteration after the switch is not counted)."""
-        self._trial = (self._iteration + 1, self._iteration + TRIAL_ITERATIONS + 1)
-
-    def _check_trial(self, replanner: Replanner) -> None:
-        """The trial's end: rank 0 keeps the plan, or replaces it by the next best (every rank alike)."""
-        first, decide_at = self._trial or (0, 0)
-        self._trial = None
-        start = time.perf_counter()
-        payload: list[Any] = [None]
-        if self.rank == 0 and replanner.trial_lost(self._baseline_iteration, first, decide_at - 2):
-            replanner.tried.add(self.plan.policy)
-            assert self._plan_inputs is not None
-            workload, network = self._plan_inputs
-            if self.replans + 1 >= MAX_TRIALS:  # the last replacement: the plan the warm-up measured
-                new = provisional_plan(workload, network)
-            else:
-                new = self.planner(workload, network, frozenset(replanner.tried))
-            payload = [new.to_json(indent=None)]
-        with startup.peers("sharing the trial's outcome"):
-            dist.broadcast_object_list(payload, src=self.groups.leader(), group=self.groups.control)
-        if payload[0] is not None:
-            self.replans += 1
-            self.use_plan(CommPlan.from_json(payload[0], "the plan that replaced a slower one"))
-            replanner.exclude(time.perf_counter() - start)
-            if self.replans < MAX_TRIALS:
-                self._start_trial()
-
-    def _check_drift(self, replanner: Replanner) -> None:
-        """Every ``every`` iterations: rank 0's drift decision, the same on every rank; re-plan if it says so."""
-        payload: list[Any] = [None]
-        if self.rank == 0:
-            new = replanner.new_plan(self.plan, self.planner)
-            payload = [None if new is None else new.to_json(indent=None)]
-        with startup.peers("sharing the drift check"):
-            dist.broadcast_object_list(payload, src=self.groups.leader(), group=self.groups.control)
-        if payload[0] is not None:
-            self.replans += 1
-            self.use_plan(CommPlan.from_json(payload[0], "the plan made after a drift"))
-
-    def use_plan(self, plan: CommPlan) -> None:
-        """Switch to ``plan`` between two iterations; every rank must call it at the same point.
-
-        Pending updates are applied under the old plan first, so plans with different update
-        modes can follow each other. The ranks check that they switch to the same plan.
-        """
-        if self._in_backward:
-            raise RuntimeCommError(f"rank {self.rank}: use_plan() inside backward; call it between iterations")
-        bind_plan(self.module, plan, self.world)
-        self.flush()
-        theirs: list[Any] = [None] * self.world
-        digest = startup.plan_digest(plan.to_json(indent=None))
-        with startup.peers("agreeing on a new plan"):
-            dist.all_gather_object(theirs, digest, group=self.groups.control)
-        if len(set(theirs)) != 1:
-            raise RuntimeCommError(f"rank {self.rank}: use_plan(): the ranks switch to different plans ({theirs})")
-        self._adopt(plan)
-        self._warming = False
 
     # ------------------------------------------------------------------ forward
 
@@ -320,7 +240,7 @@ class Engine:
         if self._tracer is not None:
             self._tracer.backward_ends(self._iteration)
         if self._check_first is not None:
-            self._check_plan_fits(self._check_first)
+            switching.check_plan_fits(self, self._check_first)
         if self.replanner is not None:
             self.replanner.backward_ends()
         if self.plan.update == "step":
@@ -330,14 +250,6 @@ class Engine:
             if self._warming and self.world > 1:
                 self.recorder.allreduce_s.append(time.perf_counter() - start)
             self.buffers.write_averaged_grads([g == self._instance for g in self._got_grad])
-
-    def _check_plan_fits(self, plan: CommPlan) -> None:
-        """The first iteration under a plan given in: the model's real order must be the plan's."""
-        self._check_first = None
-        self.recorder.active = False
-        problem = warmup.first_iteration_mismatch(plan, self.recorder, self._layer_modules, self.buffers.params)
-        if problem is not None:
-            raise PlanMismatchError(f"plan: the model does not run as the plan expects: {problem}")
 
     # ------------------------------------------------------------------ step
 
@@ -358,11 +270,11 @@ class Engine:
             self.recorder.active = True  # the last warm-up iteration is measured
         if self._warming and self._iteration == self.warmup_iters:
             self.recorder.active = False
-            self._replan()
+            switching.replan_after_warmup(self)
         elif self.replanner is not None and self._trial is not None and self._iteration == self._trial[1]:
-            self._check_trial(self.replanner)
+            switching.check_trial(self, self.replanner)
         elif self.replanner is not None and not self._warming and self.replanner.due(self._iteration):
-            self._check_drift(self.replanner)
+            switching.check_drift(self, self.replanner)
 
     def _clip_coefficient(self) -> float:
         """Global-norm clipping factor of the averaged gradients, computed before any layer is updated."""

@@ -1,0 +1,178 @@
+"""Which plan runs, and switching between plans: the engine's plan lifecycle.
+
+* after the warm-up, rank 0 makes the real plan from what it measured and
+  sends it to every rank as plan JSON (:func:`replan_after_warmup`);
+* the **trial**: a plan chosen by prediction is measured for a few iterations
+  against the last warm-up iteration, and a slower one is replaced (next of the
+  planner's ranking, then the warm-up's plan) — :mod:`~commsched.runtime.replan`;
+* **drift**: every few iterations rank 0 says whether compute or bandwidth
+  moved enough to plan again;
+* :func:`use_plan` switches between iterations, every rank at
+  the same point, flushing deferred updates first;
+* a plan given in is checked against the first iteration's real order.
+
+Functions of the engine (each takes it first). Every decision is rank 0's,
+sent to all ranks on the control group, so every rank switches at the same
+iteration.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from commsched.errors import PlanMismatchError, RuntimeCommError
+from commsched.runtime import startup, warmup
+from commsched.runtime.binding import bind_plan
+from commsched.runtime.replan import TRIAL_ITERATIONS, Replanner
+from commsched.schedule import CommPlan, NetworkEstimate, build_plan, provisional_plan
+from commsched.workload import Workload
+
+if TYPE_CHECKING:
+    from commsched.runtime.engine import Engine
+
+log = logging.getLogger("commsched")
+
+#: Replacements at most (each measured in turn); the last may be the warm-up's plan, which was measured.
+MAX_TRIALS = 2
+
+
+def replan_after_warmup(engine: Engine) -> None:
+    """After the warm-up: rank 0 plans from what it measured and sends the plan to every rank."""
+    payload: list[Any] = [None]
+    if engine.world > 1 and engine.network is None:  # the per-message cost: a few one-element all-reduces
+        engine.recorder.latency_s.extend(startup.tiny_allreduce_s(engine.groups.sync, 5, engine._params[0].device))
+    start = time.perf_counter()
+    if engine.rank == 0:
+        workload, _ = warmup.measured_workload(engine.module, engine.recorder)
+        nbytes = sum(p.numel() * p.element_size() for p in engine._params)
+        network = engine.network or warmup.measured_network(engine.world, nbytes, engine.recorder) or engine._network()
+        engine._plan_inputs = (workload, network)
+        payload = [engine.planner(workload, network, frozenset()).to_json(indent=None)]
+    with startup.peers("sharing the plan made after warm-up"):
+        dist.broadcast_object_list(payload, src=engine.groups.leader(), group=engine.groups.control)
+    engine._adopt(CommPlan.from_json(payload[0], "the plan made after warm-up"))
+    engine._warming = False
+    if engine.replanner is not None:
+        engine.replanner.exclude(time.perf_counter() - start)
+        engine._baseline_iteration = engine._iteration - 1  # the last warm-up iteration
+        start_trial(engine)
+
+
+def start_trial(engine: Engine) -> None:
+    """Measure the plan just adopted (the first iteration after the switch is not counted)."""
+    engine._trial = (engine._iteration + 1, engine._iteration + TRIAL_ITERATIONS + 1)
+
+
+def check_trial(engine: Engine, replanner: Replanner) -> None:
+    """The trial's end: rank 0 keeps the plan, or replaces it by the next best (every rank alike)."""
+    first, decide_at = engine._trial or (0, 0)
+    engine._trial = None
+    start = time.perf_counter()
+    payload: list[Any] = [None]
+    if engine.rank == 0 and replanner.trial_lost(engine._baseline_iteration, first, decide_at - 2):
+        replanner.tried.add(engine.plan.policy)
+        assert engine._plan_inputs is not None
+        workload, network = engine._plan_inputs
+        if engine.replans + 1 >= MAX_TRIALS:  # the last replacement: the plan the warm-up measured
+            new = provisional_plan(workload, network)
+        else:
+            new = engine.planner(workload, network, frozenset(replanner.tried))
+        payload = [new.to_json(indent=None)]
+    with startup.peers("sharing the trial's outcome"):
+        dist.broadcast_object_list(payload, src=engine.groups.leader(), group=engine.groups.control)
+    if payload[0] is not None:
+        engine.replans += 1
+        engine.use_plan(CommPlan.from_json(payload[0], "the plan that replaced a slower one"))
+        replanner.exclude(time.perf_counter() - start)
+        if engine.replans < MAX_TRIALS:
+            start_trial(engine)
+
+
+def check_drift(engine: Engine, replanner: Replanner) -> None:
+    """Every ``every`` iterations: rank 0's drift decision, the same on every rank; re-plan if it says so."""
+    payload: list[Any] = [None]
+    if engine.rank == 0:
+        new = replanner.new_plan(engine.plan, engine.planner)
+        payload = [None if new is None else new.to_json(indent=None)]
+    with startup.peers("sharing the drift check"):
+        dist.broadcast_object_list(payload, src=engine.groups.leader(), group=engine.groups.control)
+    if payload[0] is not None:
+        engine.replans += 1
+        engine.use_plan(CommPlan.from_json(payload[0], "the plan made after a drift"))
+
+
+def use_plan(engine: Engine, plan: CommPlan) -> None:
+    """Switch to ``plan`` between two iterations; every rank must call it at the same point.
+
+    Pending updates are applied under the old plan first, so plans with different update
+    modes can follow each other. The ranks check that they switch to the same plan.
+    """
+    if engine._in_backward:
+        raise RuntimeCommError(f"rank {engine.rank}: use_plan() inside backward; call it between iterations")
+    bind_plan(engine.module, plan, engine.world)
+    engine.flush()
+    theirs: list[Any] = [None] * engine.world
+    digest = startup.plan_digest(plan.to_json(indent=None))
+    with startup.peers("agreeing on a new plan"):
+        dist.all_gather_object(theirs, digest, group=engine.groups.control)
+    if len(set(theirs)) != 1:
+        raise RuntimeCommError(f"rank {engine.rank}: use_plan(): the ranks switch to different plans ({theirs})")
+    engine._adopt(plan)
+    engine._warming = False
+
+
+def check_plan_fits(engine: Engine, plan: CommPlan) -> None:
+    """The first iteration under a plan given in: the model's real order must be the plan's."""
+    engine._check_first = None
+    engine.recorder.active = False
+    problem = warmup.first_iteration_mismatch(plan, engine.recorder, engine._layer_modules, engine.buffers.params)
+    if problem is not None:
+        raise PlanMismatchError(f"plan: the model does not run as the plan expects: {problem}")
+
+
+def plan_by_name(
+    policy: str, knobs: dict[str, Any], workload: Workload, network: NetworkEstimate, exclude: frozenset[str]
+) -> CommPlan:
+    """The named policy's plan (``exclude`` cannot apply: the user chose it)."""
+    return build_plan(policy, workload, network, **knobs)
+
+
+class AutoPlanner:
+    """``policy="auto"``'s planner: the plan ``commsched advise`` ranks first for the measured model and
+    network. The ranking is kept, so a replacement (a plan excluded after measuring slower than the
+    warm-up) is the next candidate of the same search, at no new search's cost; with every candidate of
+    the ranking excluded, the provisional plan the warm-up measured."""
+
+    __slots__ = ("_ranking", "budget_s", "policies")
+
+    def __init__(self, budget_s: float, policies: tuple[str, ...] | None) -> None:
+        self.budget_s = budget_s
+        self.policies = policies
+        self._ranking: tuple[int, list[tuple[str, dict[str, Any], float]]] | None = None
+
+    def __call__(self, workload: Workload, network: NetworkEstimate, exclude: frozenset[str]) -> CommPlan:
+        key = hash((workload.to_json(indent=None), network))
+        if self._ranking is None or self._ranking[0] != key:
+            self._ranking = (key, self._search(workload, network))
+        for policy, knobs, predicted_ms in self._ranking[1]:
+            if policy not in exclude:
+                log.info("commsched auto: %s %s, predicted %.1f ms per iteration", policy, knobs, predicted_ms)
+                return build_plan(policy, workload, network, **knobs)
+        log.info("commsched auto: every candidate measured slower than the warm-up; running the warm-up's plan")
+        return provisional_plan(workload, network)
+
+    def _search(self, workload: Workload, network: NetworkEstimate) -> list[tuple[str, dict[str, Any], float]]:
+        from commsched.plan import advise
+        from commsched.profile.network import measured_cluster
+
+        cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)
+        advice = advise(workload, cluster, budget_s=self.budget_s, policies=self.policies)
+        log.info(
+            "commsched auto: %d simulations in %.1f s of a %.1f s budget",
+            advice.simulations, advice.search_s, self.budget_s,
+        )  # fmt: skip
+        return [(c.policy, dict(c.knobs), c.iteration_ms) for c in advice.candidates]
