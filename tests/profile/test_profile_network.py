@@ -79,7 +79,7 @@ def test_probe_on_two_local_gloo_processes_fits_a_cluster_the_simulator_accepts(
     # repeats was seen to fit a negative slope.
     probe = probe_local(2, (16 << 10, 1 << 20, 16 << 20), repeats=5, warmup=1, timeout_s=120, progress=lines.append)
     alpha_s, beta, samples = probe
-    assert alpha_s > 0 and beta > 0
+    assert alpha_s >= 0 and beta > 0  # on loopback the per-step cost can fit to zero (a fit through the origin)
     assert {s.op for s in samples} == {"all_reduce", "reduce_scatter", "all_gather"}
     assert all(len(s.seconds) == 5 and s.median_s > 0 for s in samples)
     assert len(lines) == 3  # one progress line per size
