@@ -36,12 +36,12 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.plan.tune import KnobSearch
-from commsched.schedule import LOSSLESS, CommPlan, build_plan, scheduler_for
+from commsched.schedule import LOSSLESS, CommPlan
 from commsched.schedule import knobs as policy_knobs
 from commsched.schedule.base import COLLECTIVE
 from commsched.sim.costs import CommModel
 from commsched.sim.ideal import IdealResult, ideal
-from commsched.sim.simulator import PS_TRANSPORT, SimOptions, SimResult, Simulation
+from commsched.sim.simulator import PS_TRANSPORT, SimOptions, SimResult, plan_for, simulate_plan
 from commsched.workload import Workload
 
 #: How buckets are synchronised: all by collective, all by parameter server, or each by the cheaper one.
@@ -154,30 +154,13 @@ def simulate_candidate(
     The same as :func:`commsched.sim.simulate` for ``sync="collective"``; the plan
     of the result carries each task's transport.
     """
-    opts = SimOptions.from_mapping(options)
-    knobs = dict(knobs or {})
-    comm = CommModel.from_cluster(cluster, opts.algorithm)
-    try:
-        plan = build_plan(policy, workload, comm.estimate(), **knobs)
-    except CommschedError:
-        raise
-    except (TypeError, ValueError, ArithmeticError) as exc:
-        raise ScheduleError(f"{policy}: bad option value ({exc})") from None
-    plan = with_sync(plan, sync, cluster, opts)
-    start = time.perf_counter()
-    sim = Simulation(
-        workload,
+    plan = with_sync(
+        plan_for(workload, cluster, policy, options, **dict(knobs or {})),
+        sync,
         cluster,
-        scheduler_for(plan),
-        iterations,
-        warmup,
-        opts,
-        comm,
-        record_trace=trace,
-        batch_sizes=batch_sizes,
+        SimOptions.from_mapping(options),
     )
-    sim.run()
-    return sim.result({**policy_knobs(policy), **knobs}, time.perf_counter() - start)
+    return simulate_plan(plan, cluster, iterations, warmup, options=options, trace=trace, batch_sizes=batch_sizes)
 
 
 def search_policies(

@@ -1,7 +1,7 @@
 """Driver #1 of the Scheduler contract: a discrete-event simulation of data-parallel training.
 
-``simulate(workload, cluster, policy)`` builds the policy's scheduler with
-``schedule.build_scheduler`` and replays training iterations around it. The
+``simulate(workload, cluster, policy)`` builds the policy's plan with
+``schedule.build_plan`` and replays training iterations around it. The
 simulator holds no policy logic: every collective it runs was launched by the
 scheduler, in the order the scheduler chose.
 
@@ -65,8 +65,7 @@ from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
-from commsched.schedule import CommPlan, Dispatcher, Scheduler, Start, build_scheduler
-from commsched.schedule import knobs as policy_knobs
+from commsched.schedule import CommPlan, Dispatcher, Scheduler, Start, build_plan, scheduler_for
 from commsched.schedule.base import REDUCING_KINDS
 from commsched.schedule.fusion import ready_order
 from commsched.sim.compute import PROFILE, ComputeModel, WorkerClass, worker_classes
@@ -588,6 +587,57 @@ class Simulation:
         )
 
 
+def plan_for(
+    workload: Workload,
+    cluster: Cluster,
+    policy: str,
+    options: SimOptions | Mapping[str, Any] | None = None,
+    **knobs: Any,
+) -> CommPlan:
+    """``policy``'s plan for ``workload`` on ``cluster``, made for the cost model's network estimate.
+
+    Raises ScheduleError for an unknown policy, knob or option, or a bad value.
+    """
+    comm = CommModel.from_cluster(cluster, SimOptions.from_mapping(options).algorithm)
+    try:
+        return build_plan(policy, workload, comm.estimate(), **knobs)
+    except CommschedError:
+        raise
+    except (TypeError, ValueError, ArithmeticError) as exc:
+        raise ScheduleError(f"{policy}: bad option value ({exc})") from None
+
+
+def simulate_plan(
+    plan: CommPlan,
+    cluster: Cluster,
+    iterations: int = 20,
+    warmup: int = 3,
+    *,
+    options: SimOptions | Mapping[str, Any] | None = None,
+    trace: bool = True,
+    compute: ComputeModel = PROFILE,
+    batch_sizes: Sequence[int] | None = None,
+) -> SimResult:
+    """Simulate ``plan`` (made by :func:`plan_for`, a planner or a file) under its policy's scheduler."""
+    sim_options = SimOptions.from_mapping(options)
+    comm = CommModel.from_cluster(cluster, sim_options.algorithm)
+    start = time.perf_counter()
+    sim = Simulation(
+        plan.workload,
+        cluster,
+        scheduler_for(plan),
+        iterations,
+        warmup,
+        sim_options,
+        comm,
+        record_trace=trace,
+        compute=compute,
+        batch_sizes=batch_sizes,
+    )
+    sim.run()
+    return sim.result(plan.knobs.to_dict(), time.perf_counter() - start)
+
+
 def simulate(
     workload: Workload,
     cluster: Cluster,
@@ -615,26 +665,7 @@ def simulate(
     >>> result = simulate(workload, load_cluster("64xV100-10GbE"), "dear")  # doctest: +SKIP
     >>> result.iteration_ms, result.samples_per_s  # doctest: +SKIP
     """
-    sim_options = SimOptions.from_mapping(options)
-    comm = CommModel.from_cluster(cluster, sim_options.algorithm)
-    try:
-        scheduler = build_scheduler(policy, workload, comm.estimate(), **knobs)
-    except CommschedError:
-        raise
-    except (TypeError, ValueError, ArithmeticError) as exc:
-        raise ScheduleError(f"{policy}: bad option value ({exc})") from None
-    start = time.perf_counter()
-    sim = Simulation(
-        workload,
-        cluster,
-        scheduler,
-        iterations,
-        warmup,
-        sim_options,
-        comm,
-        record_trace=trace,
-        compute=compute,
-        batch_sizes=batch_sizes,
+    plan = plan_for(workload, cluster, policy, options, **knobs)
+    return simulate_plan(
+        plan, cluster, iterations, warmup, options=options, trace=trace, compute=compute, batch_sizes=batch_sizes
     )
-    sim.run()
-    return sim.result({**policy_knobs(policy), **knobs}, time.perf_counter() - start)
