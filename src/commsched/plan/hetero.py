@@ -50,8 +50,7 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import ScheduleError
 from commsched.plan.memory import InfeasibleError, MemoryModel, RankMemory, batch_caps, rank_memory
-from commsched.plan.search import Candidate, Progress, search_policies, simulate_candidate
-from commsched.schedule import CommPlan
+from commsched.plan.search import Candidate, Progress, Simulated, search_policies, simulate_candidate
 from commsched.schedule import knobs as policy_knobs
 from commsched.sim.compute import PROFILE, ComputeModel, WorkerClass
 from commsched.sim.ideal import ideal
@@ -190,7 +189,7 @@ class Baseline:
 
 
 @dataclass(frozen=True)
-class HeteroPlan:
+class HeteroPlan(Simulated):
     """The chosen plan: per-rank batches, policy and knobs, per-bucket transport; baselines beside it."""
 
     model: str
@@ -211,19 +210,6 @@ class HeteroPlan:
     search_s: float
     budget_s: float
     notes: tuple[str, ...] = ()
-
-    @property
-    def plan(self) -> CommPlan:
-        assert self.result.plan is not None
-        return self.result.plan
-
-    @property
-    def iteration_ms(self) -> float:
-        return self.result.iteration_ms
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.result.samples_per_s
 
     @property
     def transports(self) -> tuple[str, ...]:

@@ -51,15 +51,10 @@ SYNC_MODES: tuple[str, ...] = ("collective", "ps", "cheaper")
 Progress = Callable[[str, int], None]
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """One policy's best setting found: its knobs (all of them), sync mode and simulated result."""
+class Simulated:
+    """What a search result reads off its simulation (``result``): the plan and its predicted speed."""
 
-    policy: str
-    knobs: dict[str, Any]
-    sync: str
-    trials: int
-    result: SimResult = field(repr=False)
+    result: SimResult
 
     @property
     def iteration_ms(self) -> float:
@@ -73,6 +68,17 @@ class Candidate:
     def plan(self) -> CommPlan:
         assert self.result.plan is not None
         return self.result.plan
+
+
+@dataclass(frozen=True)
+class Candidate(Simulated):
+    """One policy's best setting found: its knobs (all of them), sync mode and simulated result."""
+
+    policy: str
+    knobs: dict[str, Any]
+    sync: str
+    trials: int
+    result: SimResult = field(repr=False)
 
     @property
     def changed_knobs(self) -> dict[str, Any]:
