@@ -7,13 +7,8 @@ import pytest
 from commsched import zoo
 from commsched.cluster import load_cluster
 from commsched.plan import simulate_candidate
-from commsched.plan.hetero import (
-    balanced_split,
-    even_split,
-    plan_heterogeneous,
-    proportional_split,
-    rank_compute_fn,
-)
+from commsched.plan.batches import balanced_split, even_split, proportional_split, rank_compute_fn
+from commsched.plan.hetero import plan_heterogeneous
 from commsched.plan.memory import GIB, InfeasibleError, MemoryModel
 from commsched.sim import simulate
 from commsched.workload import Workload

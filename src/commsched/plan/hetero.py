@@ -39,20 +39,19 @@ single-device groups), dropping a device, gradient accumulation.
 from __future__ import annotations
 
 import json
-import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.errors import ScheduleError
+from commsched.plan.batches import balanced_split, blend, even_split, proportional_split, rank_compute_fn
 from commsched.plan.memory import InfeasibleError, MemoryModel, RankMemory, batch_caps, rank_memory
 from commsched.plan.search import Candidate, Progress, Simulated, search_policies, simulate_candidate
 from commsched.schedule import knobs as policy_knobs
-from commsched.sim.compute import PROFILE, ComputeModel, WorkerClass
+from commsched.sim.compute import PROFILE, ComputeModel
 from commsched.sim.ideal import ideal
 from commsched.sim.simulator import SimOptions, SimResult
 from commsched.workload import Workload
@@ -61,99 +60,6 @@ from commsched.workload import Workload
 BASELINE_POLICY = "ddp"
 
 RANKS_FORMAT = "commsched.RankBatches"
-
-
-# ---- batch splits ----
-
-
-def rank_compute_fn(
-    workload: Workload, cluster: Cluster, compute: ComputeModel = PROFILE, update_ms: float = 0.0
-) -> Callable[[int, int], float]:
-    """``t(rank, b)``: seconds of forward + backward + update of ``rank`` at local batch ``b`` (memoised by speed)."""
-    speeds = cluster.worker_speeds(workload.model)
-
-    @cache
-    def by_speed(speed: float, batch: int) -> float:
-        return compute.timings(workload, WorkerClass(0, speed, (0,), batch), update_ms).compute_s
-
-    return lambda rank, batch: by_speed(speeds[rank], batch)
-
-
-def even_split(global_batch: int, workers: int) -> tuple[int, ...]:
-    """``B // n`` each, the remainder one each to the first ranks."""
-    base, extra = divmod(global_batch, workers)
-    return tuple(base + (1 if r < extra else 0) for r in range(workers))
-
-
-def proportional_split(global_batch: int, weights: Sequence[float]) -> tuple[int, ...]:
-    """Shares ∝ ``weights``, largest-remainder rounding (Hamilton), each at least 1; sums to ``global_batch``."""
-    n = len(weights)
-    if global_batch < n:
-        raise InfeasibleError(f"plan: global batch {global_batch} is smaller than the {n} ranks")
-    spare = global_batch - n  # one sample each first
-    total = sum(weights)
-    exact = [spare * w / total for w in weights]
-    out = [1 + math.floor(x) for x in exact]
-    left = global_batch - sum(out)
-    for r in sorted(range(n), key=lambda r: (-(exact[r] - math.floor(exact[r])), r))[:left]:
-        out[r] += 1
-    return tuple(out)
-
-
-def balanced_split(
-    global_batch: int, caps: Sequence[int], compute_s: Callable[[int, int], float], workers: int
-) -> tuple[int, ...]:
-    """Integer ``b`` with ``Σ b = B``, ``1 ≤ b_i ≤ caps[i]``, minimising ``max_i compute_s(i, b_i)`` (module docstring).
-
-    ``compute_s(rank, b)`` must be non-decreasing in ``b``. Raises InfeasibleError
-    when ``B`` exceeds the sum of the caps or is smaller than the number of ranks.
-    """
-    caps = [min(c, global_batch) for c in caps]
-    if global_batch < workers:
-        raise InfeasibleError(f"plan: global batch {global_batch} is smaller than the {workers} ranks")
-    if sum(caps) < global_batch:
-        raise InfeasibleError(
-            f"plan: global batch {global_batch} does not fit: the devices hold at most {sum(caps)} samples "
-            f"together (short by {global_batch - sum(caps)})"
-        )
-
-    def batch_within(rank: int, t: float) -> int:
-        lo, hi = 1, caps[rank]  # largest b in [1, cap] with compute_s(rank, b) <= t (1 if none)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if compute_s(rank, mid) <= t:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    t_lo = max(compute_s(r, 1) for r in range(workers))
-    t_hi = max(compute_s(r, caps[r]) for r in range(workers))
-    for _ in range(100):
-        if t_hi - t_lo <= 1e-12 * max(1.0, t_hi):
-            break
-        mid = (t_lo + t_hi) / 2
-        if sum(batch_within(r, mid) for r in range(workers)) >= global_batch:
-            t_hi = mid
-        else:
-            t_lo = mid
-    split = [batch_within(r, t_hi) for r in range(workers)]
-    surplus = sum(split) - global_batch
-    while surplus > 0:  # take from the rank that finishes last (and can give one up)
-        r = max((r for r in range(workers) if split[r] > 1), key=lambda r: (compute_s(r, split[r]), r))
-        split[r] -= 1
-        surplus -= 1
-    return tuple(split)
-
-
-def blend(a: Sequence[int], b: Sequence[int], weight: float, global_batch: int) -> tuple[int, ...]:
-    """``(1 - weight)·a + weight·b``, rounded by largest remainder to sum to ``global_batch``."""
-    return proportional_split(
-        global_batch, [max(1e-9, (1 - weight) * x + weight * y - 1) for x, y in zip(a, b, strict=True)]
-    )
-
-
-# ---- results ----
 
 
 @dataclass(frozen=True)
