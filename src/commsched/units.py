@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-KiB = 1024
 MiB = 1024 * 1024
 
 #: Bits per byte, for link rates given in bit/s.
@@ -17,7 +16,3 @@ def mb_to_bytes(mb: float) -> int:
 def gbps_to_bytes_per_s(gbps: float) -> float:
     """Gbit/s (10⁹ bit/s, as links are sold) to bytes/s."""
     return gbps * 1e9 / BITS_PER_BYTE
-
-
-def bytes_per_s_to_gbps(bytes_per_s: float) -> float:
-    return bytes_per_s * BITS_PER_BYTE / 1e9

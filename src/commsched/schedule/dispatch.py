@@ -107,10 +107,6 @@ class Dispatcher:
         self._starts: list[Start] = []
         self._running = False
 
-    @property
-    def is_follower(self) -> bool:
-        return self.scheduler is None
-
     # ---- what a driver reports ----
 
     def grad_ready(self, tensor: int) -> list[Start]:

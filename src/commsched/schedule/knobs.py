@@ -131,16 +131,8 @@ class Knobs:
     def defaults(cls) -> dict[str, Any]:
         return {f.name: f.default for f in fields(cls)}
 
-    @classmethod
-    def help(cls) -> dict[str, str]:
-        """``name -> "doc (default D)"`` for help texts."""
-        return {f.name: f"{f.metadata.get('doc', '')} (default {f.default})".strip() for f in fields(cls)}
-
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def replace(self, **changes: Any) -> Self:
-        return dataclasses.replace(self, **changes)
 
 
 def _describe(base: type, f: dataclasses.Field[Any]) -> str:
