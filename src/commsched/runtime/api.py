@@ -34,6 +34,7 @@ from commsched.schedule import (
     policy_class,
 )
 from commsched.trace import Trace
+from commsched.transport import TransportOptions
 from commsched.units import gbps_to_bytes_per_s
 
 # Optimizers whose step needs every parameter at once (a closure re-evaluating the loss).
@@ -107,6 +108,7 @@ def parallelize(
     grad_scaler: torch.amp.GradScaler | None = None,
     auto_budget_s: float = 5.0,
     replan: DriftPolicy | bool | None = None,
+    transport_options: TransportOptions | None = None,
     **knobs: Any,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Make ``model`` and ``optimizer`` train data-parallel under a communication policy.
@@ -142,6 +144,9 @@ def parallelize(
     otherwise; a :class:`~commsched.runtime.replan.DriftPolicy` to tune it) keeps
     measuring compute and bandwidth and makes the plan again, on every rank at
     the same iteration, when they drift.
+    ``transport_options``: where a socket transport (parameter server,
+    bounded-loss) binds and how it authenticates
+    (:class:`~commsched.transport.TransportOptions`); the collectives ignore it.
     ``timeout_s`` bounds every wait: a crashed or hung peer ends training with
     :class:`commsched.errors.RuntimeCommError`.
 
@@ -206,6 +211,7 @@ def parallelize(
         warmup_iters=warmup_iters,
         network=network,
         trace=trace,
+        transport_options=transport_options,
     )
     _patch_optimizer(optimizer, engine, policy, defers)
     atexit.register(_close_at_exit, weakref.ref(engine))

@@ -35,7 +35,7 @@ from commsched.runtime.replan import DriftPolicy, Replanner
 from commsched.runtime.updates import DeferredUpdates, averaged_square_norm, clip_coefficient, due_layers
 from commsched.schedule import CommPlan, NetworkEstimate, provisional_plan
 from commsched.trace import Trace
-from commsched.transport import Transport, open_transports
+from commsched.transport import Transport, TransportOptions, open_transports
 from commsched.workload import Workload
 
 log = logging.getLogger("commsched")
@@ -68,6 +68,7 @@ class Engine:
         warmup_iters: int,
         network: NetworkEstimate | None,
         trace: bool,
+        transport_options: TransportOptions | None = None,
     ) -> None:
         self.module = module
         self.optimizer = optimizer
@@ -97,6 +98,7 @@ class Engine:
         )
 
         self._transports: dict[str, Transport] = {}
+        self._transport_options = transport_options
         self.agent = Agent(
             self.rank, self.world, self._transport, self.groups.decisions, timeout_s, self.trace, self._t0
         )
@@ -153,7 +155,7 @@ class Engine:
         self._layer_modules = live.modules
         self._tensors_of_layer = live.tensors_of_layer
         for name in sorted({t.transport for t in plan.tasks} - set(self._transports)):
-            self._transports.update(open_transports([name], self.groups.data, self.timeout_s))
+            self._transports.update(open_transports([name], self.groups.data, self.timeout_s, self._transport_options))
         self.buffers = GradientBuffers(plan, live.params, self.world)
         self.updates = DeferredUpdates(self.optimizer, self._orig_step)
         self._instance = -1  # backward passes under this plan, minus one

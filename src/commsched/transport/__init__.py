@@ -14,7 +14,23 @@ A transport knows nothing of policies. It may give up on at most
 
 from __future__ import annotations
 
-from commsched.transport.base import TRANSPORTS, TaskBuffer, Transport, check_transports, open_transports
+from commsched.transport.base import (
+    TRANSPORTS,
+    TaskBuffer,
+    Transport,
+    TransportOptions,
+    check_transports,
+    open_transports,
+)
 from commsched.transport.collectives import Collectives, Handle
 
-__all__ = ["TRANSPORTS", "Collectives", "Handle", "TaskBuffer", "Transport", "check_transports", "open_transports"]
+__all__ = [
+    "TRANSPORTS",
+    "Collectives",
+    "Handle",
+    "TaskBuffer",
+    "Transport",
+    "TransportOptions",
+    "check_transports",
+    "open_transports",
+]

@@ -15,6 +15,24 @@ from commsched.transport.collectives import Collectives, Handle
 
 
 @dataclass(frozen=True, slots=True)
+class TransportOptions:
+    """Where and how a socket transport listens and authenticates (the collective transport ignores them).
+
+    ``bind``: the local address every listening socket binds to (``None``: the
+    address this rank's gloo group uses toward its peers; never ``0.0.0.0``
+    unless given). ``key``: the per-job key that authenticates every message
+    (``None``: rank 0 draws one when the transport opens and shares it over
+    the runtime's process group; not secret from anyone who can read that
+    group's traffic). ``paths``: local addresses to spread datagrams over (a
+    bounded-loss transport sprays packets across them; empty: ``bind`` only).
+    """
+
+    bind: str | None = None
+    key: bytes | None = None
+    paths: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TaskBuffer:
     """Where one task's data lives on this rank.
 
@@ -44,7 +62,9 @@ class CollectiveTransport:
 
     __slots__ = ("_coll",)
 
-    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float) -> None:
+    def __init__(
+        self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions | None = None
+    ) -> None:
         self._coll = Collectives(group, timeout_s=timeout_s)
 
     def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
@@ -63,8 +83,8 @@ class CollectiveTransport:
         self._coll.close()
 
 
-#: Transport factories by name: ``factory(group, timeout_s) -> Transport``.
-TRANSPORTS: dict[str, Callable[[dist.ProcessGroup | None, float], Transport]] = {
+#: Transport factories by name: ``factory(group, timeout_s, options) -> Transport``.
+TRANSPORTS: dict[str, Callable[[dist.ProcessGroup | None, float, TransportOptions], Transport]] = {
     COLLECTIVE: CollectiveTransport,
 }
 
@@ -78,8 +98,14 @@ def check_transports(names: Iterable[str]) -> None:
         )
 
 
-def open_transports(names: Iterable[str], group: dist.ProcessGroup | None, timeout_s: float) -> dict[str, Transport]:
+def open_transports(
+    names: Iterable[str],
+    group: dist.ProcessGroup | None,
+    timeout_s: float,
+    options: TransportOptions | None = None,
+) -> dict[str, Transport]:
     """One transport per name (collective over ``group``: call on every rank in the same order)."""
     wanted = sorted(set(names))
     check_transports(wanted)
-    return {name: TRANSPORTS[name](group, timeout_s) for name in wanted}
+    opts = options if options is not None else TransportOptions()
+    return {name: TRANSPORTS[name](group, timeout_s, opts) for name in wanted}
