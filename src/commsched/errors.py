@@ -107,3 +107,15 @@ def spec_error_from_pydantic(source: str, exc: Any) -> SpecError:
 
 class PlanMismatchError(CommschedError, ValueError):
     """A plan does not fit the model or the run it was given to (names, shapes, world size, order)."""
+
+
+class WireError(CommschedError, ValueError):
+    """A datagram or message that does not decode: too short, a bad MAC, a field out of range.
+
+    ``reason`` is one short word (``"mac"``, ``"short"``, ``"range"``, ...) a
+    receiver counts rejected datagrams by.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {message}")

@@ -1,0 +1,391 @@
+"""DLCP's bounded-loss transfer as clock-free state machines (MLT, NSDI'24; DLCP, arXiv 2008.08445).
+
+One transfer is ``numel`` elements cut on a grid of ``stride`` elements per
+packet. The :class:`SenderState` sends each packet once, in its order, then
+PROBEs; the :class:`ReceiverState` keeps a bitmap of the packets it has, and
+once at most ``floor(loss_bound · numel)`` elements are missing it STOPs the
+sender; until then it answers a PROBE with a BITMAP of its holes and the
+sender re-sends exactly those. A deadline is only a safety net for a sender
+that died.
+
+Nothing here reads a clock, owns a socket or starts a thread: methods take
+``now_s`` where time matters and append what to send to ``out``
+(:data:`Action`: :class:`Data`, :class:`Probe`, :class:`Stop`,
+:class:`Bitmap`, :class:`Ack`), so the real link and the packet-level
+simulator drive the same code. Writing a packet's payload is the caller's
+business: :meth:`ReceiverState.on_data` says whether it is new and in range.
+
+Importance (DLCP's selective dropping): :func:`classify` marks a packet
+important when its chunk's L2 norm is at least the ``quantile`` of the
+tensor's chunk norms, or its layer class is one of the first
+``important_layer_classes``; :func:`tos_byte` gives the IP TOS byte a packet
+goes out with (important: the layer's DSCP class and ECN-capable; otherwise
+best effort and not ECN-capable, so a RED queue drops it where it would mark
+an important one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from enum import IntEnum
+from fractions import Fraction
+from typing import NamedTuple
+
+import numpy as np
+
+from commsched.transport.dlcp.wire import MAX_HOLES
+
+INF = math.inf
+
+
+class Data(NamedTuple):
+    """Send the packet of elements ``[offset, offset + numel)``; ``important``: 1 or 0."""
+
+    offset: int
+    numel: int
+    important: int
+    resend: bool
+
+
+class Probe(NamedTuple):
+    """Every packet was sent once: ask for the holes (``seq`` numbers the probes of a transfer)."""
+
+    seq: int
+
+
+class Stop(NamedTuple):
+    """The receive is finished with ``received`` elements: send nothing more."""
+
+    received: int
+
+
+class Bitmap(NamedTuple):
+    """The answer to probe ``seq``: element ranges ``[start, stop)`` still missing (at most MAX_HOLES)."""
+
+    seq: int
+    holes: tuple[tuple[int, int], ...]
+
+
+class Ack(NamedTuple):
+    """Per peer, cumulative: DATA datagrams sent (highest sequence number seen + 1), received, received CE-marked."""
+
+    sent: int
+    received: int
+    ce: int
+
+
+Action = Data | Probe | Stop | Bitmap | Ack
+
+
+class Accept(IntEnum):
+    """What :meth:`ReceiverState.on_data` made of a packet. Only NEW is to be written."""
+
+    NEW = 0
+    DUPLICATE = 1
+    LATE = 2  # the receive already ended
+    MISMATCH = 3  # not on the transfer's grid (another stride, size or offset)
+
+
+# ---------------------------------------------------------------- importance
+
+
+def classify(
+    chunk_norms: np.ndarray, layer_class: int, quantile: float = 0.5, *, important_layer_classes: int = 1
+) -> np.ndarray:
+    """Per packet: 1 (important) or 0, as ``uint8``.
+
+    A packet is important if its chunk's L2 norm is ≥ the ``quantile`` of
+    ``chunk_norms`` (numpy's linear interpolation; NaN norms count as
+    important), or if ``layer_class < important_layer_classes`` (default: the
+    layer class nearest the input, which the next forward pass needs first).
+    ``quantile`` 0 marks every packet important; 1 only the largest.
+    """
+    norms = np.asarray(chunk_norms, dtype=np.float64)
+    if not 0.0 <= quantile <= 1.0:
+        raise ValueError(f"quantile must be in [0, 1], got {quantile}")
+    if layer_class < important_layer_classes or norms.size == 0:
+        return np.ones(norms.size, dtype=np.uint8)
+    finite = norms[np.isfinite(norms)]
+    threshold = np.quantile(finite, quantile) if finite.size else 0.0
+    return (~(norms < threshold)).astype(np.uint8)
+
+
+#: DSCP of an important packet by layer priority class 0, 1, 2, 3+ (class selectors CS4..CS1).
+LAYER_DSCP = (32, 24, 16, 8)
+#: The ECN field's ECT(0) codepoint, and CE (congestion experienced).
+ECT0 = 0b10
+CE = 0b11
+
+
+def tos_byte(priority_class: int, important: bool) -> int:
+    """The IP TOS byte ``DSCP << 2 | ECN``: important → the layer's class, ECT(0); else CS0, not ECT.
+
+    Strict-priority switch queues then serve important packets of every
+    layer, front layers first, before any unimportant one, and RED drops
+    unimportant packets where it would ECN-mark important ones.
+    """
+    if not important:
+        return 0
+    return LAYER_DSCP[min(max(priority_class, 0), len(LAYER_DSCP) - 1)] << 2 | ECT0
+
+
+# ---------------------------------------------------------------- the receiver
+
+
+def allowed_missing(numel: int, loss_bound: float) -> int:
+    """``floor(loss_bound · numel)``, exactly (the float's exact value, no rounding up)."""
+    if not 0.0 <= loss_bound <= 1.0:
+        raise ValueError(f"loss_bound must be in [0, 1], got {loss_bound}")
+    return math.floor(Fraction(loss_bound) * numel)
+
+
+class ReceiverState:
+    """One receive of ``numel`` elements that may end with at most ``floor(loss_bound · numel)`` missing.
+
+    Guarantees: the receive ends (``ended`` set, one :class:`Stop` emitted)
+    as soon as the elements missing are within the bound, and never before
+    unless :meth:`deadline` or :meth:`cancel` ends it (``"deadline"``,
+    ``"cancelled"``); ``ended`` is ``"complete"`` (nothing missing) or
+    ``"bound"`` otherwise. At ``loss_bound`` 0 it ends only with every
+    element. After it ends, every packet is LATE (never to be written). The
+    packet grid (``stride``) is learnt from the first packet; packets on
+    another grid are MISMATCH.
+    """
+
+    __slots__ = ("_got", "allowed", "deadline_s", "duplicates", "ended", "numel", "received", "stride")
+
+    def __init__(self, numel: int, loss_bound: float = 0.0, deadline_s: float = INF) -> None:
+        self.numel = numel
+        self.allowed = allowed_missing(numel, loss_bound)
+        self.deadline_s = deadline_s
+        self.stride = 0
+        self._got: np.ndarray | None = None
+        self.received = 0
+        self.duplicates = 0
+        self.ended: str | None = "complete" if numel == 0 else None
+
+    def on_data(self, offset: int, numel: int, stride: int, out: list[Action]) -> Accept:
+        """Account for one packet; NEW means: write its payload at ``offset``. Appends Stop on finishing."""
+        if self.ended is not None:
+            return Accept.LATE
+        if self._got is None:
+            if stride < 1:
+                return Accept.MISMATCH
+            self.stride = stride
+            self._got = np.zeros(-(-self.numel // stride), dtype=bool)
+        if stride != self.stride or offset % stride or not 0 <= offset < self.numel:
+            return Accept.MISMATCH
+        if numel != min(stride, self.numel - offset):
+            return Accept.MISMATCH
+        index = offset // stride
+        if self._got[index]:
+            self.duplicates += 1
+            return Accept.DUPLICATE
+        self._got[index] = True
+        self.received += numel
+        if self.numel - self.received <= self.allowed:
+            self.ended = "complete" if self.received == self.numel else "bound"
+            out.append(Stop(self.received))
+        return Accept.NEW
+
+    def on_probe(self, seq: int, out: list[Action]) -> None:
+        """Answer probe ``seq``: a Bitmap of the holes, or Stop again if the receive has ended."""
+        if self.ended is not None:
+            out.append(Stop(self.received))
+        else:
+            out.append(Bitmap(seq, self.missing()[:MAX_HOLES]))
+
+    def deadline(self, now_s: float, out: list[Action]) -> bool:
+        """The safety net: at ``deadline_s`` end with what arrived (``"deadline"``) and Stop. True if it ended now."""
+        if self.ended is None and now_s >= self.deadline_s:
+            self.ended = "deadline"
+            out.append(Stop(self.received))
+            return True
+        return False
+
+    def cancel(self, out: list[Action]) -> None:
+        """End now (the caller gave up waiting); Stop the sender."""
+        if self.ended is None:
+            self.ended = "cancelled"
+            out.append(Stop(self.received))
+
+    def missing(self) -> tuple[tuple[int, int], ...]:
+        """Element ranges ``[start, stop)`` not received, in order."""
+        if self._got is None:
+            return ((0, self.numel),) if self.numel else ()
+        return _runs(self._got, self.stride, self.numel)
+
+    @property
+    def lost(self) -> int:
+        """Elements not received."""
+        return self.numel - self.received
+
+
+def _runs(got: np.ndarray, stride: int, numel: int) -> tuple[tuple[int, int], ...]:
+    """Runs of False in ``got`` as element ranges."""
+    idx = np.flatnonzero(~got)
+    if idx.size == 0:
+        return ()
+    breaks = np.flatnonzero(np.diff(idx) != 1)
+    starts = np.concatenate(([idx[0]], idx[breaks + 1]))
+    ends = np.concatenate((idx[breaks], [idx[-1]])) + 1
+    return tuple((int(a) * stride, min(int(b) * stride, numel)) for a, b in zip(starts, ends, strict=True))
+
+
+class PeerFeedback:
+    """Receiver side, per sending peer: counts DATA datagrams by sequence number and CE mark for rate control.
+
+    Sequence numbers are 32-bit and wrap; ``sent`` is the highest seen + 1,
+    unwrapped (a datagram behind the highest, reordered, does not move it).
+    An :class:`Ack` goes out every ``every`` datagrams, and on
+    :meth:`on_timer` when some are unacknowledged for ``interval_s``.
+    """
+
+    __slots__ = ("_last_ack_s", "_last_seq", "_unacked", "ce", "every", "interval_s", "received", "sent")
+
+    def __init__(self, every: int = 64, interval_s: float = 0.005) -> None:
+        self.every = every
+        self.interval_s = interval_s
+        self.sent = 0
+        self.received = 0
+        self.ce = 0
+        self._last_seq = 2**32 - 1
+        self._unacked = 0
+        self._last_ack_s = -INF
+
+    def on_data(self, seq: int, ce: bool, now_s: float, out: list[Action]) -> None:
+        ahead = (seq - self._last_seq) % 2**32
+        if ahead < 2**31:
+            self.sent += ahead
+            self._last_seq = seq
+        self.received += 1
+        self.ce += ce
+        self._unacked += 1
+        if self._unacked >= self.every:
+            self._ack(now_s, out)
+
+    def on_timer(self, now_s: float, out: list[Action]) -> None:
+        if self._unacked and now_s - self._last_ack_s >= self.interval_s:
+            self._ack(now_s, out)
+
+    def _ack(self, now_s: float, out: list[Action]) -> None:
+        self._unacked = 0
+        self._last_ack_s = now_s
+        out.append(Ack(self.sent, self.received, self.ce))
+
+
+# ---------------------------------------------------------------- the sender
+
+
+class SenderState:
+    """One send of ``numel`` elements in packets of ``stride`` elements.
+
+    Order: important packets first, then the rest, each in offset order.
+    The receiver stops at the bound, so whatever is still unsent then is
+    what the loss budget is spent on: sending important packets first puts
+    the budget on small-magnitude chunks (and the network's drops too: they
+    travel later, at a lower priority, not ECN-capable).
+
+    :meth:`next_packets` hands out up to ``budget`` packets: queued re-sends
+    first, then new ones. Once everything was sent it emits a :class:`Probe`
+    ``probe_delay_s`` after the last packet (so the last datagrams can land
+    first), and again every ``probe_timeout_s`` while unanswered. A
+    :class:`Bitmap` answering the latest probe queues its holes for re-send;
+    :meth:`on_stop` ends the send and drops the rest. ``wake_s`` is when it
+    next wants :meth:`next_packets` called with nothing queued (INF: never).
+    """
+
+    __slots__ = (
+        "_important", "_order", "_pos", "_queued", "_resend", "done", "numel", "probe_delay_s",
+        "probe_seq", "probe_timeout_s", "resent", "sent", "stride", "wake_s",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        numel: int,
+        stride: int,
+        importance: np.ndarray | None = None,
+        *,
+        probe_delay_s: float = 0.002,
+        probe_timeout_s: float = 0.2,
+    ) -> None:
+        if stride < 1:
+            raise ValueError(f"stride must be >= 1, got {stride}")
+        packets = -(-numel // stride)
+        self.numel = numel
+        self.stride = stride
+        if importance is None:
+            self._important = np.ones(packets, dtype=np.uint8)
+            self._order = np.arange(packets)
+        else:
+            if len(importance) != packets:
+                raise ValueError(f"{len(importance)} importance classes for {packets} packets")
+            self._important = np.asarray(importance, dtype=np.uint8)
+            self._order = np.argsort(-self._important.astype(np.int8), kind="stable")
+        self._pos = 0
+        self._resend: deque[int] = deque()
+        self._queued: set[int] = set()
+        self.done = numel == 0
+        self.probe_seq = 0
+        self.probe_delay_s = probe_delay_s
+        self.probe_timeout_s = probe_timeout_s
+        self.sent = 0
+        self.resent = 0
+        self.wake_s = INF
+
+    @property
+    def pending(self) -> bool:
+        """Packets are queued to go out now."""
+        return not self.done and (bool(self._resend) or self._pos < len(self._order))
+
+    def next_packets(self, now_s: float, budget: int, out: list[Action]) -> None:
+        """Append up to ``budget`` Data, then a Probe if nothing is left and one is due."""
+        if self.done:
+            return
+        emitted = 0
+        while emitted < budget and self._resend:
+            index = self._resend.popleft()
+            self._queued.discard(index)
+            out.append(self._data(index, True))
+            emitted += 1
+        self.resent += emitted
+        while emitted < budget and self._pos < len(self._order):
+            out.append(self._data(int(self._order[self._pos]), False))
+            self._pos += 1
+            self.sent += 1
+            emitted += 1
+        if self.pending:
+            return
+        if emitted:
+            self.wake_s = now_s + self.probe_delay_s
+        elif now_s >= self.wake_s:
+            self.probe_seq += 1
+            self.wake_s = now_s + self.probe_timeout_s
+            out.append(Probe(self.probe_seq))
+
+    def _data(self, index: int, resend: bool) -> Data:
+        offset = index * self.stride
+        return Data(offset, min(self.stride, self.numel - offset), int(self._important[index]), resend)
+
+    def on_bitmap(self, seq: int, holes: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> None:
+        """Queue the packets covering ``holes`` for re-send (important first); ignore an answer to an older probe."""
+        if self.done or seq != self.probe_seq:
+            return
+        wanted = set()
+        for start, stop in holes:
+            wanted.update(range(start // self.stride, -(-stop // self.stride)))
+        wanted -= self._queued
+        if not wanted:
+            return
+        ordered = sorted(wanted, key=lambda i: (-int(self._important[i]), i))
+        self._resend.extend(ordered)
+        self._queued.update(ordered)
+        self.wake_s = INF
+
+    def on_stop(self) -> None:
+        """The receiver is finished: send nothing more."""
+        self.done = True
+        self._resend.clear()
+        self._queued.clear()
+        self.wake_s = INF

@@ -1,0 +1,228 @@
+"""DLCP datagrams: a self-describing header, a payload, a keyed MAC.
+
+Every datagram, data or control, is::
+
+    header (50 bytes, network order) | payload | MAC (16 bytes)
+
+The header (:data:`HEADER`) is magic ``0xD1C9``, version, kind
+(:class:`Kind`), job id, step, task, phase, layer priority class, importance
+class, dtype code, sender rank, sequence number, offset, numel, total numel and
+stride of the transfer. ``offset``/``numel``/``total``/``stride`` count
+elements, never bytes: a transfer of ``total`` elements is cut on a fixed grid
+of ``stride`` elements, so packet ``i`` holds elements ``[i·stride,
+min((i+1)·stride, total))`` and can be written at its offset in any order.
+A DATA payload is those elements' bytes, little-endian. The MAC is BLAKE2b
+keyed with the job's key (``hashlib.blake2b(key=..., digest_size=16)``) over
+header and payload.
+
+:meth:`Codec.decode` checks the MAC (``hmac.compare_digest``) before it reads
+any field, then every field: version, kind, job, rank, dtype, the range and
+grid of the elements, the payload length, the hole list of a BITMAP. Anything
+wrong raises :class:`~commsched.errors.WireError` whose ``reason`` the caller
+counts; a datagram that decodes can be written at ``offset`` of a buffer of
+``total`` elements of its dtype without further checks.
+
+Cost (``python benchmarks/dlcp_wire.py``, one core of the development
+machine, CPython 3.11): encode + MAC 1.5 µs and decode + verify 1.6 µs per
+1,500-byte datagram (≈ 650,000 and 620,000 packets/s); 5.9 µs and 6.0 µs per
+9,000-byte datagram (≈ 170,000 packets/s). The MAC (BLAKE2b at about 1.7 GB/s)
+dominates at 9,000 bytes; Python's per-call overhead at 1,500.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from enum import IntEnum
+from typing import NamedTuple
+
+from commsched.errors import WireError
+
+MAGIC = 0xD1C9
+VERSION = 1
+#: magic, version, kind, job, step, task, phase, prio, importance, dtype, rank, seq, offset, numel, total, stride
+HEADER = struct.Struct("!HBBIIIBBBBHIQIQI")
+MAC_BYTES = 16
+#: A BITMAP's payload: ``(start, stop)`` element ranges, at most :data:`MAX_HOLES` of them.
+HOLE = struct.Struct("!QQ")
+MAX_HOLES = 4000  # so that every message fits one datagram
+#: An ACK's payload: cumulative DATA datagrams the sender sent (highest sequence + 1), received, received with CE.
+ACK = struct.Struct("!QQQ")
+#: IPv4 + UDP headers; IPv6 + UDP is 48.
+IPV4_UDP_BYTES = 28
+IPV6_UDP_BYTES = 48
+MAX_DATAGRAM_BYTES = 65507
+U32 = 2**32
+
+
+class Kind(IntEnum):
+    DATA = 1  # sender -> receiver, over UDP
+    STOP = 2  # receiver -> sender: the receive is finished, send nothing more
+    PROBE = 3  # sender -> receiver: everything was sent once; which elements are missing?
+    BITMAP = 4  # receiver -> sender: the holes (answers a PROBE, ``seq`` echoes it)
+    ACK = 5  # receiver -> sender, per peer: delivery and CE counts for rate control
+
+
+#: dtype code -> (name as in ``torch.<name>``, bytes per element). Code 0: no data (ACK).
+DTYPES: dict[int, tuple[str, int]] = {
+    1: ("float32", 4),
+    2: ("float16", 2),
+    3: ("bfloat16", 2),
+    4: ("float64", 8),
+    5: ("int8", 1),
+    6: ("uint8", 1),
+    7: ("int16", 2),
+    8: ("int32", 4),
+    9: ("int64", 8),
+}
+DTYPE_CODES: dict[str, int] = {name: code for code, (name, _) in DTYPES.items()}
+
+
+class Datagram(NamedTuple):
+    """A decoded, verified datagram. ``payload`` is a view into the buffer it was decoded from."""
+
+    kind: int
+    step: int
+    task: int
+    phase: int
+    prio: int
+    importance: int
+    dtype: int
+    rank: int
+    seq: int
+    offset: int
+    numel: int
+    total: int
+    stride: int
+    payload: memoryview
+
+
+def job_id(key: bytes) -> int:
+    """The 32-bit job id every datagram of the job carries (a digest of the key: not a secret)."""
+    return int.from_bytes(hashlib.blake2b(key, digest_size=4, person=b"commsched.job").digest(), "big")
+
+
+def packet_numel(mtu_bytes: int, itemsize: int, ip_udp_bytes: int = IPV4_UDP_BYTES) -> int:
+    """Elements per DATA datagram so that one fits the path MTU: ``(mtu - IP/UDP - header - MAC) // itemsize``."""
+    room = min(mtu_bytes - ip_udp_bytes, MAX_DATAGRAM_BYTES) - HEADER.size - MAC_BYTES
+    if room < itemsize:
+        raise WireError("mtu", f"an MTU of {mtu_bytes} bytes leaves no room for one {itemsize}-byte element")
+    return room // itemsize
+
+
+class Codec:
+    """Encodes and decodes the datagrams of one job: its key, its job id, its world size."""
+
+    __slots__ = ("_mac", "job", "world")
+
+    def __init__(self, key: bytes, world: int) -> None:
+        if not 16 <= len(key) <= 64:
+            raise WireError("key", f"a job key must have 16 to 64 bytes, got {len(key)}")
+        self._mac = hashlib.blake2b(key=key, digest_size=MAC_BYTES)
+        self.job = job_id(key)
+        self.world = world
+
+    def encode(
+        self,
+        kind: int,
+        step: int,
+        task: int,
+        phase: int,
+        rank: int,
+        *,
+        prio: int = 0,
+        importance: int = 0,
+        dtype: int = 0,
+        seq: int = 0,
+        offset: int = 0,
+        numel: int = 0,
+        total: int = 0,
+        stride: int = 0,
+        payload: bytes | memoryview = b"",
+    ) -> bytes:
+        """One datagram: header, ``payload``, MAC. Fields out of their wire range raise struct.error."""
+        header = HEADER.pack(
+            MAGIC, VERSION, kind, self.job, step, task, phase, prio, importance, dtype, rank,
+            seq % U32, offset, numel, total, stride,
+        )  # fmt: skip
+        mac = self._mac.copy()
+        mac.update(header)
+        mac.update(payload)
+        return b"".join((header, payload, mac.digest()))
+
+    def decode(self, data: bytes | bytearray | memoryview) -> Datagram:
+        """Verify and parse one datagram; WireError(reason) if anything is wrong. Reads no field before the MAC."""
+        view = memoryview(data)
+        n = len(view)
+        if n < HEADER.size + MAC_BYTES:
+            raise WireError("short", f"{n} bytes, fewer than a header and a MAC ({HEADER.size + MAC_BYTES})")
+        if n > MAX_DATAGRAM_BYTES:
+            raise WireError("long", f"{n} bytes, more than a datagram can hold")
+        mac = self._mac.copy()
+        mac.update(view[: n - MAC_BYTES])
+        if not hmac.compare_digest(mac.digest(), view[n - MAC_BYTES :]):
+            raise WireError("mac", "the MAC does not match (forged, corrupted, or another job's key)")
+        (magic, version, kind, job, step, task, phase, prio, importance, dtype, rank, seq, offset, numel, total,
+         stride) = HEADER.unpack_from(view)  # fmt: skip
+        payload = view[HEADER.size : n - MAC_BYTES]
+        if magic != MAGIC or version != VERSION:
+            raise WireError("version", f"magic {magic:#x} version {version}, expected {MAGIC:#x} version {VERSION}")
+        if job != self.job:
+            raise WireError("job", f"job id {job:#x}, expected {self.job:#x}")
+        if rank >= self.world:
+            raise WireError("rank", f"sender rank {rank}, world size {self.world}")
+        if kind == Kind.ACK:
+            if dtype or total or len(payload) != ACK.size:
+                raise WireError("length", f"an ACK carries {ACK.size} bytes and no transfer, got {len(payload)}")
+        else:
+            if kind not in (Kind.DATA, Kind.STOP, Kind.PROBE, Kind.BITMAP):
+                raise WireError("kind", f"unknown message kind {kind}")
+            if dtype not in DTYPES:
+                raise WireError("dtype", f"unknown dtype code {dtype}")
+            if total < 1 or offset > total:
+                raise WireError("range", f"offset {offset} of a transfer of {total} elements")
+            if importance > 1:
+                raise WireError("range", f"importance class {importance}, expected 0 or 1")
+            if kind == Kind.DATA:
+                _check_data(offset, numel, total, stride, len(payload), DTYPES[dtype][1])
+            elif kind == Kind.BITMAP:
+                check_holes(payload, total)
+            elif payload:
+                raise WireError("length", f"a {Kind(kind).name} carries no payload, got {len(payload)} bytes")
+        return Datagram(
+            kind, step, task, phase, prio, importance, dtype, rank, seq, offset, numel, total, stride, payload
+        )
+
+
+def _check_data(offset: int, numel: int, total: int, stride: int, payload_bytes: int, itemsize: int) -> None:
+    if stride < 1 or offset % stride or offset >= total:
+        raise WireError("range", f"offset {offset} is not on the grid of {stride} elements below {total}")
+    if numel != min(stride, total - offset):
+        raise WireError("range", f"{numel} elements at offset {offset}, expected {min(stride, total - offset)}")
+    if payload_bytes != numel * itemsize:
+        raise WireError("length", f"{payload_bytes} payload bytes for {numel} elements of {itemsize} bytes")
+
+
+def encode_holes(holes: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> bytes:
+    """A BITMAP payload: the first :data:`MAX_HOLES` ranges."""
+    return b"".join(HOLE.pack(a, b) for a, b in holes[:MAX_HOLES])
+
+
+def check_holes(payload: memoryview, total: int) -> tuple[tuple[int, int], ...]:
+    """The ranges of a BITMAP payload: sorted, disjoint, non-empty, within ``[0, total)``; else WireError."""
+    if len(payload) % HOLE.size or len(payload) > MAX_HOLES * HOLE.size:
+        raise WireError("holes", f"a hole list of {len(payload)} bytes")
+    holes = tuple(HOLE.iter_unpack(payload))
+    previous = 0
+    for start, stop in holes:
+        if not previous <= start < stop <= total:
+            raise WireError("holes", f"hole [{start}, {stop}) after {previous} in a transfer of {total} elements")
+        previous = stop
+    return holes
+
+
+def decode_ack(d: Datagram) -> tuple[int, int, int]:
+    """An ACK's cumulative (sent, received, CE-marked) datagram counts."""
+    sent, received, ce = ACK.unpack(d.payload)
+    return sent, received, ce
