@@ -74,8 +74,8 @@ def test_control_round_trips() -> None:
         CODEC.encode(Kind.BITMAP, 1, 2, 0, 3, dtype=F32, seq=5, total=100, payload=encode_holes(holes))
     )
     assert check_holes(bitmap.payload, bitmap.total) == holes
-    ack = CODEC.decode(CODEC.encode(Kind.ACK, 0, 0, 0, 2, payload=struct.pack("!QQQ", 10, 8, 1)))
-    assert decode_ack(ack) == (10, 8, 1)
+    ack = CODEC.decode(CODEC.encode(Kind.ACK, 0, 0, 0, 2, payload=struct.pack("!QQQQ", 10, 8, 1, 9)))
+    assert decode_ack(ack) == (10, 8, 1, 9)
 
 
 @pytest.mark.parametrize("mtu", [576, 1500, 9000])
@@ -154,7 +154,7 @@ def test_truncation_is_rejected(cut: int) -> None:
         ({}, bytes(15), "length"),
         ({}, bytes(20), "length"),
         ({"kind": Kind.STOP}, bytes(1), "length"),
-        ({"kind": Kind.ACK}, bytes(24), "length"),  # an ACK names no transfer
+        ({"kind": Kind.ACK}, bytes(32), "length"),  # an ACK names no transfer
         ({"kind": Kind.BITMAP, "total": 100}, HOLE.pack(5, 5), "holes"),
         ({"kind": Kind.BITMAP, "total": 100}, HOLE.pack(0, 101), "holes"),
         ({"kind": Kind.BITMAP, "total": 100}, HOLE.pack(10, 20) + HOLE.pack(15, 30), "holes"),

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from commsched.transport.dlcp.wire import MAX_HOLES
+from commsched.transport.dlcp.wire import MAX_HOLES, NO_ECHO
 
 INF = math.inf
 
@@ -68,11 +68,16 @@ class Bitmap(NamedTuple):
 
 
 class Ack(NamedTuple):
-    """Per peer, cumulative: DATA datagrams sent (highest sequence number seen + 1), received, received CE-marked."""
+    """Per peer, cumulative: DATA datagrams sent (highest sequence number seen + 1), received, received CE-marked.
+
+    ``echo``: the sequence number of the datagram that triggered this Ack
+    (the sender's round-trip sample), or NO_ECHO when a timer sent it.
+    """
 
     sent: int
     received: int
     ce: int
+    echo: int = NO_ECHO
 
 
 Action = Data | Probe | Stop | Bitmap | Ack
@@ -244,7 +249,7 @@ class PeerFeedback:
 
     __slots__ = ("_last_ack_s", "_last_seq", "_unacked", "ce", "every", "interval_s", "received", "sent")
 
-    def __init__(self, every: int = 64, interval_s: float = 0.005) -> None:
+    def __init__(self, every: int = 32, interval_s: float = 0.005) -> None:
         self.every = every
         self.interval_s = interval_s
         self.sent = 0
@@ -256,23 +261,23 @@ class PeerFeedback:
 
     def on_data(self, seq: int, ce: bool, now_s: float, out: list[Action]) -> None:
         ahead = (seq - self._last_seq) % 2**32
-        if ahead < 2**31:
+        if ahead < 2**31 or not self.received:  # the sender numbers from 0
             self.sent += ahead
             self._last_seq = seq
         self.received += 1
         self.ce += ce
         self._unacked += 1
         if self._unacked >= self.every:
-            self._ack(now_s, out)
+            self._ack(now_s, seq, out)
 
     def on_timer(self, now_s: float, out: list[Action]) -> None:
         if self._unacked and now_s - self._last_ack_s >= self.interval_s:
-            self._ack(now_s, out)
+            self._ack(now_s, NO_ECHO, out)
 
-    def _ack(self, now_s: float, out: list[Action]) -> None:
+    def _ack(self, now_s: float, echo: int, out: list[Action]) -> None:
         self._unacked = 0
         self._last_ack_s = now_s
-        out.append(Ack(self.sent, self.received, self.ce))
+        out.append(Ack(self.sent, self.received, self.ce, echo))
 
 
 # ---------------------------------------------------------------- the sender
@@ -372,7 +377,7 @@ class SenderState:
         """Queue the packets covering ``holes`` for re-send (important first); ignore an answer to an older probe."""
         if self.done or seq != self.probe_seq:
             return
-        wanted = set()
+        wanted: set[int] = set()
         for start, stop in holes:
             wanted.update(range(start // self.stride, -(-stop // self.stride)))
         wanted -= self._queued

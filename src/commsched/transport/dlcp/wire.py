@@ -47,8 +47,10 @@ MAC_BYTES = 16
 #: A BITMAP's payload: ``(start, stop)`` element ranges, at most :data:`MAX_HOLES` of them.
 HOLE = struct.Struct("!QQ")
 MAX_HOLES = 4000  # so that every message fits one datagram
-#: An ACK's payload: cumulative DATA datagrams the sender sent (highest sequence + 1), received, received with CE.
-ACK = struct.Struct("!QQQ")
+#: An ACK's payload: cumulative DATA datagrams the sender sent (highest sequence + 1), received, received with
+#: CE; and the sequence number of the datagram that triggered it (:data:`NO_ECHO`: a timer sent it).
+ACK = struct.Struct("!QQQQ")
+NO_ECHO = 2**32
 #: IPv4 + UDP headers; IPv6 + UDP is 48.
 IPV4_UDP_BYTES = 28
 IPV6_UDP_BYTES = 48
@@ -222,7 +224,7 @@ def check_holes(payload: memoryview, total: int) -> tuple[tuple[int, int], ...]:
     return holes
 
 
-def decode_ack(d: Datagram) -> tuple[int, int, int]:
-    """An ACK's cumulative (sent, received, CE-marked) datagram counts."""
-    sent, received, ce = ACK.unpack(d.payload)
-    return sent, received, ce
+def decode_ack(d: Datagram) -> tuple[int, int, int, int]:
+    """An ACK's cumulative (sent, received, CE-marked) datagram counts and the sequence number it echoes."""
+    sent, received, ce, echo = ACK.unpack(d.payload)
+    return sent, received, ce, echo

@@ -1,0 +1,229 @@
+"""DLCP's clock-free sender and receiver: completion at the bound, Probe/Bitmap/re-send, Stop, deadline."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from commsched.transport.dlcp.protocol import (
+    CE,
+    ECT0,
+    Accept,
+    Ack,
+    Action,
+    Bitmap,
+    Data,
+    PeerFeedback,
+    Probe,
+    ReceiverState,
+    SenderState,
+    Stop,
+    allowed_missing,
+    classify,
+    tos_byte,
+)
+from commsched.transport.dlcp.wire import NO_ECHO
+
+
+def feed(rx: ReceiverState, offsets: list[int], stride: int) -> list[Action]:
+    out: list[Action] = []
+    for offset in offsets:
+        rx.on_data(offset, min(stride, rx.numel - offset), stride, out)
+    return out
+
+
+def test_the_receiver_stops_exactly_when_the_missing_elements_reach_the_bound() -> None:
+    rx = ReceiverState(100, loss_bound=0.2)
+    assert rx.allowed == 20
+    assert feed(rx, [0, 10, 20, 30, 40, 50, 60], 10) == [] and rx.ended is None
+    assert feed(rx, [70], 10) == [Stop(80)]
+    assert (rx.ended, rx.lost, rx.missing()) == ("bound", 20, ((80, 100),))
+    assert feed(rx, [80], 10) == [] and rx.received == 80  # late packets are not taken
+
+
+def test_at_bound_zero_the_receiver_needs_every_element_and_ends_complete() -> None:
+    rx = ReceiverState(95, loss_bound=0.0)
+    assert feed(rx, list(range(0, 90, 10)), 10) == [] and rx.missing() == ((90, 95),)
+    assert feed(rx, [90], 10) == [Stop(95)]
+    assert (rx.ended, rx.lost, rx.missing()) == ("complete", 0, ())
+
+
+def test_duplicates_and_packets_off_the_grid_are_not_taken() -> None:
+    rx = ReceiverState(100)
+    out: list[Action] = []
+    assert rx.on_data(10, 10, 10, out) is Accept.NEW
+    assert rx.on_data(10, 10, 10, out) is Accept.DUPLICATE
+    assert rx.on_data(15, 10, 10, out) is Accept.MISMATCH  # off the grid
+    assert rx.on_data(20, 10, 20, out) is Accept.MISMATCH  # another stride
+    assert rx.on_data(90, 5, 10, out) is Accept.MISMATCH  # wrong size
+    assert rx.on_data(100, 10, 10, out) is Accept.MISMATCH  # past the end
+    assert (rx.received, rx.duplicates, out) == (10, 1, [])
+
+
+def test_the_deadline_ends_with_what_arrived_and_flags_it() -> None:
+    rx = ReceiverState(100, loss_bound=0.0, deadline_s=5.0)
+    feed(rx, [0, 10], 10)
+    out: list[Action] = []
+    assert not rx.deadline(4.9, out) and out == []
+    assert rx.deadline(5.0, out) and out == [Stop(20)]
+    assert (rx.ended, rx.lost, rx.missing()) == ("deadline", 80, ((20, 100),))
+    assert rx.on_data(20, 10, 10, out) is Accept.LATE
+
+
+def test_a_probe_gets_the_holes_then_stop_once_finished() -> None:
+    rx = ReceiverState(100, loss_bound=0.1)
+    feed(rx, [0, 20, 30, 60, 70, 80], 10)
+    out: list[Action] = []
+    rx.on_probe(3, out)
+    assert out == [Bitmap(3, ((10, 20), (40, 60), (90, 100)))]
+    feed(rx, [10, 40, 50], 10)
+    out.clear()
+    rx.on_probe(4, out)
+    assert out == [Stop(90)]
+
+
+def test_the_sender_sends_important_packets_first_then_probes_after_a_delay() -> None:
+    tx = SenderState(50, 10, np.array([0, 1, 0, 1, 1], dtype=np.uint8), probe_delay_s=0.5, probe_timeout_s=2.0)
+    out: list[Action] = []
+    tx.next_packets(0.0, 3, out)
+    assert [(d.offset, d.important) for d in out if isinstance(d, Data)] == [(10, 1), (30, 1), (40, 1)]
+    out.clear()
+    tx.next_packets(0.0, 10, out)
+    assert out == [Data(0, 10, 0, False), Data(20, 10, 0, False)] and not tx.pending
+    out.clear()
+    tx.next_packets(0.4, 10, out)
+    assert out == []  # the last datagrams may still be landing
+    tx.next_packets(0.5, 10, out)
+    assert out == [Probe(1)]
+    out.clear()
+    tx.next_packets(1.0, 10, out)
+    assert out == []
+    tx.next_packets(2.5, 10, out)
+    assert out == [Probe(2)]  # unanswered: probe again
+
+
+def test_a_bitmap_queues_exactly_its_holes_and_stop_ends_the_send() -> None:
+    tx = SenderState(95, 10)
+    out: list[Action] = []
+    tx.next_packets(0.0, 100, out)
+    tx.next_packets(1.0, 100, out)
+    assert out[-1] == Probe(1)
+    tx.on_bitmap(0, ((0, 10),))  # an answer to another probe: ignored
+    assert not tx.pending
+    tx.on_bitmap(1, ((10, 30), (90, 95)))
+    out.clear()
+    tx.next_packets(1.0, 100, out)
+    assert out == [Data(10, 10, 1, True), Data(20, 10, 1, True), Data(90, 5, 1, True)]
+    assert (tx.sent, tx.resent) == (10, 3)
+    tx.on_bitmap(1, ((40, 50),))
+    tx.on_stop()
+    out.clear()
+    tx.next_packets(9.0, 100, out)
+    assert out == [] and tx.done and not tx.pending
+
+
+def run_transfer(
+    numel: int, stride: int, bound: float, lose: Callable[[Data], bool], *, rounds: int = 1000
+) -> tuple[SenderState, ReceiverState, np.ndarray]:
+    """Drive a sender and a receiver with a lossy data path (control is reliable); returns what was written."""
+    tx = SenderState(numel, stride, probe_delay_s=0.0, probe_timeout_s=1.0)
+    rx = ReceiverState(numel, loss_bound=bound)
+    written = np.zeros(numel, dtype=bool)
+    for step in range(rounds):
+        if tx.done:
+            break
+        out: list[Action] = []
+        tx.next_packets(float(step), 7, out)
+        for action in out:
+            back: list[Action] = []
+            if isinstance(action, Data) and not lose(action):
+                if rx.on_data(action.offset, action.numel, stride, back) is Accept.NEW:
+                    assert not written[action.offset : action.offset + action.numel].any()
+                    written[action.offset : action.offset + action.numel] = True
+            elif isinstance(action, Probe):
+                rx.on_probe(action.seq, back)
+            for reply in back:
+                if isinstance(reply, Stop):
+                    tx.on_stop()
+                elif isinstance(reply, Bitmap):
+                    tx.on_bitmap(reply.seq, reply.holes)
+    return tx, rx, written
+
+
+def test_probe_bitmap_resend_closes_every_hole_at_bound_zero() -> None:
+    rng = random.Random(1)
+    tx, rx, written = run_transfer(1000, 7, 0.0, lambda d: not d.resend and rng.random() < 0.3)
+    assert rx.ended == "complete" and written.all() and tx.done and tx.resent > 0
+
+
+@given(
+    numel=st.integers(1, 3000),
+    stride=st.integers(1, 64),
+    bound=st.floats(0.0, 1.0),
+    loss=st.floats(0.0, 0.9),
+    seed=st.integers(0, 2**32 - 1),
+)
+@settings(max_examples=300, deadline=None)
+def test_the_receiver_never_ends_with_more_than_the_bound_missing(
+    numel: int, stride: int, bound: float, loss: float, seed: int
+) -> None:
+    rng = random.Random(seed)
+    tx, rx, written = run_transfer(numel, stride, bound, lambda _d: rng.random() < loss, rounds=100_000)
+    assert rx.ended in ("complete", "bound") and tx.done
+    missing = int((~written).sum())
+    assert missing == rx.lost <= math.floor(bound * numel) + 0
+    assert missing <= allowed_missing(numel, bound)
+    assert sum(b - a for a, b in rx.missing()) == missing
+    for a, b in rx.missing():
+        assert not written[a:b].any()
+    if bound == 0.0:
+        assert written.all() and rx.ended == "complete"
+
+
+def test_the_bound_is_floored_exactly() -> None:
+    assert allowed_missing(10, 0.1) == 1
+    assert allowed_missing(100, 0.29) == 28  # 0.29 as a double is a hair below 0.29
+    assert allowed_missing(7, 0.0) == 0 and allowed_missing(7, 1.0) == 7
+    with pytest.raises(ValueError):
+        allowed_missing(10, 1.5)
+
+
+def test_an_empty_transfer_is_finished_at_once() -> None:
+    assert ReceiverState(0).ended == "complete" and SenderState(0, 10).done
+
+
+def test_classify_marks_chunks_at_or_above_the_quantile_or_by_layer_class() -> None:
+    norms = np.array([1.0, 4.0, 2.0, 3.0, float("nan")])
+    assert classify(norms, layer_class=2, quantile=0.5).tolist() == [0, 1, 0, 1, 1]
+    assert classify(norms, layer_class=2, quantile=0.0).tolist() == [1, 1, 1, 1, 1]
+    assert classify(norms, layer_class=2, quantile=1.0).tolist() == [0, 1, 0, 0, 1]
+    assert classify(norms, layer_class=0, quantile=1.0).tolist() == [1] * 5
+    assert classify(norms, layer_class=1, quantile=1.0, important_layer_classes=2).tolist() == [1] * 5
+    assert classify(norms, layer_class=1, quantile=1.0, important_layer_classes=0).tolist() == [0, 1, 0, 0, 1]
+
+
+def test_tos_byte_puts_important_packets_in_their_layer_class_with_ect() -> None:
+    assert tos_byte(0, True) == 32 << 2 | ECT0 == 0x82
+    assert tos_byte(3, True) == tos_byte(9, True) == 8 << 2 | ECT0
+    assert tos_byte(0, False) == tos_byte(5, False) == 0
+    assert all(tos_byte(p, True) & CE == ECT0 for p in range(8))
+
+
+def test_peer_feedback_counts_gaps_through_sequence_wrap_and_acks_every_n() -> None:
+    fb = PeerFeedback(every=3, interval_s=1.0)
+    out: list[Action] = []
+    start = 2**32 - 2
+    for seq, ce in [(start, False), (start + 1, True), (start + 3, False)]:  # start + 2 is lost
+        fb.on_data(seq % 2**32, ce, 0.0, out)
+    assert out == [Ack(start + 4, 3, 1, (start + 3) % 2**32)]
+    fb.on_data((start + 2) % 2**32, False, 0.5, out)  # late: behind the highest, counted received only
+    fb.on_timer(0.9, out)
+    assert len(out) == 1
+    fb.on_timer(1.0, out)
+    assert out[-1] == Ack(start + 4, 4, 1, NO_ECHO)
