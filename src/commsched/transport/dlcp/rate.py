@@ -27,7 +27,8 @@ queueing delay.
 
 A window caps what is in flight, as BBR caps it at twice the path's
 bandwidth-delay product: datagrams sent after the highest one the receiver
-has seen may number at most ``2 · rate · min_rtt / datagram + ack_slack``
+has seen may number at most ``2 · rate · max(min_rtt, rtt_floor_s) /
+datagram + ack_slack``
 (``ack_slack``: the datagrams a receiver may hold before it acknowledges).
 A rate alone keeps sending into a standing queue until feedback catches up;
 the window makes the sender self-clocked, so a queue stays bounded with or
@@ -58,6 +59,9 @@ class RateParams:
     """Knobs of :class:`RateControl`; defaults suit a host whose loop wakes every ~0.1-1 ms.
 
     ``ack_slack`` is at least the receivers' :class:`~commsched.transport.dlcp.protocol.PeerFeedback` ``every``.
+    ``rtt_floor_s``: the least round trip the window assumes, for receivers
+    whose answer time varies well above the fastest one measured (a Python
+    receiver loop: about a millisecond).
     """
 
     initial_rate_bytes_per_s: float = 12.5e6
@@ -69,6 +73,7 @@ class RateParams:
     burst_bytes: float = 8 * 1024
     feedback_timeout_s: float = 0.05
     ack_slack: int = 32
+    rtt_floor_s: float = 0.0
 
 
 def _after(a: int, b: int) -> bool:
@@ -125,7 +130,7 @@ class RateControl:
         """The most datagrams in flight (INF until a round trip was measured)."""
         if self.min_rtt_s == 0:
             return math.inf
-        return 2 * self.rate_bytes_per_s * self.min_rtt_s / self._avg_bytes + self.p.ack_slack
+        return 2 * self.rate_bytes_per_s * max(self.min_rtt_s, self.p.rtt_floor_s) / self._avg_bytes + self.p.ack_slack
 
     def delay_s(self, now_s: float) -> float:
         """How long until a packet may go: 0 now, INF while the window is full (an Ack or a timer opens it)."""

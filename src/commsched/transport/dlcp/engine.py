@@ -1,0 +1,615 @@
+"""The I/O thread of a DLCP link: sockets in, state machines driven, datagrams and control out.
+
+One thread per link owns every socket. Each turn of its loop it waits on the
+sockets (at most until the pacer or a timer is due), then, holding the
+link's lock: reads datagrams (at most 256 per socket and turn) and control
+frames, runs the timers (every millisecond: deadlines, probes, feedback),
+and sends what the rate allows (at most 64 datagrams a turn, so receiving
+keeps up). The training thread only posts transfers and cancels them, under
+the same lock; so a receive's buffer is written only while its slot is
+posted, and never after it finished or was cancelled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from commsched.errors import WireError
+from commsched.transport.dlcp.protocol import (
+    Accept,
+    Ack,
+    Action,
+    Bitmap,
+    Data,
+    PeerFeedback,
+    Probe,
+    ReceiverState,
+    SenderState,
+    Stop,
+    tos_byte,
+)
+from commsched.transport.dlcp.rate import RateControl, RateParams
+from commsched.transport.dlcp.sockets import Endpoints, FrameReader, LinkSockets, frame, recv_tos, send_tos
+from commsched.transport.dlcp.wire import ACK, Codec, Datagram, Kind, check_holes, decode_ack, encode_holes
+from commsched.transport.links import Received, TransferKey
+
+if TYPE_CHECKING:
+    from commsched.transport.dlcp.link import _Transfer
+
+log = logging.getLogger("commsched")
+
+TICK_S = 0.001
+READS_PER_TURN = 256
+SENDS_PER_TURN = 64
+MAX_CONTROL_BACKLOG_BYTES = 16 << 20
+MAX_ENDED = 1 << 16
+Slot = tuple[int, TransferKey]
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRecord:
+    """How one receive ended: ``ended`` is ``"complete"``, ``"bound"``, ``"deadline"`` or ``"cancelled"``."""
+
+    peer: int
+    key: TransferKey
+    numel: int
+    lost_numel: int
+    ended: str
+
+
+@dataclass
+class LinkStats:
+    """Counters of one link (datagrams unless named otherwise); ``rejected`` counts by the reason they failed.
+
+    ``received``: datagrams read from the data sockets, good or bad;
+    ``written``: those written into a receive; ``duplicate``, ``late`` (for a
+    finished receive), ``stale`` (a step too old), ``mismatch`` (wrong dtype,
+    size or grid for the posted receive), ``early_buffered`` /
+    ``early_dropped`` (for a receive not yet posted): valid datagrams not
+    written. ``records``: the last 4096 receives, how each ended.
+    """
+
+    sent: int = 0
+    sent_bytes: int = 0
+    resent: int = 0
+    dropped_by_hook: int = 0
+    send_errors: int = 0
+    received: int = 0
+    written: int = 0
+    duplicate: int = 0
+    late: int = 0
+    stale: int = 0
+    mismatch: int = 0
+    early_buffered: int = 0
+    early_dropped: int = 0
+    control_sent: int = 0
+    control_received: int = 0
+    control_unmatched: int = 0
+    connections_refused: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    rcvbuf_requested_bytes: int = 0
+    rcvbuf_granted_bytes: int = 0
+    rmem_max_bytes: int | None = None
+    records: deque[TransferRecord] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
+class SendSlot:
+    __slots__ = ("deadline_s", "dtype", "importance", "itemsize", "key", "numel", "peer", "prio", "state", "stride",
+                 "transfer", "view")  # fmt: skip
+
+    def __init__(self, peer: int, key: TransferKey, view: memoryview, numel: int, itemsize: int, dtype: int,
+                 stride: int, prio: int, importance: np.ndarray | None) -> None:  # fmt: skip
+        self.peer, self.key, self.view, self.numel, self.itemsize = peer, key, view, numel, itemsize
+        self.dtype, self.stride, self.prio, self.importance = dtype, stride, min(max(prio, 0), 255), importance
+        self.state = SenderState(numel, stride, importance)
+        self.deadline_s = 0.0
+        self.transfer: _Transfer | None = None
+
+    def describe(self) -> str:
+        return f"send of {self.numel} elements to rank {self.peer}, {self.key}"
+
+
+class RecvSlot:
+    __slots__ = ("dtype", "itemsize", "key", "loss_bound", "numel", "peer", "state", "transfer", "view")
+
+    def __init__(self, peer: int, key: TransferKey, view: memoryview, numel: int, itemsize: int, dtype: int,
+                 loss_bound: float) -> None:  # fmt: skip
+        self.peer, self.key, self.view, self.numel, self.itemsize = peer, key, view, numel, itemsize
+        self.dtype, self.loss_bound = dtype, loss_bound
+        self.state = ReceiverState(numel, loss_bound)  # replaced with a deadline when posted
+        self.transfer: _Transfer | None = None
+
+    def describe(self) -> str:
+        return f"receive of {self.numel} elements from rank {self.peer}, {self.key}, loss bound {self.loss_bound}"
+
+
+class _Inbound:
+    __slots__ = ("reader", "sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.reader = sock, FrameReader()
+
+
+class Engine:
+    """The sockets, the per-key state machines, and the thread that drives them (see the module docstring)."""
+
+    def __init__(
+        self, rank: int, world: int, sockets: LinkSockets, peers: Sequence[Endpoints], key: bytes,
+        stats: LinkStats, *, timeout_s: float, rate: RateParams, ack_every: int, early_limit_bytes: int,
+        stale_steps: int, drop: Callable[[int, int], bool] | None,
+    ) -> None:  # fmt: skip
+        self.rank, self.world, self.stats, self.timeout_s = rank, world, stats, timeout_s
+        self.codec = Codec(key, world)
+        self._sockets, self._peers, self._drop = sockets, list(peers), drop
+        self._early_limit_bytes, self._stale_steps = early_limit_bytes, stale_steps
+        self._lock = threading.Lock()
+        self._closing = False
+        now = time.monotonic()
+        self._rates = [RateControl(rate, now) for _ in range(world)]
+        self._feedback = [PeerFeedback(every=ack_every) for _ in range(world)]
+        self._sends: dict[Slot, SendSlot] = {}
+        self._recvs: dict[Slot, RecvSlot] = {}
+        self._early: dict[Slot, list[bytes]] = {}
+        self._early_bytes = 0
+        self._early_probes: dict[Slot, int] = {}
+        self._ended: dict[Slot, int] = {}  # finished receives -> elements received
+        self._newest_step = -1
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        for sock in sockets.data:
+            self._sel.register(sock, selectors.EVENT_READ, "data")
+        self._sel.register(sockets.control, selectors.EVENT_READ, "accept")
+        self._inbound: list[_Inbound] = []
+        self._out: list[socket.socket | None] = [None] * world
+        self._out_buf = [bytearray() for _ in range(world)]
+        try:
+            for peer in range(world):
+                if peer != rank:
+                    conn = socket.create_connection(self._peers[peer].control, timeout=timeout_s)
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    conn.setblocking(False)
+                    self._out[peer] = conn
+        except OSError as exc:
+            self._close_sockets()
+            raise ConnectionError(f"dlcp: rank {rank} cannot reach rank {peer}'s control address: {exc}") from exc
+        self._thread = threading.Thread(target=self._run, name=f"dlcp-io-{rank}", daemon=True)
+        self._thread.start()
+
+    # ---- the training thread's side ----
+
+    def post(self, slot: SendSlot | RecvSlot, transfer: _Transfer) -> None:
+        """Register a transfer (ValueError if its key is already pending); the I/O thread takes it from here."""
+        k = (slot.peer, slot.key)
+        slot.transfer = transfer
+        with self._lock:
+            if self._closing:
+                transfer.finish(error="the link is closed")
+                return
+            now = time.monotonic()
+            if isinstance(slot, SendSlot):
+                if k in self._sends:
+                    raise ValueError(f"dlcp: a send to rank {slot.peer} with key {slot.key} is already pending")
+                slot.deadline_s = now + self.timeout_s
+                self._sends[k] = slot
+                if slot.state.done:
+                    self._finish_send(slot)
+            else:
+                if k in self._recvs or k in self._ended:
+                    raise ValueError(f"dlcp: a receive from rank {slot.peer} with key {slot.key} was already posted")
+                slot.state = ReceiverState(slot.numel, slot.loss_bound, now + self.timeout_s)
+                self._recvs[k] = slot
+                if slot.key.step > self._newest_step:
+                    self._newest_step = slot.key.step
+                    self._prune()
+                for raw in self._early.pop(k, []):
+                    self._early_bytes -= len(raw)
+                    self._on_data(self.codec.decode(raw), raw)
+                probe = self._early_probes.pop(k, None)
+                if probe is not None and k in self._recvs:
+                    self._on_probe(slot, probe)
+                if slot.state.ended is not None and k in self._recvs:
+                    self._finish_recv(slot)
+        self._wake()
+
+    def cancel(self, slot: SendSlot | RecvSlot) -> None:
+        """End a transfer now (its waiter gave up): a receive sends STOP and writes nothing more."""
+        with self._lock:
+            k = (slot.peer, slot.key)
+            if isinstance(slot, RecvSlot) and self._recvs.get(k) is slot:
+                acts: list[Action] = []
+                slot.state.cancel(acts)
+                self._emit(slot.peer, acts, slot)
+                self._finish_recv(slot)
+            elif isinstance(slot, SendSlot) and self._sends.get(k) is slot:
+                slot.state.on_stop()
+                del self._sends[k]
+                if slot.transfer is not None:
+                    slot.transfer.finish(error="cancelled")
+
+    def close(self, timeout_s: float) -> None:
+        with self._lock:
+            self._closing = True
+        self._wake()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+        with self._lock:
+            self._fail_all("the link was closed")
+            self._close_sockets()
+
+    def _fail_all(self, error: str) -> None:
+        slots: list[SendSlot | RecvSlot] = [*self._sends.values(), *self._recvs.values()]
+        self._sends.clear()
+        self._recvs.clear()
+        for slot in slots:
+            if slot.transfer is not None:
+                slot.transfer.finish(error=error)
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _close_sockets(self) -> None:
+        with contextlib.suppress(Exception):
+            self._sel.close()
+        for sock in [self._wake_r, self._wake_w, *(c.sock for c in self._inbound), *self._out]:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+        self._sockets.close()
+
+    # ---- the I/O thread ----
+
+    def _run(self) -> None:
+        buf = bytearray(65536)
+        next_tick_s = 0.0
+        try:
+            while not self._closing:
+                timeout_s = self._sleep_s(time.monotonic())
+                events = self._sel.select(timeout_s)
+                with self._lock:
+                    if self._closing:
+                        break
+                    now = time.monotonic()
+                    for key, _mask in events:
+                        self._on_event(key, buf, now)
+                    if now >= next_tick_s:
+                        self._tick(now)
+                        next_tick_s = now + TICK_S
+                    self._send_data(now)
+        except Exception as exc:  # a bug must not leave waiters hanging until their timeouts
+            log.exception("dlcp: the I/O thread of rank %d failed", self.rank)
+            with self._lock:
+                self._fail_all(f"the link's I/O thread failed: {exc!r}")
+
+    def _sleep_s(self, now: float) -> float:
+        with self._lock:
+            delays = [self._rates[s.peer].delay_s(now) for s in self._sends.values() if s.state.pending]
+        return min([TICK_S, *delays]) if self._sends or self._recvs else 0.005
+
+    def _on_event(self, key: selectors.SelectorKey, buf: bytearray, now: float) -> None:
+        what: Any = key.data
+        if what == "data":
+            self._read_data(key.fileobj, buf, now)  # type: ignore[arg-type]
+        elif what == "accept":
+            self._accept()
+        elif what == "wake":
+            with contextlib.suppress(OSError):
+                self._wake_r.recv(4096)
+        elif isinstance(what, _Inbound):
+            self._read_control(what, now)
+        elif isinstance(what, int):
+            self._flush(what)
+
+    # ---- data in ----
+
+    def _read_data(self, sock: socket.socket, buf: bytearray, now: float) -> None:
+        view = memoryview(buf)
+        for _ in range(READS_PER_TURN):
+            try:
+                n, tos = recv_tos(sock, buf)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                continue
+            self.stats.received += 1
+            try:
+                d = self.codec.decode(view[:n])
+            except WireError as exc:
+                self.stats.reject(exc.reason)
+                continue
+            if d.kind != Kind.DATA or d.rank == self.rank:
+                self.stats.reject("kind" if d.kind != Kind.DATA else "rank")
+                continue
+            acts: list[Action] = []
+            self._feedback[d.rank].on_data(d.seq, tos & 3 == 3, now, acts)
+            self._emit(d.rank, acts, None)
+            self._on_data(d, view[:n])
+
+    def _on_data(self, d: Datagram, raw: memoryview | bytes) -> None:
+        k = (d.rank, TransferKey(d.step, d.task, d.phase))
+        slot = self._recvs.get(k)
+        if slot is None:
+            if k in self._ended:
+                self.stats.late += 1
+            elif d.step < self._newest_step - self._stale_steps:
+                self.stats.stale += 1
+            elif self._early_bytes + len(raw) > self._early_limit_bytes:
+                self.stats.early_dropped += 1
+            else:
+                self._early.setdefault(k, []).append(bytes(raw))
+                self._early_bytes += len(raw)
+                self.stats.early_buffered += 1
+            return
+        if d.dtype != slot.dtype or d.total != slot.numel:
+            self.stats.mismatch += 1
+            return
+        acts: list[Action] = []
+        accepted = slot.state.on_data(d.offset, d.numel, d.stride, acts)
+        if accepted is Accept.NEW:
+            start = d.offset * slot.itemsize
+            slot.view[start : start + len(d.payload)] = d.payload
+            self.stats.written += 1
+        elif accepted is Accept.DUPLICATE:
+            self.stats.duplicate += 1
+        elif accepted is Accept.LATE:
+            self.stats.late += 1
+        else:
+            self.stats.mismatch += 1
+        self._emit(slot.peer, acts, slot)
+        if slot.state.ended is not None:
+            self._finish_recv(slot)
+
+    def _finish_recv(self, slot: RecvSlot) -> None:
+        k = (slot.peer, slot.key)
+        del self._recvs[k]
+        state = slot.state
+        self._ended[k] = state.received
+        if len(self._ended) > MAX_ENDED:
+            del self._ended[next(iter(self._ended))]
+        ended = state.ended or "cancelled"
+        self.stats.records.append(TransferRecord(slot.peer, slot.key, slot.numel, state.lost, ended))
+        if slot.transfer is None:
+            return
+        if ended == "deadline":
+            slot.transfer.finish(error=f"deadline ({self.timeout_s} s) with {state.lost} of {slot.numel} elements "
+                                 f"missing, more than the bound allows ({state.allowed})")  # fmt: skip
+        elif ended == "cancelled":
+            slot.transfer.finish(error="cancelled")
+        else:
+            slot.transfer.finish(Received(state.missing()))
+
+    # ---- control in ----
+
+    def _accept(self) -> None:
+        try:
+            conn, _addr = self._sockets.control.accept()
+        except OSError:
+            return
+        if len(self._inbound) >= 2 * self.world + 8:
+            self.stats.connections_refused += 1
+            conn.close()
+            return
+        conn.setblocking(False)
+        inbound = _Inbound(conn)
+        self._inbound.append(inbound)
+        self._sel.register(conn, selectors.EVENT_READ, inbound)
+
+    def _drop_inbound(self, inbound: _Inbound) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(inbound.sock)
+        inbound.sock.close()
+        self._inbound.remove(inbound)
+
+    def _read_control(self, inbound: _Inbound, now: float) -> None:
+        try:
+            chunk = inbound.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        try:
+            frames = inbound.reader.feed(chunk) if chunk else None
+        except ValueError:
+            self.stats.reject("frame")
+            frames = None
+        if frames is None:
+            self._drop_inbound(inbound)
+            return
+        for raw in frames:
+            try:
+                d = self.codec.decode(raw)
+            except WireError as exc:  # not a peer: stop listening to it
+                self.stats.reject(exc.reason)
+                self._drop_inbound(inbound)
+                return
+            self.stats.control_received += 1
+            self._on_control(d, now)
+
+    def _on_control(self, d: Datagram, now: float) -> None:
+        peer = d.rank
+        if peer == self.rank or d.kind == Kind.DATA:
+            self.stats.reject("kind")
+            return
+        if d.kind == Kind.ACK:
+            sent, received, ce, echo = decode_ack(d)
+            self._rates[peer].on_ack(sent, received, ce, echo, now)
+            return
+        k = (peer, TransferKey(d.step, d.task, d.phase))
+        if d.kind == Kind.PROBE:
+            recv = self._recvs.get(k)
+            if recv is not None and (recv.numel, recv.dtype) == (d.total, d.dtype):
+                self._on_probe(recv, d.seq)
+            elif k in self._ended:
+                self._send_control(peer, Kind.STOP, k[1], offset=self._ended[k], total=d.total, dtype=d.dtype)
+            elif recv is None and d.step >= self._newest_step - self._stale_steps and len(self._early_probes) < 65536:
+                self._early_probes[k] = d.seq
+            else:
+                self.stats.control_unmatched += 1
+            return
+        send = self._sends.get(k)
+        if send is None or (send.numel, send.dtype) != (d.total, d.dtype):
+            self.stats.control_unmatched += 1
+        elif d.kind == Kind.STOP:
+            send.state.on_stop()
+            self._finish_send(send)
+        elif d.kind == Kind.BITMAP:
+            send.state.on_bitmap(d.seq, check_holes(d.payload, d.total))
+
+    def _on_probe(self, slot: RecvSlot, seq: int) -> None:
+        acts: list[Action] = []
+        slot.state.on_probe(seq, acts)
+        self._emit(slot.peer, acts, slot)
+
+    def _finish_send(self, slot: SendSlot) -> None:
+        del self._sends[(slot.peer, slot.key)]
+        if slot.transfer is not None:
+            slot.transfer.finish()
+
+    # ---- timers ----
+
+    def _tick(self, now: float) -> None:
+        for peer in range(self.world):
+            if peer != self.rank:
+                acts: list[Action] = []
+                self._feedback[peer].on_timer(now, acts)
+                self._emit(peer, acts, None)
+                self._rates[peer].on_timer(now)
+        for recv in list(self._recvs.values()):
+            acts = []
+            if recv.state.deadline(now, acts):
+                self._emit(recv.peer, acts, recv)
+                self._finish_recv(recv)
+        for send in list(self._sends.values()):
+            if now >= send.deadline_s:
+                del self._sends[(send.peer, send.key)]
+                if send.transfer is not None:
+                    send.transfer.finish(error=f"no STOP from the receiver within {self.timeout_s} s")
+            elif not send.state.pending and send.state.wake_s <= now:
+                acts = []
+                send.state.next_packets(now, 0, acts)
+                self._emit(send.peer, acts, send)
+
+    def _prune(self) -> None:
+        floor = self._newest_step - self._stale_steps
+        for k in [k for k in self._early if k[1].step < floor]:
+            self._early_bytes -= sum(len(raw) for raw in self._early.pop(k))
+        for table in (self._early_probes, self._ended):
+            for k in [k for k in table if k[1].step < floor]:
+                del table[k]
+
+    # ---- out ----
+
+    def _send_data(self, now: float) -> None:
+        pending: dict[int, list[SendSlot]] = {}
+        for send in self._sends.values():
+            if send.state.pending:
+                pending.setdefault(send.peer, []).append(send)
+        budget = SENDS_PER_TURN
+        while pending and budget > 0:
+            for peer in list(pending):
+                slots = pending[peer]
+                rate = self._rates[peer]
+                if rate.delay_s(now) > 0:
+                    del pending[peer]
+                    continue
+                slot = min(slots, key=lambda s: s.prio)  # stable: the first posted of the most urgent class
+                acts: list[Action] = []
+                slot.state.next_packets(now, 4, acts)
+                for act in acts:
+                    if isinstance(act, Data):
+                        self._send_datagram(slot, act, rate, now)
+                        budget -= 1
+                    else:
+                        self._emit(peer, [act], slot)
+                if not slot.state.pending:
+                    slots.remove(slot)
+                    if not slots:
+                        del pending[peer]
+
+    def _send_datagram(self, slot: SendSlot, act: Data, rate: RateControl, now: float) -> None:
+        start = act.offset * slot.itemsize
+        payload = slot.view[start : start + act.numel * slot.itemsize]
+        seq = rate.on_send(len(payload) + 94, now)  # + header, MAC, IP and UDP
+        k = slot.key
+        wire = self.codec.encode(
+            Kind.DATA, k.step, k.task, k.phase, self.rank, prio=slot.prio, importance=act.important,
+            dtype=slot.dtype, seq=seq, offset=act.offset, numel=act.numel, total=slot.numel, stride=slot.stride,
+            payload=payload,
+        )  # fmt: skip
+        self.stats.sent += 1
+        self.stats.resent += act.resend
+        self.stats.sent_bytes += len(wire)
+        if self._drop is not None and self._drop(slot.peer, act.offset):
+            self.stats.dropped_by_hook += 1
+            return
+        paths = self._sockets.data
+        dests = self._peers[slot.peer].data
+        try:
+            send_tos(paths[seq % len(paths)], wire, tos_byte(slot.prio, bool(act.important)), dests[seq % len(dests)])
+        except OSError:  # a full socket buffer: lost, as on a congested link
+            self.stats.send_errors += 1
+
+    def _emit(self, peer: int, acts: list[Action], slot: SendSlot | RecvSlot | None) -> None:
+        for act in acts:
+            if isinstance(act, Ack):
+                payload = ACK.pack(act.sent, act.received, act.ce, act.echo)
+                self._send_control(peer, Kind.ACK, TransferKey(0, 0, 0), payload=payload, dtype=0, total=0)
+                continue
+            assert slot is not None
+            if isinstance(act, Stop):
+                self._send_control(peer, Kind.STOP, slot.key, offset=act.received, total=slot.numel, dtype=slot.dtype)
+            elif isinstance(act, Probe):
+                self._send_control(peer, Kind.PROBE, slot.key, seq=act.seq, total=slot.numel, dtype=slot.dtype)
+            elif isinstance(act, Bitmap):
+                self._send_control(peer, Kind.BITMAP, slot.key, seq=act.seq, total=slot.numel, dtype=slot.dtype,
+                                   payload=encode_holes(act.holes))  # fmt: skip
+
+    def _send_control(self, peer: int, kind: Kind, key: TransferKey, **fields: Any) -> None:
+        message = self.codec.encode(kind, key.step, key.task, key.phase, self.rank, **fields)
+        backlog = self._out_buf[peer]
+        if len(backlog) > MAX_CONTROL_BACKLOG_BYTES or self._out[peer] is None:
+            return  # the peer does not read its control connection: it is gone
+        backlog += frame(message)
+        self.stats.control_sent += 1
+        self._flush(peer)
+
+    def _flush(self, peer: int) -> None:
+        sock, backlog = self._out[peer], self._out_buf[peer]
+        if sock is None:
+            return
+        try:
+            sent = sock.send(backlog) if backlog else 0
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._out[peer] = None
+            backlog.clear()
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(sock)
+            return
+        del backlog[:sent]
+        try:
+            registered = self._sel.get_key(sock) is not None
+        except KeyError:
+            registered = False
+        if backlog and not registered:
+            self._sel.register(sock, selectors.EVENT_WRITE, peer)
+        elif not backlog and registered:
+            self._sel.unregister(sock)

@@ -1,0 +1,260 @@
+"""DLCP over UDP: a bounded-loss :class:`~commsched.transport.links.Link`.
+
+``DlcpLink`` moves each transfer as MAC'd, offset-addressed datagrams
+(:mod:`~commsched.transport.dlcp.wire`) driven by the clock-free state
+machines of :mod:`~commsched.transport.dlcp.protocol`; one I/O thread per
+link sends, receives and keeps time, off the training thread.
+
+Guarantees
+    * ``recv(..., loss_bound=b)`` finishes with at most ``floor(b · numel)``
+      elements missing, and ``wait()`` returns them as ``missing`` ranges;
+      at ``b = 0`` it returns only with every element. A receive that reaches
+      its deadline (``timeout_s`` after it was posted) with more missing
+      raises RuntimeCommError; so does one whose ``wait(timeout_s)`` ran out
+      (it is cancelled). After ``wait()`` returns or raises, the link never
+      writes into ``out`` again.
+    * A datagram is written only after its MAC, its fields, and its fit to the
+      posted receive (peer, key, dtype, numel, packet grid) are checked: a
+      forged, truncated, out-of-range, duplicate, late or stale datagram is
+      dropped and counted in :attr:`DlcpLink.stats`, never written.
+    * Memory is bounded under a flood: datagrams for receives not yet posted
+      are buffered up to ``early_limit_bytes`` (more are dropped; the
+      sender's probe recovers them), finished keys and early entries of steps
+      older than ``stale_steps`` behind the newest receive are dropped.
+    * ``send`` reads ``data`` until its ``wait()`` returns: leave it unchanged
+      until then. ``close()`` returns within about ``timeout_s``.
+
+Data: every datagram of a transfer crosses every path (per-packet
+round-robin over the local path sockets and the peer's path addresses);
+important packets (:func:`~commsched.transport.dlcp.protocol.classify`) go
+first, ECN-capable, in their layer's DSCP class. Control (STOP, PROBE,
+BITMAP, ACK) rides one TCP connection per ordered pair of ranks, every
+message MAC'd like a datagram: control is a few messages per transfer, so
+TCP's reliability and order cost nothing that matters, and a lost STOP or
+BITMAP would otherwise need its own timers (the sender still re-probes).
+
+Speed (``python benchmarks/dlcp_link.py``, two processes on loopback, 2 shared
+cores, CPython 3.11, 16 MiB float32, bound 0): see the module's benchmark
+table in BENCHMARKS notes of ``benchmarks/dlcp_link.py``; measured here:
+MTU 1500 ≈ {MTU1500}; MTU 9000 ≈ {MTU9000}.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from commsched.errors import RuntimeCommError, UnsupportedError
+from commsched.transport.base import TransportOptions
+from commsched.transport.dlcp.engine import Engine, LinkStats, RecvSlot, SendSlot
+from commsched.transport.dlcp.protocol import classify
+from commsched.transport.dlcp.rate import RateParams
+from commsched.transport.dlcp.sockets import Endpoints, LinkSockets, local_address_toward
+from commsched.transport.dlcp.wire import DTYPE_CODES, packet_numel
+from commsched.transport.links import COMPLETE, Received, TransferKey
+
+log = logging.getLogger("commsched")
+ACK_EVERY_BYTES = 48 * 1024
+
+
+class _Transfer:
+    """A pending send or receive (the link's :class:`~commsched.transport.links.Transfer`)."""
+
+    __slots__ = ("_done", "_error", "_link", "_result", "slot")
+
+    def __init__(self, link: DlcpLink, slot: SendSlot | RecvSlot) -> None:
+        self._link = link
+        self._done = threading.Event()
+        self._error: str | None = None
+        self._result: Received = COMPLETE
+        self.slot = slot
+
+    def finish(self, result: Received = COMPLETE, error: str | None = None) -> None:
+        self._result, self._error = result, error
+        self._done.set()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> Received:
+        if not self._done.wait(timeout_s):
+            self._link._engine.cancel(self.slot)  # after this the link writes nothing more
+            if not self._done.is_set():
+                self.finish(error="cancelled")
+            if self._error == "cancelled":
+                raise RuntimeCommError(f"dlcp: {self.slot.describe()} not finished after wait({timeout_s}); cancelled")
+        if self._error is not None:
+            raise RuntimeCommError(f"dlcp: {self.slot.describe()}: {self._error}")
+        return self._result
+
+
+class DlcpLink:
+    """Keyed bounded-loss transfers between the ranks of one job over UDP (see the module docstring).
+
+    ``sockets``: this rank's bound sockets; ``peers[r]``: rank ``r``'s
+    endpoints (this rank's own entry is ignored); ``key``: the job's 16-64
+    byte key. ``mtu_bytes``: the path MTU datagrams are cut to (1500; 9000
+    with jumbo frames). ``drop``: a test hook, ``drop(peer, offset) -> True``
+    loses that outgoing DATA datagram (counted in ``stats.dropped_by_hook``).
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world: int,
+        sockets: LinkSockets,
+        peers: Sequence[Endpoints],
+        key: bytes,
+        *,
+        timeout_s: float = 60.0,
+        mtu_bytes: int = 1500,
+        rate: RateParams | None = None,
+        quantile: float = 0.5,
+        important_layer_classes: int = 1,
+        early_limit_bytes: int = 64 << 20,
+        stale_steps: int = 2,
+        drop: Callable[[int, int], bool] | None = None,
+    ) -> None:
+        if len(peers) != world or not 0 <= rank < world:
+            raise ValueError(f"dlcp: rank {rank} of {world} with {len(peers)} peer endpoints")
+        self.rank = rank
+        self.world = world
+        self.timeout_s = timeout_s
+        self.mtu_bytes = mtu_bytes
+        self.quantile = quantile
+        self.important_layer_classes = important_layer_classes
+        self.stats = LinkStats(
+            rcvbuf_requested_bytes=sockets.rcvbuf_requested_bytes,
+            rcvbuf_granted_bytes=sockets.rcvbuf_granted_bytes,
+            rmem_max_bytes=sockets.rmem_max_bytes,
+        )
+        self._ip_udp_bytes = 48 if ":" in sockets.endpoints.control[0] else 28
+        if sockets.rcvbuf_limited:
+            log.warning(
+                "dlcp: rank %d got a %d-byte receive buffer of the %d it asked for (net.core.rmem_max = %s); "
+                "a receiver stall of 100 ms at 1.25 GB/s would lose datagrams (raise net.core.rmem_max)",
+                rank, sockets.rcvbuf_granted_bytes, sockets.rcvbuf_requested_bytes, sockets.rmem_max_bytes,
+            )  # fmt: skip
+        # acknowledge about every 48 KiB, and let the window hold what a receiver holds unacknowledged
+        ack_every = max(4, ACK_EVERY_BYTES // mtu_bytes)
+        rate = rate if rate is not None else RateParams(ack_slack=ack_every)
+        self._engine = Engine(
+            rank, world, sockets, peers, key, self.stats, timeout_s=timeout_s, rate=rate, ack_every=ack_every,
+            early_limit_bytes=early_limit_bytes, stale_steps=stale_steps, drop=drop,
+        )  # fmt: skip
+
+    @property
+    def rcvbuf_limited(self) -> bool:
+        """The kernel (``net.core.rmem_max``) granted less receive buffer than a stall of 100 ms needs."""
+        return self.stats.rcvbuf_granted_bytes < self.stats.rcvbuf_requested_bytes
+
+    def _check(self, peer: int, tensor: torch.Tensor, what: str) -> tuple[int, int]:
+        if not 0 <= peer < self.world or peer == self.rank:
+            raise ValueError(f"dlcp: {what} with rank {peer} (this is rank {self.rank} of {self.world})")
+        if tensor.device.type != "cpu" or tensor.dim() != 1 or not tensor.is_contiguous():
+            raise UnsupportedError(f"dlcp: {what} takes a contiguous 1-D CPU tensor, got {tuple(tensor.shape)}")
+        name = str(tensor.dtype).removeprefix("torch.")
+        if name not in DTYPE_CODES:
+            raise UnsupportedError(f"dlcp: dtype {tensor.dtype} has no wire code; known: {', '.join(DTYPE_CODES)}")
+        return DTYPE_CODES[name], tensor.element_size()
+
+    def send(self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0) -> _Transfer:
+        """Start sending ``data`` to ``peer``; the transfer completes when the receiver says STOP."""
+        dtype, itemsize = self._check(peer, data, "send")
+        stride = packet_numel(self.mtu_bytes, itemsize, self._ip_udp_bytes)
+        importance = None
+        if data.is_floating_point() and data.numel():
+            importance = classify(_chunk_norms(data, stride), priority, self.quantile,
+                                  important_layer_classes=self.important_layer_classes)  # fmt: skip
+        view = data.view(torch.uint8).numpy().data if data.numel() else memoryview(b"")
+        slot = SendSlot(peer, TransferKey(*key), view, data.numel(), itemsize, dtype, stride, priority, importance)
+        transfer = _Transfer(self, slot)
+        self._engine.post(slot, transfer)
+        return transfer
+
+    def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> _Transfer:
+        """Start receiving into ``out`` from ``peer``; ``wait()`` gives the element ranges that did not arrive."""
+        dtype, itemsize = self._check(peer, out, "recv")
+        view = out.view(torch.uint8).numpy().data if out.numel() else memoryview(bytearray())
+        slot = RecvSlot(peer, TransferKey(*key), view, out.numel(), itemsize, dtype, loss_bound)
+        transfer = _Transfer(self, slot)
+        self._engine.post(slot, transfer)
+        return transfer
+
+    def close(self) -> None:
+        """Stop the I/O thread (within about ``timeout_s``), fail what is pending, close the sockets."""
+        self._engine.close(min(self.timeout_s, 10.0))
+
+    def __enter__(self) -> DlcpLink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _chunk_norms(data: torch.Tensor, stride: int) -> np.ndarray:
+    """The L2 norm of each packet's chunk of ``data`` (float32 arithmetic)."""
+    n = data.numel()
+    flat = data.detach().float()
+    pad = -n % stride
+    if pad:
+        flat = torch.nn.functional.pad(flat, (0, pad))
+    return torch.linalg.vector_norm(flat.view(-1, stride), dim=1).numpy()
+
+
+def group_address(group: dist.ProcessGroup | None) -> str:
+    """The local address this rank uses toward ``group``'s store (rank 0's side), as the kernel routes it."""
+    try:
+        pg: Any = group if group is not None else dist.group.WORLD
+        store: Any = dist.distributed_c10d._get_process_group_store(pg)
+        while hasattr(store, "underlying_store"):
+            store = store.underlying_store
+        return local_address_toward(str(store.host))
+    except (AttributeError, RuntimeError, OSError, ValueError) as exc:
+        raise UnsupportedError(
+            f"dlcp: cannot tell which local address the process group uses ({exc}); "
+            "give one with TransportOptions(bind=...)"
+        ) from exc
+
+
+def _fingerprint(key: bytes | None) -> bytes | None:
+    return None if key is None else hashlib.blake2b(key, digest_size=8, person=b"commsched.fp").digest()
+
+
+def open_dlcp_link(
+    group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions | None = None, **knobs: Any
+) -> DlcpLink:
+    """Open a :class:`DlcpLink` on every rank of ``group`` (collective: every rank calls it).
+
+    Binds to ``options.bind`` (default: :func:`group_address`) and each of
+    ``options.paths``, then exchanges endpoints with ``dist.all_gather_object``
+    over ``group`` (gloo). The key is ``options.key`` (every rank must give
+    the same one: RuntimeCommError otherwise) or, if None everywhere, 32
+    random bytes rank 0 draws with :mod:`secrets` and shares in the same
+    exchange — so it is not secret from anyone who can read that group's
+    traffic; give a key to every rank out of band where that matters.
+    ``knobs`` go to :class:`DlcpLink` (``mtu_bytes``, ``rate``, ...).
+    """
+    opts = options if options is not None else TransportOptions()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    sockets = LinkSockets(opts.bind if opts.bind is not None else group_address(group), opts.paths)
+    try:
+        drawn = secrets.token_bytes(32) if opts.key is None and rank == 0 else None
+        mine = (sockets.endpoints, drawn, _fingerprint(opts.key))
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, mine, group=group)
+        if len({g[2] for g in gathered}) != 1:
+            raise RuntimeCommError("dlcp: the ranks were given different keys (TransportOptions.key)")
+        key = opts.key if opts.key is not None else gathered[0][1]
+        return DlcpLink(rank, world, sockets, [g[0] for g in gathered], key, timeout_s=timeout_s, **knobs)
+    except BaseException:
+        sockets.close()
+        raise
