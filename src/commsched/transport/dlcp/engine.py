@@ -98,6 +98,7 @@ class LinkStats:
     control_unmatched: int = 0
     connections_refused: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
+    received_per_path: list[int] = field(default_factory=list)
     rcvbuf_requested_bytes: int = 0
     rcvbuf_granted_bytes: int = 0
     rmem_max_bytes: int | None = None
@@ -138,10 +139,12 @@ class RecvSlot:
 
 
 class _Inbound:
-    __slots__ = ("reader", "sock")
+    """An accepted control connection; ``trusted`` once a frame on it passed its MAC."""
+
+    __slots__ = ("reader", "sock", "trusted")
 
     def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.reader = sock, FrameReader()
+        self.sock, self.reader, self.trusted = sock, FrameReader(), False
 
 
 class Engine:
@@ -173,8 +176,9 @@ class Engine:
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        for sock in sockets.data:
-            self._sel.register(sock, selectors.EVENT_READ, "data")
+        stats.received_per_path = [0] * len(sockets.data)
+        for path, sock in enumerate(sockets.data):
+            self._sel.register(sock, selectors.EVENT_READ, ("data", path))
         self._sel.register(sockets.control, selectors.EVENT_READ, "accept")
         self._inbound: list[_Inbound] = []
         self._out: list[socket.socket | None] = [None] * world
@@ -305,8 +309,8 @@ class Engine:
 
     def _on_event(self, key: selectors.SelectorKey, buf: bytearray, now: float) -> None:
         what: Any = key.data
-        if what == "data":
-            self._read_data(key.fileobj, buf, now)  # type: ignore[arg-type]
+        if isinstance(what, tuple):
+            self._read_data(what[1], buf, now)
         elif what == "accept":
             self._accept()
         elif what == "wake":
@@ -319,7 +323,8 @@ class Engine:
 
     # ---- data in ----
 
-    def _read_data(self, sock: socket.socket, buf: bytearray, now: float) -> None:
+    def _read_data(self, path: int, buf: bytearray, now: float) -> None:
+        sock = self._sockets.data[path]
         view = memoryview(buf)
         for _ in range(READS_PER_TURN):
             try:
@@ -329,6 +334,7 @@ class Engine:
             except OSError:
                 continue
             self.stats.received += 1
+            self.stats.received_per_path[path] += 1
             try:
                 d = self.codec.decode(view[:n])
             except WireError as exc:
@@ -402,10 +408,13 @@ class Engine:
             conn, _addr = self._sockets.control.accept()
         except OSError:
             return
-        if len(self._inbound) >= 2 * self.world + 8:
+        if len(self._inbound) >= 2 * self.world + 8:  # full: evict the oldest that never sent a valid frame
+            stranger = next((c for c in self._inbound if not c.trusted), None)
             self.stats.connections_refused += 1
-            conn.close()
-            return
+            if stranger is None:
+                conn.close()
+                return
+            self._drop_inbound(stranger)
         conn.setblocking(False)
         inbound = _Inbound(conn)
         self._inbound.append(inbound)
@@ -439,6 +448,7 @@ class Engine:
                 self.stats.reject(exc.reason)
                 self._drop_inbound(inbound)
                 return
+            inbound.trusted = True
             self.stats.control_received += 1
             self._on_control(d, now)
 

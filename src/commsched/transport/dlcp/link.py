@@ -63,6 +63,7 @@ from commsched.transport.links import COMPLETE, Received, TransferKey
 
 log = logging.getLogger("commsched")
 ACK_EVERY_BYTES = 48 * 1024
+_warned_rcvbuf = False  # the kernel's cap is reported once per process
 
 
 class _Transfer:
@@ -137,11 +138,13 @@ class DlcpLink:
             rmem_max_bytes=sockets.rmem_max_bytes,
         )
         self._ip_udp_bytes = 48 if ":" in sockets.endpoints.control[0] else 28
-        if sockets.rcvbuf_limited:
+        global _warned_rcvbuf
+        if sockets.rcvbuf_limited and not _warned_rcvbuf:
+            _warned_rcvbuf = True
             log.warning(
-                "dlcp: rank %d got a %d-byte receive buffer of the %d it asked for (net.core.rmem_max = %s); "
+                "dlcp: the kernel granted %d bytes of receive buffer of the %d asked for (net.core.rmem_max = %s); "
                 "a receiver stall of 100 ms at 1.25 GB/s would lose datagrams (raise net.core.rmem_max)",
-                rank, sockets.rcvbuf_granted_bytes, sockets.rcvbuf_requested_bytes, sockets.rmem_max_bytes,
+                sockets.rcvbuf_granted_bytes, sockets.rcvbuf_requested_bytes, sockets.rmem_max_bytes,
             )  # fmt: skip
         # acknowledge about every 48 KiB, and let the window hold what a receiver holds unacknowledged
         ack_every = max(4, ACK_EVERY_BYTES // mtu_bytes)

@@ -1,0 +1,234 @@
+"""DlcpLink on 127.0.0.1: two ranks in one process (one I/O thread each).
+
+Receives start with ``out`` full of NaN, so an element the link did not
+write is visible: every test checks that exactly the elements outside the
+reported ``missing`` ranges were written, with the sender's values.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from commsched.errors import RuntimeCommError, UnsupportedError
+from commsched.transport.dlcp.link import DlcpLink
+from commsched.transport.dlcp.sockets import LinkSockets
+from commsched.transport.links import Link, Received, TransferKey
+
+KEY = bytes(range(32))
+K = TransferKey
+
+
+Drop = Callable[[int, int], bool]
+
+
+def pair(
+    host: str = "127.0.0.1", paths: tuple[str, ...] = (), drop: Drop | None = None, **knobs: Any
+) -> list[DlcpLink]:
+    sockets = [LinkSockets(host, paths) for _ in range(2)]
+    peers = [s.endpoints for s in sockets]
+    return [
+        DlcpLink(rank, 2, sockets[rank], peers, KEY, drop=drop if rank == 0 else None, **knobs) for rank in range(2)
+    ]
+
+
+@pytest.fixture
+def links() -> Iterator[list[DlcpLink]]:
+    pair_ = pair(timeout_s=10.0)
+    yield pair_
+    for link in pair_:
+        link.close()
+
+
+def data(numel: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return torch.randn(numel, generator=g).to(dtype)
+    return torch.randint(-(2**30), 2**30, (numel,), generator=g).to(dtype)
+
+
+def check_written(out: torch.Tensor, sent: torch.Tensor, got: Received) -> None:
+    """Elements outside ``missing`` equal the sender's; inside, untouched (NaN)."""
+    mask = torch.ones(out.numel(), dtype=torch.bool)
+    for start, stop in got.missing:
+        mask[start:stop] = False
+        assert torch.isnan(out[start:stop]).all()
+    assert torch.equal(out[mask], sent[mask])
+
+
+def test_the_link_satisfies_the_link_protocol(links: list[DlcpLink]) -> None:
+    link: Link = links[0]
+    assert (link.rank, link.world) == (0, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64, torch.int64, torch.int8])
+@pytest.mark.parametrize("numel", [1, 351, 352, 353, 100_003])
+def test_tensors_arrive_intact_at_bound_zero(links: list[DlcpLink], dtype: torch.dtype, numel: int) -> None:
+    sent = data(numel, dtype=dtype)
+    out = torch.zeros(numel, dtype=dtype)
+    recv = links[1].recv(0, K(0, 1, 0), out)
+    send = links[0].send(1, K(0, 1, 0), sent, priority=2)
+    assert recv.wait(10.0).missing == () and send.wait(10.0).missing == ()
+    assert torch.equal(out, sent) and recv.is_completed() and send.is_completed()
+    assert links[1].stats.records[-1].ended == "complete"
+
+
+def test_an_empty_transfer_completes_at_once(links: list[DlcpLink]) -> None:
+    assert links[1].recv(0, K(0, 0, 0), torch.empty(0)).wait(1.0).lost == 0
+    assert links[0].send(1, K(0, 0, 0), torch.empty(0)).wait(1.0).lost == 0
+
+
+def test_many_keys_both_ways_in_any_order_and_a_receive_posted_late(links: list[DlcpLink]) -> None:
+    sends, recvs = [], []
+    for task in range(6):
+        for src, dst in ((0, 1), (1, 0)):
+            sent = data(20_000 + task, seed=10 * task + src)
+            out = torch.full_like(sent, float("nan"))
+            sends.append(links[src].send(dst, K(3, task, src), sent, priority=task % 3))
+            recvs.append((links[dst], src, K(3, task, src), out, sent))
+    time.sleep(0.05)  # the data lands before the receives are posted: it waits in the early buffer
+    waits = [(link.recv(src, key, out), out, sent) for link, src, key, out, sent in reversed(recvs)]
+    for transfer, out, sent in waits:
+        assert transfer.wait(10.0).lost == 0 and torch.equal(out, sent)
+    for send in sends:
+        send.wait(10.0)
+    assert links[0].stats.early_buffered + links[1].stats.early_buffered > 0
+
+
+def test_dropped_datagrams_are_resent_until_complete_at_bound_zero() -> None:
+    rng = random.Random(3)
+    a, b = pair(drop=lambda _peer, _offset: rng.random() < 0.2, timeout_s=10.0)
+    try:
+        sent = data(200_000)
+        out = torch.full_like(sent, float("nan"))
+        recv = b.recv(0, K(0, 0, 0), out)
+        a.send(1, K(0, 0, 0), sent).wait(10.0)
+        assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
+        assert a.stats.dropped_by_hook > 0 and a.stats.resent >= a.stats.dropped_by_hook
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("bound", [0.01, 0.05, 0.3])
+def test_with_losses_a_bounded_receive_ends_within_its_bound_and_says_what_is_missing(bound: float) -> None:
+    rng = random.Random(5)
+    a, b = pair(drop=lambda _peer, _offset: rng.random() < 0.1, timeout_s=10.0)
+    try:
+        sent = data(300_001)
+        out = torch.full_like(sent, float("nan"))
+        recv = b.recv(0, K(1, 2, 1), out, loss_bound=bound)
+        send = a.send(1, K(1, 2, 1), sent)
+        got = recv.wait(10.0)
+        send.wait(10.0)
+        assert got.lost <= int(bound * sent.numel())
+        check_written(out, sent, got)
+        record = b.stats.records[-1]
+        assert (record.lost_numel, record.numel) == (got.lost, sent.numel())
+        assert record.ended in ("bound", "complete")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_wait_that_runs_out_cancels_and_nothing_is_written_after(links: list[DlcpLink]) -> None:
+    out = torch.full((5000,), float("nan"))
+    recv = links[1].recv(0, K(0, 0, 0), out)
+    with pytest.raises(RuntimeCommError, match="cancelled"):
+        recv.wait(0.1)
+    assert links[1].stats.records[-1].ended == "cancelled"
+    links[0].send(1, K(0, 0, 0), data(5000))  # stopped at once: the receiver already ended
+    time.sleep(0.1)
+    assert torch.isnan(out).all()
+
+
+def test_the_deadline_ends_a_receive_that_cannot_reach_its_bound() -> None:
+    a, b = pair(timeout_s=0.3)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RuntimeCommError, match="deadline"):
+            b.recv(0, K(0, 0, 0), torch.empty(1000)).wait()
+        assert time.monotonic() - start < 2.0
+        assert b.stats.records[-1].ended == "deadline"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_early_data_beyond_the_buffer_is_dropped_then_recovered_by_probes() -> None:
+    a, b = pair(timeout_s=10.0, early_limit_bytes=50_000)
+    try:
+        sent = data(100_000)
+        send = a.send(1, K(0, 0, 0), sent)
+        time.sleep(0.1)
+        assert b.stats.early_dropped > 0 and b._engine._early_bytes <= 50_000
+        out = torch.full_like(sent, float("nan"))
+        assert b.recv(0, K(0, 0, 0), out).wait(10.0).lost == 0 and torch.equal(out, sent)
+        send.wait(10.0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_stale_steps_are_dropped(links: list[DlcpLink]) -> None:
+    out = torch.empty(10)
+    recv = links[1].recv(0, K(10, 0, 0), out)
+    old = links[0].send(1, K(1, 0, 0), data(1000))  # 9 steps behind the newest receive
+    time.sleep(0.1)
+    assert links[1].stats.stale > 0 and links[1].stats.early_buffered == 0
+    links[0].send(1, K(10, 0, 0), data(10))
+    assert recv.wait(5.0).lost == 0
+    with pytest.raises(RuntimeCommError):
+        old.wait(0.05)
+
+
+def test_binding_honours_the_addresses_given_and_packets_cross_every_path() -> None:
+    a, b = pair(host="127.0.0.2", paths=("127.0.0.3",), timeout_s=10.0)
+    try:
+        for link in (a, b):
+            endpoints = link._engine._peers[link.rank]
+            assert [host for host, _ in endpoints.data] == ["127.0.0.2", "127.0.0.3"]
+            assert endpoints.control[0] == "127.0.0.2"
+        sent = data(50_000)
+        out = torch.empty_like(sent)
+        recv = b.recv(0, K(0, 0, 0), out)
+        a.send(1, K(0, 0, 0), sent).wait(10.0)
+        assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
+        per_path = b.stats.received_per_path
+        assert len(per_path) == 2 and min(per_path) >= 0.45 * sum(per_path)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # nothing listens on 127.0.0.1 there
+            assert probe.connect_ex(("127.0.0.1", b._engine._peers[1].control[1])) != 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_bad_arguments_are_refused(links: list[DlcpLink]) -> None:
+    with pytest.raises(ValueError, match="rank"):
+        links[0].send(0, K(0, 0, 0), torch.zeros(3))
+    with pytest.raises(UnsupportedError):
+        links[0].send(1, K(0, 0, 0), torch.zeros(3, 3))
+    with pytest.raises(UnsupportedError):
+        links[0].send(1, K(0, 0, 0), torch.zeros(3, dtype=torch.complex64))
+    links[1].recv(0, K(0, 0, 0), torch.zeros(3))
+    with pytest.raises(ValueError, match="already"):
+        links[1].recv(0, K(0, 0, 0), torch.zeros(3))
+
+
+def test_close_is_bounded_and_fails_what_is_pending() -> None:
+    a, b = pair(timeout_s=30.0)
+    recv = b.recv(0, K(0, 0, 0), torch.empty(100))
+    send = a.send(1, K(0, 1, 0), data(100))
+    start = time.monotonic()
+    a.close()
+    b.close()
+    assert time.monotonic() - start < 5.0
+    for transfer in (recv, send):
+        with pytest.raises(RuntimeCommError, match="closed"):
+            transfer.wait(1.0)
