@@ -138,7 +138,7 @@ def test_junk_and_idle_control_connections_are_cut_off_and_peers_still_get_throu
         recv = b.recv(0, TransferKey(1, 0, 0), out)
         a.send(1, TransferKey(1, 0, 0), sent).wait(10.0)  # the peer's connection is trusted: never evicted
         assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
-        assert b.stats.connections_refused >= 30 + 1 - 12 and len(b._engine._inbound) <= 12
+        assert b.stats.connections_refused >= 30 + 1 - 12 and b._engine._control.inbound <= 12
         for conn in idle:
             conn.close()
     finally:

@@ -18,14 +18,11 @@ import selectors
 import socket
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from commsched.errors import WireError
+from commsched.transport.dlcp.control import Control
 from commsched.transport.dlcp.protocol import (
     Accept,
     Ack,
@@ -35,116 +32,25 @@ from commsched.transport.dlcp.protocol import (
     PeerFeedback,
     Probe,
     ReceiverState,
-    SenderState,
     Stop,
     tos_byte,
 )
 from commsched.transport.dlcp.rate import RateControl, RateParams
-from commsched.transport.dlcp.sockets import Endpoints, FrameReader, LinkSockets, frame, recv_tos, send_tos
+from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot, TransferRecord
+from commsched.transport.dlcp.sockets import Endpoints, LinkSockets, recv_tos, send_tos
 from commsched.transport.dlcp.wire import ACK, Codec, Datagram, Kind, check_holes, decode_ack, encode_holes
 from commsched.transport.links import Received, TransferKey
 
 if TYPE_CHECKING:
-    from commsched.transport.dlcp.link import _Transfer
+    from commsched.transport.dlcp.link import DlcpTransfer
 
 log = logging.getLogger("commsched")
 
 TICK_S = 0.001
 READS_PER_TURN = 256
 SENDS_PER_TURN = 64
-MAX_CONTROL_BACKLOG_BYTES = 16 << 20
 MAX_ENDED = 1 << 16
 Slot = tuple[int, TransferKey]
-
-
-@dataclass(frozen=True, slots=True)
-class TransferRecord:
-    """How one receive ended: ``ended`` is ``"complete"``, ``"bound"``, ``"deadline"`` or ``"cancelled"``."""
-
-    peer: int
-    key: TransferKey
-    numel: int
-    lost_numel: int
-    ended: str
-
-
-@dataclass
-class LinkStats:
-    """Counters of one link (datagrams unless named otherwise); ``rejected`` counts by the reason they failed.
-
-    ``received``: datagrams read from the data sockets, good or bad;
-    ``written``: those written into a receive; ``duplicate``, ``late`` (for a
-    finished receive), ``stale`` (a step too old), ``mismatch`` (wrong dtype,
-    size or grid for the posted receive), ``early_buffered`` /
-    ``early_dropped`` (for a receive not yet posted): valid datagrams not
-    written. ``records``: the last 4096 receives, how each ended.
-    """
-
-    sent: int = 0
-    sent_bytes: int = 0
-    resent: int = 0
-    dropped_by_hook: int = 0
-    send_errors: int = 0
-    received: int = 0
-    written: int = 0
-    duplicate: int = 0
-    late: int = 0
-    stale: int = 0
-    mismatch: int = 0
-    early_buffered: int = 0
-    early_dropped: int = 0
-    control_sent: int = 0
-    control_received: int = 0
-    control_unmatched: int = 0
-    connections_refused: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)
-    received_per_path: list[int] = field(default_factory=list)
-    rcvbuf_requested_bytes: int = 0
-    rcvbuf_granted_bytes: int = 0
-    rmem_max_bytes: int | None = None
-    records: deque[TransferRecord] = field(default_factory=lambda: deque(maxlen=4096))
-
-    def reject(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-
-
-class SendSlot:
-    __slots__ = ("deadline_s", "dtype", "importance", "itemsize", "key", "numel", "peer", "prio", "state", "stride",
-                 "transfer", "view")  # fmt: skip
-
-    def __init__(self, peer: int, key: TransferKey, view: memoryview, numel: int, itemsize: int, dtype: int,
-                 stride: int, prio: int, importance: np.ndarray | None) -> None:  # fmt: skip
-        self.peer, self.key, self.view, self.numel, self.itemsize = peer, key, view, numel, itemsize
-        self.dtype, self.stride, self.prio, self.importance = dtype, stride, min(max(prio, 0), 255), importance
-        self.state = SenderState(numel, stride, importance)
-        self.deadline_s = 0.0
-        self.transfer: _Transfer | None = None
-
-    def describe(self) -> str:
-        return f"send of {self.numel} elements to rank {self.peer}, {self.key}"
-
-
-class RecvSlot:
-    __slots__ = ("dtype", "itemsize", "key", "loss_bound", "numel", "peer", "state", "transfer", "view")
-
-    def __init__(self, peer: int, key: TransferKey, view: memoryview, numel: int, itemsize: int, dtype: int,
-                 loss_bound: float) -> None:  # fmt: skip
-        self.peer, self.key, self.view, self.numel, self.itemsize = peer, key, view, numel, itemsize
-        self.dtype, self.loss_bound = dtype, loss_bound
-        self.state = ReceiverState(numel, loss_bound)  # replaced with a deadline when posted
-        self.transfer: _Transfer | None = None
-
-    def describe(self) -> str:
-        return f"receive of {self.numel} elements from rank {self.peer}, {self.key}, loss bound {self.loss_bound}"
-
-
-class _Inbound:
-    """An accepted control connection; ``trusted`` once a frame on it passed its MAC."""
-
-    __slots__ = ("reader", "sock", "trusted")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock, self.reader, self.trusted = sock, FrameReader(), False
 
 
 class Engine:
@@ -179,26 +85,18 @@ class Engine:
         stats.received_per_path = [0] * len(sockets.data)
         for path, sock in enumerate(sockets.data):
             self._sel.register(sock, selectors.EVENT_READ, ("data", path))
-        self._sel.register(sockets.control, selectors.EVENT_READ, "accept")
-        self._inbound: list[_Inbound] = []
-        self._out: list[socket.socket | None] = [None] * world
-        self._out_buf = [bytearray() for _ in range(world)]
         try:
-            for peer in range(world):
-                if peer != rank:
-                    conn = socket.create_connection(self._peers[peer].control, timeout=timeout_s)
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    conn.setblocking(False)
-                    self._out[peer] = conn
-        except OSError as exc:
+            self._control = Control(rank, world, sockets.control, [p.control for p in peers], self._sel, self.codec,
+                                    stats, timeout_s)  # fmt: skip
+        except ConnectionError:
             self._close_sockets()
-            raise ConnectionError(f"dlcp: rank {rank} cannot reach rank {peer}'s control address: {exc}") from exc
+            raise
         self._thread = threading.Thread(target=self._run, name=f"dlcp-io-{rank}", daemon=True)
         self._thread.start()
 
     # ---- the training thread's side ----
 
-    def post(self, slot: SendSlot | RecvSlot, transfer: _Transfer) -> None:
+    def post(self, slot: SendSlot | RecvSlot, transfer: DlcpTransfer) -> None:
         """Register a transfer (ValueError if its key is already pending); the I/O thread takes it from here."""
         k = (slot.peer, slot.key)
         slot.transfer = transfer
@@ -272,10 +170,11 @@ class Engine:
     def _close_sockets(self) -> None:
         with contextlib.suppress(Exception):
             self._sel.close()
-        for sock in [self._wake_r, self._wake_w, *(c.sock for c in self._inbound), *self._out]:
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.close()
+        if hasattr(self, "_control"):
+            self._control.close()
+        for sock in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                sock.close()
         self._sockets.close()
 
     # ---- the I/O thread ----
@@ -312,14 +211,15 @@ class Engine:
         if isinstance(what, tuple):
             self._read_data(what[1], buf, now)
         elif what == "accept":
-            self._accept()
+            self._control.accept()
         elif what == "wake":
             with contextlib.suppress(OSError):
                 self._wake_r.recv(4096)
-        elif isinstance(what, _Inbound):
-            self._read_control(what, now)
         elif isinstance(what, int):
-            self._flush(what)
+            self._control.flush(what)
+        else:
+            for message in self._control.read(what):
+                self._on_control(message, now)
 
     # ---- data in ----
 
@@ -402,55 +302,6 @@ class Engine:
             slot.transfer.finish(Received(state.missing()))
 
     # ---- control in ----
-
-    def _accept(self) -> None:
-        try:
-            conn, _addr = self._sockets.control.accept()
-        except OSError:
-            return
-        if len(self._inbound) >= 2 * self.world + 8:  # full: evict the oldest that never sent a valid frame
-            stranger = next((c for c in self._inbound if not c.trusted), None)
-            self.stats.connections_refused += 1
-            if stranger is None:
-                conn.close()
-                return
-            self._drop_inbound(stranger)
-        conn.setblocking(False)
-        inbound = _Inbound(conn)
-        self._inbound.append(inbound)
-        self._sel.register(conn, selectors.EVENT_READ, inbound)
-
-    def _drop_inbound(self, inbound: _Inbound) -> None:
-        with contextlib.suppress(KeyError, ValueError):
-            self._sel.unregister(inbound.sock)
-        inbound.sock.close()
-        self._inbound.remove(inbound)
-
-    def _read_control(self, inbound: _Inbound, now: float) -> None:
-        try:
-            chunk = inbound.sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            chunk = b""
-        try:
-            frames = inbound.reader.feed(chunk) if chunk else None
-        except ValueError:
-            self.stats.reject("frame")
-            frames = None
-        if frames is None:
-            self._drop_inbound(inbound)
-            return
-        for raw in frames:
-            try:
-                d = self.codec.decode(raw)
-            except WireError as exc:  # not a peer: stop listening to it
-                self.stats.reject(exc.reason)
-                self._drop_inbound(inbound)
-                return
-            inbound.trusted = True
-            self.stats.control_received += 1
-            self._on_control(d, now)
 
     def _on_control(self, d: Datagram, now: float) -> None:
         peer = d.rank
@@ -592,34 +443,4 @@ class Engine:
                                    payload=encode_holes(act.holes))  # fmt: skip
 
     def _send_control(self, peer: int, kind: Kind, key: TransferKey, **fields: Any) -> None:
-        message = self.codec.encode(kind, key.step, key.task, key.phase, self.rank, **fields)
-        backlog = self._out_buf[peer]
-        if len(backlog) > MAX_CONTROL_BACKLOG_BYTES or self._out[peer] is None:
-            return  # the peer does not read its control connection: it is gone
-        backlog += frame(message)
-        self.stats.control_sent += 1
-        self._flush(peer)
-
-    def _flush(self, peer: int) -> None:
-        sock, backlog = self._out[peer], self._out_buf[peer]
-        if sock is None:
-            return
-        try:
-            sent = sock.send(backlog) if backlog else 0
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            self._out[peer] = None
-            backlog.clear()
-            with contextlib.suppress(KeyError, ValueError):
-                self._sel.unregister(sock)
-            return
-        del backlog[:sent]
-        try:
-            registered = self._sel.get_key(sock) is not None
-        except KeyError:
-            registered = False
-        if backlog and not registered:
-            self._sel.register(sock, selectors.EVENT_WRITE, peer)
-        elif not backlog and registered:
-            self._sel.unregister(sock)
+        self._control.send(peer, self.codec.encode(kind, key.step, key.task, key.phase, self.rank, **fields))

@@ -54,9 +54,10 @@ import torch.distributed as dist
 
 from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.transport.base import TransportOptions
-from commsched.transport.dlcp.engine import Engine, LinkStats, RecvSlot, SendSlot
+from commsched.transport.dlcp.engine import Engine
 from commsched.transport.dlcp.protocol import classify
 from commsched.transport.dlcp.rate import RateParams
+from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
 from commsched.transport.dlcp.sockets import Endpoints, LinkSockets, local_address_toward
 from commsched.transport.dlcp.wire import DTYPE_CODES, packet_numel
 from commsched.transport.links import COMPLETE, Received, TransferKey
@@ -66,7 +67,7 @@ ACK_EVERY_BYTES = 48 * 1024
 _warned_rcvbuf = False  # the kernel's cap is reported once per process
 
 
-class _Transfer:
+class DlcpTransfer:
     """A pending send or receive (the link's :class:`~commsched.transport.links.Transfer`)."""
 
     __slots__ = ("_done", "_error", "_link", "_result", "slot")
@@ -169,7 +170,7 @@ class DlcpLink:
             raise UnsupportedError(f"dlcp: dtype {tensor.dtype} has no wire code; known: {', '.join(DTYPE_CODES)}")
         return DTYPE_CODES[name], tensor.element_size()
 
-    def send(self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0) -> _Transfer:
+    def send(self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0) -> DlcpTransfer:
         """Start sending ``data`` to ``peer``; the transfer completes when the receiver says STOP."""
         dtype, itemsize = self._check(peer, data, "send")
         stride = packet_numel(self.mtu_bytes, itemsize, self._ip_udp_bytes)
@@ -179,16 +180,16 @@ class DlcpLink:
                                   important_layer_classes=self.important_layer_classes)  # fmt: skip
         view = data.view(torch.uint8).numpy().data if data.numel() else memoryview(b"")
         slot = SendSlot(peer, TransferKey(*key), view, data.numel(), itemsize, dtype, stride, priority, importance)
-        transfer = _Transfer(self, slot)
+        transfer = DlcpTransfer(self, slot)
         self._engine.post(slot, transfer)
         return transfer
 
-    def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> _Transfer:
+    def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> DlcpTransfer:
         """Start receiving into ``out`` from ``peer``; ``wait()`` gives the element ranges that did not arrive."""
         dtype, itemsize = self._check(peer, out, "recv")
         view = out.view(torch.uint8).numpy().data if out.numel() else memoryview(bytearray())
         slot = RecvSlot(peer, TransferKey(*key), view, out.numel(), itemsize, dtype, loss_bound)
-        transfer = _Transfer(self, slot)
+        transfer = DlcpTransfer(self, slot)
         self._engine.post(slot, transfer)
         return transfer
 

@@ -80,6 +80,14 @@ DTYPES: dict[int, tuple[str, int]] = {
 }
 DTYPE_CODES: dict[str, int] = {name: code for code, (name, _) in DTYPES.items()}
 
+# the decoder's hot path compares plain ints
+_ITEMSIZE = {code: itemsize for code, (_, itemsize) in DTYPES.items()}
+_DATA, _BITMAP, _ACK = int(Kind.DATA), int(Kind.BITMAP), int(Kind.ACK)
+_TRANSFER_KINDS = frozenset((int(Kind.DATA), int(Kind.STOP), int(Kind.PROBE), int(Kind.BITMAP)))
+_HEADER_BYTES = HEADER.size
+_MIN_BYTES = HEADER.size + MAC_BYTES
+_unpack = HEADER.unpack_from
+
 
 class Datagram(NamedTuple):
     """A decoded, verified datagram. ``payload`` is a view into the buffer it was decoded from."""
@@ -157,53 +165,51 @@ class Codec:
         """Verify and parse one datagram; WireError(reason) if anything is wrong. Reads no field before the MAC."""
         view = memoryview(data)
         n = len(view)
-        if n < HEADER.size + MAC_BYTES:
-            raise WireError("short", f"{n} bytes, fewer than a header and a MAC ({HEADER.size + MAC_BYTES})")
+        if n < _MIN_BYTES:
+            raise WireError("short", f"{n} bytes, fewer than a header and a MAC ({_MIN_BYTES})")
         if n > MAX_DATAGRAM_BYTES:
             raise WireError("long", f"{n} bytes, more than a datagram can hold")
+        end = n - MAC_BYTES
         mac = self._mac.copy()
-        mac.update(view[: n - MAC_BYTES])
-        if not hmac.compare_digest(mac.digest(), view[n - MAC_BYTES :]):
+        mac.update(view[:end])
+        if not hmac.compare_digest(mac.digest(), view[end:]):
             raise WireError("mac", "the MAC does not match (forged, corrupted, or another job's key)")
         (magic, version, kind, job, step, task, phase, prio, importance, dtype, rank, seq, offset, numel, total,
-         stride) = HEADER.unpack_from(view)  # fmt: skip
-        payload = view[HEADER.size : n - MAC_BYTES]
+         stride) = _unpack(view)  # fmt: skip
+        payload = view[_HEADER_BYTES:end]
         if magic != MAGIC or version != VERSION:
             raise WireError("version", f"magic {magic:#x} version {version}, expected {MAGIC:#x} version {VERSION}")
         if job != self.job:
             raise WireError("job", f"job id {job:#x}, expected {self.job:#x}")
         if rank >= self.world:
             raise WireError("rank", f"sender rank {rank}, world size {self.world}")
-        if kind == Kind.ACK:
-            if dtype or total or len(payload) != ACK.size:
+        if kind == _ACK:
+            if dtype or total or end - _HEADER_BYTES != ACK.size:
                 raise WireError("length", f"an ACK carries {ACK.size} bytes and no transfer, got {len(payload)}")
-        else:
-            if kind not in (Kind.DATA, Kind.STOP, Kind.PROBE, Kind.BITMAP):
-                raise WireError("kind", f"unknown message kind {kind}")
-            if dtype not in DTYPES:
-                raise WireError("dtype", f"unknown dtype code {dtype}")
-            if total < 1 or offset > total:
-                raise WireError("range", f"offset {offset} of a transfer of {total} elements")
-            if importance > 1:
-                raise WireError("range", f"importance class {importance}, expected 0 or 1")
-            if kind == Kind.DATA:
-                _check_data(offset, numel, total, stride, len(payload), DTYPES[dtype][1])
-            elif kind == Kind.BITMAP:
-                check_holes(payload, total)
-            elif payload:
-                raise WireError("length", f"a {Kind(kind).name} carries no payload, got {len(payload)} bytes")
-        return Datagram(
-            kind, step, task, phase, prio, importance, dtype, rank, seq, offset, numel, total, stride, payload
-        )
-
-
-def _check_data(offset: int, numel: int, total: int, stride: int, payload_bytes: int, itemsize: int) -> None:
-    if stride < 1 or offset % stride or offset >= total:
-        raise WireError("range", f"offset {offset} is not on the grid of {stride} elements below {total}")
-    if numel != min(stride, total - offset):
-        raise WireError("range", f"{numel} elements at offset {offset}, expected {min(stride, total - offset)}")
-    if payload_bytes != numel * itemsize:
-        raise WireError("length", f"{payload_bytes} payload bytes for {numel} elements of {itemsize} bytes")
+            return Datagram(kind, step, task, phase, prio, importance, dtype, rank, seq, offset, numel, total, stride,
+                            payload)  # fmt: skip
+        if kind not in _TRANSFER_KINDS:
+            raise WireError("kind", f"unknown message kind {kind}")
+        itemsize = _ITEMSIZE.get(dtype)
+        if itemsize is None:
+            raise WireError("dtype", f"unknown dtype code {dtype}")
+        if total < 1 or offset > total:
+            raise WireError("range", f"offset {offset} of a transfer of {total} elements")
+        if importance > 1:
+            raise WireError("range", f"importance class {importance}, expected 0 or 1")
+        if kind == _DATA:
+            if stride < 1 or offset % stride or offset >= total:
+                raise WireError("range", f"offset {offset} is not on the grid of {stride} elements below {total}")
+            if numel != min(stride, total - offset):
+                raise WireError("range", f"{numel} elements at offset {offset}, expected {min(stride, total - offset)}")
+            if end - _HEADER_BYTES != numel * itemsize:
+                raise WireError("length", f"{len(payload)} payload bytes for {numel} elements of {itemsize} bytes")
+        elif kind == _BITMAP:
+            check_holes(payload, total)
+        elif end != _HEADER_BYTES:
+            raise WireError("length", f"a {Kind(kind).name} carries no payload, got {len(payload)} bytes")
+        return Datagram(kind, step, task, phase, prio, importance, dtype, rank, seq, offset, numel, total, stride,
+                        payload)  # fmt: skip
 
 
 def encode_holes(holes: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> bytes:

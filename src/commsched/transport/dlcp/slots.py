@@ -1,0 +1,96 @@
+"""What a DLCP link keeps per transfer and in total: posted sends and receives, records, counters."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from commsched.transport.dlcp.protocol import ReceiverState, SenderState
+from commsched.transport.links import TransferKey
+
+if TYPE_CHECKING:
+    from commsched.transport.dlcp.link import DlcpTransfer
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRecord:
+    """How one receive ended: ``ended`` is ``"complete"``, ``"bound"``, ``"deadline"`` or ``"cancelled"``."""
+
+    peer: int
+    key: TransferKey
+    numel: int
+    lost_numel: int
+    ended: str
+
+
+@dataclass
+class LinkStats:
+    """Counters of one link (datagrams unless named otherwise); ``rejected`` counts by the reason they failed.
+
+    ``received``: datagrams read from the data sockets, good or bad;
+    ``written``: those written into a receive; ``duplicate``, ``late`` (for a
+    finished receive), ``stale`` (a step too old), ``mismatch`` (wrong dtype,
+    size or grid for the posted receive), ``early_buffered`` /
+    ``early_dropped`` (for a receive not yet posted): valid datagrams not
+    written. ``records``: the last 4096 receives, how each ended.
+    """
+
+    sent: int = 0
+    sent_bytes: int = 0
+    resent: int = 0
+    dropped_by_hook: int = 0
+    send_errors: int = 0
+    received: int = 0
+    written: int = 0
+    duplicate: int = 0
+    late: int = 0
+    stale: int = 0
+    mismatch: int = 0
+    early_buffered: int = 0
+    early_dropped: int = 0
+    control_sent: int = 0
+    control_received: int = 0
+    control_unmatched: int = 0
+    connections_refused: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    received_per_path: list[int] = field(default_factory=list)
+    rcvbuf_requested_bytes: int = 0
+    rcvbuf_granted_bytes: int = 0
+    rmem_max_bytes: int | None = None
+    records: deque[TransferRecord] = field(default_factory=lambda: deque(maxlen=4096))
+
+    def reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+
+class SendSlot:
+    __slots__ = ("deadline_s", "dtype", "importance", "itemsize", "key", "numel", "peer", "prio", "state", "stride",
+                 "transfer", "view")  # fmt: skip
+
+    def __init__(self, peer: int, key: TransferKey, view: memoryview, numel: int, itemsize: int, dtype: int,
+                 stride: int, prio: int, importance: np.ndarray | None) -> None:  # fmt: skip
+        self.peer, self.key, self.view, self.numel, self.itemsize = peer, key, view, numel, itemsize
+        self.dtype, self.stride, self.prio, self.importance = dtype, stride, min(max(prio, 0), 255), importance
+        self.state = SenderState(numel, stride, importance)
+        self.deadline_s = 0.0
+        self.transfer: DlcpTransfer | None = None
+
+    def describe(self) -> str:
+        return f"send of {self.numel} elements to rank {self.peer}, {self.key}"
+
+
+class RecvSlot:
+    __slots__ = ("dtype", "itemsize", "key", "loss_bound", "numel", "peer", "state", "transfer", "view")
+
+    def __init__(self, peer: int, key: TransferKey, view: memoryview, numel: int, itemsize: int, dtype: int,
+                 loss_bound: float) -> None:  # fmt: skip
+        self.peer, self.key, self.view, self.numel, self.itemsize = peer, key, view, numel, itemsize
+        self.dtype, self.loss_bound = dtype, loss_bound
+        self.state = ReceiverState(numel, loss_bound)  # replaced with a deadline when posted
+        self.transfer: DlcpTransfer | None = None
+
+    def describe(self) -> str:
+        return f"receive of {self.numel} elements from rank {self.peer}, {self.key}, loss bound {self.loss_bound}"
