@@ -19,6 +19,7 @@ import torch
 from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.transport.dlcp.link import DlcpLink
 from commsched.transport.dlcp.sockets import LinkSockets
+from commsched.transport.dlcp.wire import packet_numel
 from commsched.transport.links import Link, Received, TransferKey
 
 KEY = bytes(range(32))
@@ -204,6 +205,39 @@ def test_binding_honours_the_addresses_given_and_packets_cross_every_path() -> N
         assert len(per_path) == 2 and min(per_path) >= 0.45 * sum(per_path)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:  # nothing listens on 127.0.0.1 there
             assert probe.connect_ex(("127.0.0.1", b._engine._peers[1].control[1])) != 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_important_packets_arrive_ecn_capable_and_the_rest_not() -> None:
+    a, b = pair(timeout_s=10.0, quantile=0.75)
+    try:
+        stride = packet_numel(1500, 4)
+        small = torch.rand(30 * stride, generator=torch.Generator().manual_seed(1)) * 1e-3
+        sent = torch.cat([small, torch.full((10 * stride,), 5.0)])  # 40 packets; the top quarter are the large
+        out = torch.empty_like(sent)
+        recv = b.recv(0, K(0, 0, 0), out)
+        a.send(1, K(0, 0, 0), sent, priority=3).wait(5.0)  # layer class 3: importance by magnitude alone
+        assert recv.wait(5.0).lost == 0 and torch.equal(out, sent)
+        assert (b.stats.written, b.stats.ecn_capable, b.stats.ce_marked) == (40, 10, 0)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_ipv6_loopback_works_too() -> None:
+    try:
+        a, b = pair(host="::1", timeout_s=10.0)
+    except OSError:
+        pytest.skip("no IPv6 loopback here")
+    try:
+        sent = data(30_000)
+        out = torch.empty_like(sent)
+        recv = b.recv(0, K(0, 0, 0), out)
+        a.send(1, K(0, 0, 0), sent).wait(10.0)
+        assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
+        assert b.stats.ecn_capable > 0
     finally:
         a.close()
         b.close()

@@ -243,8 +243,12 @@ class Engine:
             if d.kind != Kind.DATA or d.rank == self.rank:
                 self.stats.reject("kind" if d.kind != Kind.DATA else "rank")
                 continue
+            ecn = tos & 3
+            if ecn:
+                self.stats.ecn_capable += 1
+                self.stats.ce_marked += ecn == 3
             acts: list[Action] = []
-            self._feedback[d.rank].on_data(d.seq, tos & 3 == 3, now, acts)
+            self._feedback[d.rank].on_data(d.seq, ecn == 3, now, acts)
             self._emit(d.rank, acts, None)
             self._on_data(d, view[:n])
 
@@ -295,7 +299,8 @@ class Engine:
             return
         if ended == "deadline":
             slot.transfer.finish(error=f"deadline ({self.timeout_s} s) with {state.lost} of {slot.numel} elements "
-                                 f"missing, more than the bound allows ({state.allowed})")  # fmt: skip
+                                 f"missing, more than the bound allows ({state.allowed}); {self.stats.mismatch} "
+                                 "datagram(s) on this link so far did not fit their receive (dtype, size)")  # fmt: skip
         elif ended == "cancelled":
             slot.transfer.finish(error="cancelled")
         else:

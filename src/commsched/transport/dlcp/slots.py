@@ -30,7 +30,8 @@ class TransferRecord:
 class LinkStats:
     """Counters of one link (datagrams unless named otherwise); ``rejected`` counts by the reason they failed.
 
-    ``received``: datagrams read from the data sockets, good or bad;
+    ``received``: datagrams read from the data sockets, good or bad
+    (``ecn_capable`` of the valid ones arrived ECT or CE, ``ce_marked`` CE);
     ``written``: those written into a receive; ``duplicate``, ``late`` (for a
     finished receive), ``stale`` (a step too old), ``mismatch`` (wrong dtype,
     size or grid for the posted receive), ``early_buffered`` /
@@ -44,6 +45,8 @@ class LinkStats:
     dropped_by_hook: int = 0
     send_errors: int = 0
     received: int = 0
+    ecn_capable: int = 0
+    ce_marked: int = 0
     written: int = 0
     duplicate: int = 0
     late: int = 0

@@ -23,9 +23,10 @@ counts; a datagram that decodes can be written at ``offset`` of a buffer of
 ``total`` elements of its dtype without further checks.
 
 Cost (``python benchmarks/dlcp_wire.py``, one core of the development
-machine, CPython 3.11): encode + MAC 1.5 µs and decode + verify 1.6 µs per
-1,500-byte datagram (≈ 650,000 and 620,000 packets/s); 5.9 µs and 6.0 µs per
-9,000-byte datagram (≈ 170,000 packets/s). The MAC (BLAKE2b at about 1.7 GB/s)
+machine, CPython 3.11, median of 5 × 20,000): encode + MAC 2.1 µs and decode
++ verify 2.7 µs per 1,500-byte datagram (≈ 480,000 and 360,000 datagrams/s
+per core); 8.3 µs and 8.9 µs per 9,000-byte datagram (≈ 120,000 and 110,000
+per core). BLAKE2b (about 1.1 GB/s here, 1.5 µs of a 1,500-byte datagram)
 dominates at 9,000 bytes; Python's per-call overhead at 1,500.
 """
 
