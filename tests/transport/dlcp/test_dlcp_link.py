@@ -138,6 +138,24 @@ def test_with_losses_a_bounded_receive_ends_within_its_bound_and_says_what_is_mi
         b.close()
 
 
+def test_a_receiver_stall_longer_than_its_buffer_costs_no_loss_the_window_holds_the_sender() -> None:
+    a, b = pair(timeout_s=20.0)
+    try:
+        sent = data(4_000_000)  # 16 MB: four times the 4 MiB receive buffer Linux grants by default
+        out = torch.empty_like(sent)
+        recv = b.recv(0, K(0, 0, 0), out)
+        send = a.send(1, K(0, 0, 0), sent)
+        time.sleep(0.05)
+        with b._engine._lock:  # the receiver's I/O thread stalls (as in a long GC pause)
+            time.sleep(0.3)
+        assert recv.wait(20.0).lost == 0 and torch.equal(out, sent)
+        send.wait(20.0)
+        assert a.stats.resent <= 0.05 * a.stats.sent
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_wait_that_runs_out_cancels_and_nothing_is_written_after(links: list[DlcpLink]) -> None:
     out = torch.full((5000,), float("nan"))
     recv = links[1].recv(0, K(0, 0, 0), out)
