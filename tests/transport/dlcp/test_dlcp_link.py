@@ -102,6 +102,24 @@ def test_many_keys_both_ways_in_any_order_and_a_receive_posted_late(links: list[
     assert links[0].stats.early_buffered + links[1].stats.early_buffered > 0
 
 
+def test_an_incast_of_three_senders_to_one_receiver_arrives_intact() -> None:
+    world = 4
+    sockets = [LinkSockets("127.0.0.1") for _ in range(world)]
+    links = [DlcpLink(r, world, sockets[r], [s.endpoints for s in sockets], KEY, timeout_s=20.0) for r in range(world)]
+    try:
+        sents = {r: data(500_000, seed=r) for r in range(1, world)}
+        outs = {r: torch.empty(500_000) for r in range(1, world)}
+        recvs = {r: links[0].recv(r, K(0, 0, 0), outs[r]) for r in range(1, world)}
+        sends = [links[r].send(0, K(0, 0, 0), sents[r]) for r in range(1, world)]
+        for r, recv in recvs.items():
+            assert recv.wait(20.0).lost == 0 and torch.equal(outs[r], sents[r])
+        for send in sends:
+            send.wait(20.0)
+    finally:
+        for link in links:
+            link.close()
+
+
 def test_dropped_datagrams_are_resent_until_complete_at_bound_zero() -> None:
     rng = random.Random(3)
     a, b = pair(drop=lambda _peer, _offset: rng.random() < 0.2, timeout_s=10.0)
