@@ -9,6 +9,7 @@ import pytest
 from commsched.errors import ScheduleError, SpecError
 from commsched.formulas import (
     hierarchical_all_reduce_s,
+    ps_colocated_push_s,
     ps_push_pull_s,
     ps_push_s,
     ring_all_gather_s,
@@ -107,9 +108,23 @@ def test_a_single_worker_communicates_for_free() -> None:
     assert math.isfinite(model.estimate().bandwidth_bytes_per_s)
 
 
-def test_hierarchical_needs_equal_nodes_and_ps_needs_servers() -> None:
-    with pytest.raises(SpecError, match="servers"):
-        CommModel.from_cluster(make_cluster(4), "ps")
+def test_ps_without_servers_in_the_spec_puts_a_server_on_every_worker() -> None:
+    # 8 workers, 2 nodes of 4: every worker keeps 1/8 and sends 7/8 over the ring's slowest link, one startup
+    cluster = make_cluster(8, gbps=10, latency_us=20, overhead_us=5, per_node=4, intra_gbps=60, intra_latency_us=3)
+    model = CommModel.from_cluster(cluster, "ps")
+    ring = CommModel.from_cluster(cluster, "ring")
+    assert model.servers == 8 and model.servers_on_workers
+    assert model.cost_s("push", MB) == pytest.approx(ps_colocated_push_s(MB, 8, 25e-6, 10e9 / 8))
+    assert model.cost_s("push", MB) == pytest.approx(25e-6 + 7 / 8 * MB / (10e9 / 8))
+    assert model.cost_s("pull", MB) == model.cost_s("push", MB)
+    # the bytes of a ring reduce-scatter, with one startup instead of p - 1
+    assert model.transfer_s("push", MB) == pytest.approx(ring.transfer_s("reduce_scatter", MB))
+    assert model.sent_bytes("push", MB) == model.sent_bytes("pull", MB) == pytest.approx(7 / 8 * MB)
+    assert model.sent_bytes("all_reduce", MB) == pytest.approx(ring.sent_bytes("all_reduce", MB))
+    assert ps_colocated_push_s(MB, 1, 25e-6, 1e9) == 0.0
+
+
+def test_hierarchical_needs_equal_nodes() -> None:
     uneven = make_cluster(4, per_node=2).model_copy(
         update={
             "nodes": (*make_cluster(4, per_node=2).nodes, make_cluster(1).nodes[0].model_copy(update={"name": "x"}))
