@@ -17,11 +17,12 @@ from commsched.formulas import (
     ring_reduce_scatter_s,
     tree_all_reduce_s,
 )
-from commsched.schedule import Action, CommPlan, Launch, Scheduler
+from commsched.schedule import Action, CommPlan, Launch, Scheduler, scheduler_for
 from commsched.schedule.fusion import make_task, whole
 from commsched.schedule.knobs import NoKnobs
 from commsched.sim import SimOptions, Simulation, costs, simulate
 from commsched.sim.costs import CommModel, Phase, register_cost
+from commsched.sim.simulator import plan_for
 
 from sim_builders import make_cluster, make_workload
 
@@ -201,3 +202,25 @@ def test_a_plan_of_push_and_pull_tasks_runs_under_ps_like_all_reduces() -> None:
     assert result.sent_bytes_per_worker == reference.sent_bytes_per_worker
     with pytest.raises(ScheduleError, match="no cost model for task kind 'push' under algorithm 'ring'"):
         Simulation(workload, cluster, PushPull(plan), 3, 1, SimOptions(), CommModel.from_cluster(cluster))
+
+
+@pytest.mark.parametrize("servers", [0, 2], ids=["server_on_every_worker", "two_dedicated_servers"])
+def test_the_ps_policy_simulates_its_pushes_and_pulls_under_the_ps_cost_model(servers: int) -> None:
+    """Under the default (ring) algorithm, every task of a ``ps`` plan is priced by the ps model of the cluster."""
+    workload = make_workload([2.0, 3.0, 1.0], [4.0, 2.0, 3.0], [300_000, 200_000, 500_000])
+    cluster = make_cluster(4, gbps=10, latency_us=20, servers=servers)
+    plan = plan_for(workload, cluster, "ps", partition_mb=0.5, credit_mb=1.0)
+    assert {(t.kind, t.transport) for t in plan.tasks} == {("push", "ps"), ("pull", "ps")}
+    sim = Simulation(workload, cluster, scheduler_for(plan), 3, 1, SimOptions(), CommModel.from_cluster(cluster))
+    sim.run()
+    ps = CommModel.from_cluster(cluster, "ps")
+    assert ps.servers_on_workers == (servers == 0)
+    assert sim.phases == [ps.phases(t.kind, t.bytes) for t in plan.tasks]
+    result = sim.result({}, 0.0)
+    sent = sum(ps.sent_bytes(t.kind, t.bytes) for t in plan.tasks)
+    assert result.sent_bytes_per_worker == pytest.approx(sent)
+    assert result.gradient_bytes == workload.total_bytes  # a push-pull pair counts once
+    assert result.trace is not None
+    for event in result.trace.events:
+        if event.kind in ("push", "pull"):  # alone or sharing the network: never faster than the closed form
+            assert event.duration_s >= ps.cost_s(event.kind, event.bytes) * (1 - 1e-9)
