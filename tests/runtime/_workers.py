@@ -135,7 +135,7 @@ def features(rank: int, world: int, port: int, out: str) -> None:
 
         # --- global-norm clipping, every policy vs clip_grad_norm_ on DDP's averaged gradients
         ref, _ = run_policy("torch_ddp", "sgd", rank, 5, base, max_grad_norm=0.05)
-        for policy in ("ddp", "dear", "bytescheduler"):
+        for policy in ("ddp", "dear", "bytescheduler", "ps"):
             params, _ = run_policy(policy, "sgd", rank, 5, base, max_grad_norm=0.05)
             results[f"clip/{policy}"] = _diff(ref, params)
         unclipped, _ = run_policy("torch_ddp", "sgd", rank, 5, base)
@@ -208,7 +208,7 @@ def features(rank: int, world: int, port: int, out: str) -> None:
 
         # --- bf16 autocast: same result as torch_ddp under the same autocast
         autocast = {}
-        for policy in ("torch_ddp", "dear", "bytescheduler"):
+        for policy in ("torch_ddp", "dear", "bytescheduler", "ps"):
             model = M.clone(base)
             opt = M.make_optimizer("adamw", model)
             wrapped, opt = parallelize(model, opt, policy=policy, **SMALL_KNOBS.get(policy, {}))
@@ -222,7 +222,7 @@ def features(rank: int, world: int, port: int, out: str) -> None:
             autocast[policy] = M.snapshot(wrapped)
             if hasattr(wrapped, "close"):
                 wrapped.close()
-        for policy in ("dear", "bytescheduler"):
+        for policy in ("dear", "bytescheduler", "ps"):
             results[f"bf16/{policy}"] = _diff(autocast["torch_ddp"], autocast[policy])
 
         # --- an optimizer that cannot be split per layer is refused clearly
