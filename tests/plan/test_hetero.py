@@ -108,3 +108,11 @@ def test_plan_chooses_a_sync_per_bucket_where_the_cluster_has_servers() -> None:
     assert {b.name for b in plan.baselines} == {"even_allreduce", "even_ps", "proportional_allreduce"}
     assert set(plan.transports) <= {"collective", "ps"}
     assert plan.iteration_ms <= min(b.iteration_ms for b in plan.baselines) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("sync", ["collective", "ps", "cheaper"])
+def test_a_push_or_pull_keeps_its_parameter_server_transport_under_any_sync(sync: str) -> None:
+    workload, cluster = zoo.load("resnet18"), load_cluster("ec2-ps-3gbps")
+    result = simulate_candidate(workload, cluster, "ps", sync=sync, iterations=3)
+    assert result.plan is not None and {t.transport for t in result.plan.tasks} == {"ps"}
+    assert result.gradient_bytes == workload.total_bytes

@@ -79,8 +79,9 @@ def test_bounds_bytes_and_bandwidth_monotonicity_hold_for_random_jobs(policy: st
         bandwidth = s["gbps"] * 1e9 / 8
         ring_s = ring_all_reduce_s(workload.total_bytes, s["workers"], 0.0, bandwidth)
         assert result.iteration_ms >= ring_s * 1e3 - tolerance
-    # ... and so is the fluid-priority ideal
-    assert result.iteration_ms >= ideal(workload, cluster, options).iteration_ms - tolerance
+    # ... and so is the fluid-priority ideal, of the cost model the plan's tasks are priced by
+    priced_by = {**options, "algorithm": "ps"} if policy == "ps" else options
+    assert result.iteration_ms >= ideal(workload, cluster, priced_by).iteration_ms - tolerance
 
     # a lossless policy reduces every gradient byte exactly once per iteration
     if policy in LOSSLESS:

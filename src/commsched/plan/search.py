@@ -117,13 +117,15 @@ def with_sync(plan: CommPlan, sync: str, cluster: Cluster, options: SimOptions) 
     ``"cheaper"`` compares a task's cost alone on the network under the
     collective model (``options.algorithm``) and the PS model. An all-gather or
     pull follows the transport of the task it depends on, so the two halves of a
-    reduction go the same way. Raises ScheduleError for an unknown mode, and for
-    ``"ps"``/``"cheaper"`` on a cluster without parameter servers.
+    reduction go the same way; a push or pull (which has no collective form)
+    keeps the transport its policy gave it. Raises ScheduleError for an unknown
+    mode, and for ``"ps"``/``"cheaper"`` on a cluster without parameter servers.
     """
     if sync not in SYNC_MODES:
         raise ScheduleError(f"plan: unknown sync {sync!r}; known: {', '.join(SYNC_MODES)}")
+    keep = ("push", "pull")  # no collective form: they stay on the transport their policy gave them
     if sync == "collective":
-        transports = [COLLECTIVE] * len(plan.tasks)
+        transports = [t.transport if t.kind in keep else COLLECTIVE for t in plan.tasks]
     else:
         if cluster.servers is None:
             raise ScheduleError(f"plan: sync {sync!r} needs parameter servers; cluster {cluster.name} has none")
@@ -131,9 +133,11 @@ def with_sync(plan: CommPlan, sync: str, cluster: Cluster, options: SimOptions) 
         ps = CommModel.from_cluster(cluster, "ps")
         transports = []
         for task in plan.tasks:
-            if sync == "ps":
+            if task.kind in keep:
+                transports.append(task.transport)
+            elif sync == "ps":
                 transports.append(PS_TRANSPORT)
-            elif task.kind in ("all_gather", "pull") and task.deps:
+            elif task.kind == "all_gather" and task.deps:
                 transports.append(transports[task.deps[0]])
             else:
                 cheaper = ps.cost_s(task.kind, task.bytes) < ring.cost_s(task.kind, task.bytes)

@@ -269,11 +269,13 @@ def _ps_transfer_s(m: CommModel, nbytes: float) -> float:
 
 
 def _ps_push(m: CommModel, nbytes: float) -> Phase:
-    return Phase(m.alpha_s, "ps_push", _ps_transfer_s(m, nbytes))
+    """Worker uplinks into server downlinks; a server on every worker loads the ring's links both ways."""
+    return Phase(m.alpha_s, "ring" if m.servers_on_workers else "ps_push", _ps_transfer_s(m, nbytes))
 
 
 def _ps_pull(m: CommModel, nbytes: float) -> Phase:
-    return Phase(m.alpha_s, "ps_pull", _ps_transfer_s(m, nbytes))
+    """Server uplinks into worker downlinks (a push and a pull of dedicated servers use opposite directions)."""
+    return Phase(m.alpha_s, "ring" if m.servers_on_workers else "ps_pull", _ps_transfer_s(m, nbytes))
 
 
 def _tree_sent_bytes(m: CommModel, nbytes: float) -> float:
