@@ -221,6 +221,7 @@ def test_the_ps_policy_simulates_its_pushes_and_pulls_under_the_ps_cost_model(se
     assert result.sent_bytes_per_worker == pytest.approx(sent)
     assert result.gradient_bytes == workload.total_bytes  # a push-pull pair counts once
     assert result.trace is not None
-    for event in result.trace.events:
-        if event.kind in ("push", "pull"):  # alone or sharing the network: never faster than the closed form
-            assert event.duration_s >= ps.cost_s(event.kind, event.bytes) * (1 - 1e-9)
+    events = [e for e in result.trace.events if e.kind in ("push", "pull")]
+    assert {e.kind for e in events} == {"push", "pull"}
+    for event in events:  # alone or sharing the network: never faster than the closed form
+        assert event.duration_s >= ps.cost_s(event.kind, event.bytes) * (1 - 1e-9)
