@@ -179,7 +179,6 @@ class PsExchange:
     def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
         """Post ``task``'s transfers and return at once; the result is in ``buffer`` after ``wait()``."""
         step = self._launches.get(task.id, 0)
-        self._launches[task.id] = step + 1
         describe = f"ps {task.kind} of task {task.name!r} (step {step}) on rank {self.rank}"
         if self._closed:
             raise RuntimeCommError(f"{describe}: the transport is closed")
@@ -196,6 +195,7 @@ class PsExchange:
                 raise UnsupportedError(f"{describe}: needs a shard of {hi - lo} elements, got {shard}")
         elif task.kind not in ("push", "pull", "all_reduce"):
             raise UnsupportedError(f"{describe}: unknown task kind")
+        self._launches[task.id] = step + 1
         deadline = time.monotonic() + self.timeout_s
         target = shard if task.kind in ("reduce_scatter", "all_gather") and shard is not None else server.acc
         steps: list[Callable[[], None]] = []

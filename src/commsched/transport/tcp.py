@@ -31,9 +31,9 @@ Frames
     dtype or numel differ from the posted receive; a bad magic or a payload
     above ``max_frame_bytes`` closes the connection. Nothing is ever written
     outside ``out``. Frames for a key nobody has posted yet are buffered, up
-    to ``unposted_cap_bytes`` in all; past that the connection is not read
-    until a receive is posted or a buffer is taken (TCP pushes back on the
-    sender). Sends to a peer go out in the order they were made (one sender
+    to ``unposted_cap_bytes`` in all; a frame that does not fit waits, and the
+    connection is not read, until its receive is posted or buffers are taken
+    (TCP pushes back on the sender). Sends to a peer go out in the order they were made (one sender
     thread per peer): together with every rank posting in start order, this
     is what keeps that back-pressure from deadlocking.
 
@@ -354,28 +354,22 @@ class TcpLink:
         key = TransferKey(step, task, phase)
         where, stream = (peer, key), (peer, task, phase)
         with self._cond:
-            if step <= self._last_step.get(stream, -1):
-                reason = "stale or duplicate"
-            while (
-                reason is None
-                and where not in self._posted
-                and self._early_bytes > 0
-                and (self._early_bytes + nbytes > self.unposted_cap_bytes)
-            ):
+            reason = "stale or duplicate" if step <= self._last_step.get(stream, -1) else None
+            full = self._early_bytes + nbytes > self.unposted_cap_bytes
+            while reason is None and where not in self._posted and full:
                 if self._closed:
                     return False
                 self._cond.wait(_POLL_S)  # back-pressure: wait for a receive to be posted or a buffer taken
+                full = self._early_bytes + nbytes > self.unposted_cap_bytes
             posted = self._posted.get(where) if reason is None else None
             if posted is not None and (posted[0].dtype != dtype or posted[0].numel() != numel):
                 reason, posted = "size mismatch", None
-            if reason is not None:
-                pass
-            elif posted is not None:
-                del self._posted[where]
-            else:
-                self._early_bytes += nbytes
             if reason is None:
                 self._last_step[stream] = step
+                if posted is not None:
+                    del self._posted[where]
+                else:
+                    self._early_bytes += nbytes
         if reason is not None:
             return self._skip(sock, nbytes, reason)
         out = posted[0] if posted is not None else torch.empty(numel, dtype=dtype)
@@ -384,6 +378,10 @@ class TcpLink:
         except BaseException as exc:
             if posted is not None:
                 posted[1].finish(RuntimeCommError(f"{posted[1].describe}: the connection broke mid-frame ({exc})"))
+            else:
+                with self._cond:
+                    self._early_bytes -= nbytes
+                    self._cond.notify_all()
             raise
         if posted is not None:
             posted[1].finish()
