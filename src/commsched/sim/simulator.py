@@ -58,7 +58,7 @@ import copy
 import itertools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from statistics import median
 from typing import Any
@@ -96,12 +96,23 @@ class SimOptions:
     ``network``: the network model (:data:`~commsched.sim.network.NETWORK_MODELS`):
     ``flow`` (α-β phases, bandwidth shared fairly on each link resource) or
     ``packet`` (queues, transports and packets: :mod:`commsched.sim.packet`).
+    ``cpu_per_task_ms``, ``cpu_ms_per_mb``: the CPU work of communication
+    (collective threads, the kernel's TCP, the runtime's own work) per task
+    and per MiB of the task's buffer, ``cpu = cpu_per_task_ms + cpu_ms_per_mb ·
+    bytes / 2²⁰``. A task that starts while its worker computes delays that
+    worker's compute by its CPU work (one core does both); work that falls
+    while the worker waits costs nothing (the core was idle): a wait absorbs
+    the CPU work not yet charged, up to its length. 0 by default:
+    overlap is free, as on a GPU whose copies and kernels run beside compute.
+    ``commsched bench --validate`` fits them from the probe's CPU times.
     """
 
     algorithm: str = "ring"
     max_concurrent: int = 1
     update_ms: float = 0.0
     network: str = "flow"
+    cpu_per_task_ms: float = 0.0
+    cpu_ms_per_mb: float = 0.0
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -110,8 +121,14 @@ class SimOptions:
             raise ScheduleError(f"sim: max_concurrent must be an integer >= 1, got {self.max_concurrent!r}")
         if self.max_concurrent < 1:
             raise ScheduleError(f"sim: max_concurrent must be >= 1, got {self.max_concurrent}")
-        if not (self.update_ms >= 0 and math.isfinite(self.update_ms)):
-            raise ScheduleError(f"sim: update_ms must be a finite number >= 0, got {self.update_ms!r}")
+        for name in ("update_ms", "cpu_per_task_ms", "cpu_ms_per_mb"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (value >= 0 and math.isfinite(value))
+            ):
+                raise ScheduleError(f"sim: {name} must be a finite number >= 0, got {value!r}")
         if self.network not in NETWORK_MODELS:
             known = ", ".join(NETWORK_MODELS)
             what = "packet-level network not available yet" if self.network == "packet" else "unknown network model"
@@ -206,6 +223,7 @@ class _Timeline:
         "block_l",
         "blocked",
         "bstart",
+        "debt_s",
         "dispatcher",
         "finished",
         "fstart",
@@ -219,6 +237,7 @@ class _Timeline:
         self.leader = wc.index == 0
         self.dispatcher = dispatcher
         self.bstart = 0.0
+        self.debt_s = 0.0  # communication's CPU work not yet taken from this worker's compute
         self.blocked = 0
         self.block_k = 0
         self.block_l = 0
@@ -302,6 +321,9 @@ class Simulation:
 
         self.sent_of_task = [comm.sent_bytes(task.kind, task.bytes) for comm, task in zip(comms, tasks, strict=True)]
         self.reduced_of_task = [float(task.bytes) if task.kind in REDUCING_KINDS else 0.0 for task in tasks]
+        o = self.options
+        self.cpu_of_task = [(o.cpu_per_task_ms + o.cpu_ms_per_mb * task.bytes / 2**20) / 1e3 for task in tasks]
+        self.charges_cpu = o.cpu_per_task_ms > 0 or o.cpu_ms_per_mb > 0
 
         self.forward_s: list[tuple[float, ...]] = []
         self.update_s: list[tuple[float, ...]] = []
@@ -384,11 +406,28 @@ class Simulation:
 
     def _report(self, tl: _Timeline, starts: list[Start]) -> None:
         """Start what a class's dispatcher returned; forward a deciding leader's launches to the others."""
+        self._charge(tl, starts)
         self._start(starts)
         if self.leader_decides and tl.leader:
             for task, inst in tl.dispatcher.take_decisions():
                 for other in self.timelines[1:]:
-                    self._start(other.dispatcher.follow(task, inst))
+                    followed = other.dispatcher.follow(task, inst)
+                    self._charge(other, followed)
+                    self._start(followed)
+
+    def _charge(self, tl: _Timeline, starts: list[Start]) -> None:
+        """Communication's CPU work, taken from ``tl``'s compute when it starts while ``tl`` computes."""
+        if self.charges_cpu and starts and not tl.blocked and not tl.finished:
+            tl.debt_s += sum(self.cpu_of_task[s.task] for s in starts)
+
+    def _deferred(self, tl: _Timeline, handler: Callable[..., None], *args: Any) -> bool:
+        """Pay ``tl``'s CPU debt: run ``handler`` that much later (and move backward's clock along)."""
+        if tl.debt_s <= 0.0:
+            return False
+        delay, tl.debt_s = tl.debt_s, 0.0
+        tl.bstart += delay
+        self.loop.schedule(self.loop.now + delay, handler, tl, *args)
+        return True
 
     def _start(self, starts: list[Start]) -> None:
         """A collective is ready for the network once every worker class has started it."""
@@ -430,10 +469,14 @@ class Simulation:
             self.trace.add(TraceEvent(name, kind, tl.wc.rank, start_s, end_s, 0, iteration))
 
     def _begin_iteration(self, tl: _Timeline, k: int) -> None:
+        if self._deferred(tl, self._begin_iteration, k):
+            return
         tl.fstart.append(self.loop.now)
         self._forward_layer(tl, k, 0)
 
     def _forward_layer(self, tl: _Timeline, k: int, layer: int) -> None:
+        if self._deferred(tl, self._forward_layer, k, layer):
+            return
         self._report(tl, tl.dispatcher.forward_pre(layer))
         if self.gated and k > 0 and not tl.dispatcher.layer_ready(layer, k - 1):
             tl.blocked, tl.block_k, tl.block_l, tl.stall_since = _GATE, k, layer, self.loop.now
@@ -459,6 +502,8 @@ class Simulation:
             self.loop.schedule(end, self._finish, tl)
 
     def _backward_start(self, tl: _Timeline, k: int) -> None:
+        if self._deferred(tl, self._backward_start, k):
+            return
         c = tl.wc.index
         now = self.loop.now
         tl.bstart = now
@@ -468,6 +513,8 @@ class Simulation:
         self.loop.schedule(now + self.batches[c][0][0], self._grads_ready, tl, k, 0)
 
     def _grads_ready(self, tl: _Timeline, k: int, batch: int) -> None:
+        if self._deferred(tl, self._grads_ready, k, batch):
+            return
         c = tl.wc.index
         batches = self.batches[c]
         _, lo, hi = batches[batch]
@@ -481,6 +528,8 @@ class Simulation:
             self.loop.schedule(end, self._backward_end, tl, k)
 
     def _backward_end(self, tl: _Timeline, k: int) -> None:
+        # No debt paid here: what is left falls into the wait for the iteration's tasks
+        # (absorbed) or, where the next forward starts at once, delays it.
         self._report(tl, tl.dispatcher.backward_done())
         if self.gated:
             self._report(tl, tl.dispatcher.step())
@@ -505,6 +554,7 @@ class Simulation:
             if not tl.dispatcher.layer_ready(tl.block_l, tl.block_k - 1):
                 return
             tl.blocked = 0
+            tl.debt_s = max(0.0, tl.debt_s - (self.loop.now - tl.stall_since))  # done while the core was idle
             name = f"wait:{self.workload.layers[tl.block_l].name}"
             self._record(name, "wait", tl, tl.stall_since, self.loop.now, tl.block_k)
             self._run_layer(tl, tl.block_k, tl.block_l)
@@ -512,6 +562,7 @@ class Simulation:
             if not tl.dispatcher.iteration_done(tl.block_k):
                 return
             tl.blocked = 0
+            tl.debt_s = max(0.0, tl.debt_s - (self.loop.now - tl.stall_since))
             self._record("wait:step", "wait", tl, tl.stall_since, self.loop.now, tl.block_k)
             self._step(tl, tl.block_k)
 
