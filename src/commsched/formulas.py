@@ -103,6 +103,21 @@ def ps_push_s(
     return alpha_s + max(nbytes / worker_bandwidth, workers * nbytes / (servers * server_bandwidth))
 
 
+def ps_colocated_push_s(nbytes: float, p: int, alpha_s: float, bandwidth: float) -> float:
+    """Parameter-server push of ``n`` bytes with a server on every one of the ``p`` workers (``k = p``).
+
+    ``α + (p-1)/p · n / B``: each worker keeps its own ``1/p`` and sends the
+    other ``p - 1`` servers theirs (``(p-1)/p · n`` out of its link), and, as a
+    server, receives ``p - 1`` slices of ``n/p`` (``(p-1)/p · n`` into it); the
+    ``p - 1`` messages leave together, so ``α`` counts once. A pull is the same
+    in the other direction. ``0`` when ``p == 1``. The same bytes as a ring
+    reduce-scatter, with one startup instead of ``p - 1``.
+    """
+    if p <= 1:
+        return 0.0
+    return alpha_s + (p - 1) / p * nbytes / bandwidth
+
+
 def ps_push_pull_s(
     nbytes: float, workers: int, servers: int, alpha_s: float, worker_bandwidth: float, server_bandwidth: float
 ) -> float:

@@ -20,7 +20,7 @@ from commsched.runtime.api import parallelize
 
 import _models as M
 
-LOSSLESS = ("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap")
+LOSSLESS = ("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap", "ps")
 # Small thresholds so the tiny test model is split into several buckets / groups / partitions.
 SMALL_KNOBS: dict[str, dict[str, Any]] = {
     "ddp": {"bucket_cap_mb": 0.002, "first_bucket_mb": 0.0005},
@@ -29,6 +29,7 @@ SMALL_KNOBS: dict[str, dict[str, Any]] = {
     "prophet": {"partition_mb": 0.0004, "credit_mb": 0.001},
     "dear": {"threshold_mb": 0.0015},
     "no_overlap": {"bucket_cap_mb": 0.002},
+    "ps": {"partition_mb": 0.0004, "credit_mb": 0.001},
     "wfbp": {},
     "mgwfbp": {"alpha_ms": 0.0, "bandwidth_gbps": 1000.0},
 }

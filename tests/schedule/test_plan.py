@@ -18,6 +18,7 @@ SMALL = {
     "prophet": {"partition_mb": 2.0, "bandwidth_gbps": 25.0},
     "dear": {"threshold_mb": 8.0, "lookahead": 2},
     "no_overlap": {"bucket_cap_mb": 16.0},
+    "ps": {"partition_mb": 2.0, "credit_mb": 8.0},
     "wfbp": {},
     "mgwfbp": {"alpha_ms": 2.0},
 }

@@ -38,10 +38,10 @@ from commsched.errors import CommschedError, ScheduleError
 from commsched.plan.tune import KnobSearch
 from commsched.schedule import LOSSLESS, CommPlan
 from commsched.schedule import knobs as policy_knobs
-from commsched.schedule.base import COLLECTIVE
+from commsched.schedule.base import COLLECTIVE, PS_TRANSPORT
 from commsched.sim.costs import CommModel
 from commsched.sim.ideal import IdealResult, ideal
-from commsched.sim.simulator import PS_TRANSPORT, SimOptions, SimResult, plan_for, simulate_plan
+from commsched.sim.simulator import SimOptions, SimResult, plan_for, simulate_plan
 from commsched.workload import Workload
 
 #: How buckets are synchronised: all by collective, all by parameter server, or each by the cheaper one.

@@ -24,6 +24,7 @@ from commsched.schedule.mgwfbp import MGWFBPScheduler
 from commsched.schedule.no_overlap import NoOverlapScheduler
 from commsched.schedule.plan import CommPlan
 from commsched.schedule.prophet import ProphetScheduler
+from commsched.schedule.ps import PSScheduler
 from commsched.schedule.wfbp import WFBPScheduler
 from commsched.workload import Workload
 
@@ -37,6 +38,7 @@ POLICIES: dict[str, type[Scheduler]] = {
         ByteSchedulerScheduler,
         ProphetScheduler,
         DeARScheduler,
+        PSScheduler,
         NoOverlapScheduler,
     )
 }

@@ -66,7 +66,7 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import CommPlan, Dispatcher, Scheduler, Start, build_plan, scheduler_for
-from commsched.schedule.base import REDUCING_KINDS
+from commsched.schedule.base import PS_TRANSPORT, REDUCING_KINDS
 from commsched.schedule.fusion import ready_order
 from commsched.sim.compute import PROFILE, ComputeModel, WorkerClass, worker_classes
 from commsched.sim.costs import ALGORITHMS, CommModel
@@ -207,9 +207,8 @@ class SimResult:
 
 # ---- the simulation ----
 
-#: A task whose ``transport`` is this is priced as a parameter-server push/pull, whatever ``options.algorithm``
-#: says (a per-bucket choice between collectives and a PS; the cluster must list servers).
-PS_TRANSPORT = "ps"
+#: A task whose ``transport`` is :data:`~commsched.schedule.base.PS_TRANSPORT` is priced as a parameter-server
+#: push/pull, whatever ``options.algorithm`` says (the cluster's servers, else one server on every worker).
 
 _GATE = 1  # blocked before a forward layer, on the previous iteration's final tasks
 _STEP = 2  # blocked after backward, on every task of the iteration
