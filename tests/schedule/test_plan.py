@@ -19,6 +19,7 @@ SMALL = {
     "dear": {"threshold_mb": 8.0, "lookahead": 2},
     "no_overlap": {"bucket_cap_mb": 16.0},
     "ps": {"partition_mb": 2.0, "credit_mb": 8.0},
+    "dlcp": {"partition_mb": 2.0, "credit_mb": 8.0, "mode": "ps", "loss_bound": 0.05},
     "wfbp": {},
     "mgwfbp": {"alpha_ms": 2.0},
 }

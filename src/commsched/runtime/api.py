@@ -34,7 +34,7 @@ from commsched.schedule import (
     policy_class,
 )
 from commsched.trace import Trace
-from commsched.transport import TransportOptions
+from commsched.transport import TransportOptions, check_transports
 from commsched.units import gbps_to_bytes_per_s
 
 # Optimizers whose step needs every parameter at once (a closure re-evaluating the loss).
@@ -164,6 +164,7 @@ def parallelize(
         plan = plan if isinstance(plan, CommPlan) else CommPlan.load(plan)
         policy = plan.policy
         bind_plan(model, plan, world)
+        check_transports(t.transport for t in plan.tasks)
         knob_values = plan.knobs.to_dict()
     elif policy == TORCH_DDP:
         if knobs:
@@ -178,7 +179,9 @@ def parallelize(
             raise ValueError(f"auto_budget_s: must be a finite number > 0, got {auto_budget_s!r}")
         knob_values = {"budget_s": auto_budget_s}
     else:
-        knob_values = make_knobs(policy, knobs).to_dict()
+        made = make_knobs(policy, knobs)
+        check_transports(policy_class(policy).transports(made))  # a transport this install lacks: now
+        knob_values = made.to_dict()
     # auto may choose a deferring policy unless told of a scaler: a scaler it was not told of is refused.
     defers = True if policy == AUTO else policy_class(policy).update_mode == "forward"
     if grad_scaler is not None and policy != AUTO and defers:

@@ -55,6 +55,7 @@ the leader; the reported iteration time is the median over the
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 import time
@@ -67,6 +68,7 @@ from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import CommPlan, Dispatcher, Scheduler, Start, build_plan, scheduler_for
 from commsched.schedule.base import PS_TRANSPORT, REDUCING_KINDS
+from commsched.schedule.dlcp import DLCP_PS_TRANSPORT, DLCP_TRANSPORT
 from commsched.schedule.fusion import ready_order
 from commsched.sim.compute import PROFILE, ComputeModel, WorkerClass, worker_classes
 from commsched.sim.costs import ALGORITHMS, CommModel
@@ -191,6 +193,8 @@ class SimResult:
     trace: Trace | None = field(default=None, repr=False, compare=False)
     #: The plan that was simulated: ``result.plan.save(path)`` writes a plan file ``parallelize`` runs.
     plan: CommPlan | None = field(default=None, repr=False, compare=False)
+    #: Why this prediction is not to be trusted as the others are (None: nothing known against it).
+    unvalidated: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data, without the trace and the plan."""
@@ -288,6 +292,7 @@ class Simulation:
         self.trace: Trace | None = Trace() if record_trace else None
         self.compute = compute
         self._ps_comm: CommModel | None = None
+        self._dlcp_comm: dict[str, CommModel] = {}
         self.classes = worker_classes(cluster, workload.model, batch_sizes, workload.batch_size)
         #: A ``uses_completions`` scheduler runs on the leader only; the other classes follow its decisions.
         self.leader_decides = type(scheduler).uses_completions and len(self.classes) > 1
@@ -353,7 +358,27 @@ class Simulation:
             self.compute_s.append(timing.compute_s)
 
     def _comm_of(self, transport: str) -> CommModel:
-        """The cost model of a task: a ``"ps"`` task is priced by the parameter-server model, any other by ``comm``."""
+        """The cost model of a task: a ``"ps"`` task is priced by the parameter-server model, any other by ``comm``.
+
+        DLCP's transports are parameter servers over the ring's links: ``"dlcp"``
+        with a server on every worker (its transpose all-reduce), ``"dlcp_ps"``
+        with one server on a worker, ``max(n / B, N·n / B)`` per push or pull (a
+        little pessimistic: the server's own slice stays local). Bytes the
+        transport does not wait for are not taken off: the flow-level model
+        does not price what DLCP gains (see :mod:`commsched.schedule.dlcp`).
+        """
+        if transport in (DLCP_TRANSPORT, DLCP_PS_TRANSPORT):
+            if transport not in self._dlcp_comm:
+                ring = CommModel.from_cluster(self.cluster, "ring")
+                one = transport == DLCP_PS_TRANSPORT
+                self._dlcp_comm[transport] = dataclasses.replace(
+                    ring,
+                    algorithm="ps",
+                    servers=1 if one else ring.world_size,
+                    server_bandwidth=ring.bandwidth,
+                    servers_on_workers=not one,
+                )
+            return self._dlcp_comm[transport]
         if transport != PS_TRANSPORT or self.comm.algorithm == "ps":
             return self.comm
         if self._ps_comm is None:
@@ -634,7 +659,16 @@ class Simulation:
             classes=self.classes,
             trace=self.trace,
             plan=self.plan,
+            unvalidated=self._unvalidated(),
         )
+
+    def _unvalidated(self) -> str | None:
+        if self.options.network == "flow" and not self.plan.lossless:
+            return (
+                "bounded-loss tasks priced as lossless transfers: the flow-level network has no "
+                "retransmission or incast tail for a bounded-loss transport to cut"
+            )
+        return None
 
 
 def plan_for(
