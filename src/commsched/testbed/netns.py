@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Literal
+from typing import Literal, Self
 
 from commsched.errors import CommschedError
 from commsched.testbed.commands import (
@@ -245,7 +245,7 @@ class Testbed:
     def close(self) -> None:
         self.kill_workers()
 
-    def __enter__(self) -> Testbed:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
