@@ -14,7 +14,7 @@ The hierarchy of one port (tc handles are hex)::
     [netem 1:]                       only with loss, delay or jitter (see below)
       htb 2:, class 2:1              the port's line rate, burst max(2 frames, 1 ms at the rate)
         aqm="red":       prio 3:, bands 3:1..3:N, chosen by u32 filters on the DSCP field
-                           band b: red <10+b>: ... ecn      (RED_ formula below)
+                           band b: red <10+b>: ... ecn      (see red_args)
         aqm="taildrop":  htb classes 2:<10+b>, class prio b, each guaranteed 1 % of the port,
                          the rest lent by class priority; u32 filters on the DSCP field
                            band b: pfifo <10+b>: limit buffer_pkts
