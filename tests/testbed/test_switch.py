@@ -10,10 +10,9 @@ import pytest
 from commsched.errors import SpecError
 from commsched.testbed import switch
 from commsched.testbed.commands import Layout, create_commands, shaping_commands
-from commsched.testbed.counters import parse_port_bytes, parse_qdisc_stats
+from commsched.testbed.counters import band_counters, parse_port_bytes, parse_qdisc_stats
 from commsched.testbed.switch import (
     SwitchShape,
-    band_counters,
     offload_commands,
     port_commands,
     red_args,

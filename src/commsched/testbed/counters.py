@@ -1,6 +1,8 @@
 """Reading the testbed's counters: ``tc -s qdisc show`` and ``ip -s -j link show`` output, parsed.
 
 Pure functions on the commands' text, so they are tested on recorded output.
+A switch port (:mod:`commsched.testbed.switch`) keeps each band's counters in
+its leaf qdisc, handle :func:`band_handle`.
 """
 
 from __future__ import annotations
@@ -8,6 +10,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+
+
+def band_handle(band: int) -> str:
+    """The handle of band ``band``'s leaf qdisc (where its counters are): ``10:``, ``11:``, ..."""
+    return f"{0x10 + band:x}:"
 
 
 @dataclass(frozen=True)
@@ -77,3 +84,37 @@ def parse_port_bytes(json_text: str) -> tuple[int, int]:
         rx += int(stats.get("rx", {}).get("bytes", 0))
         tx += int(stats.get("tx", {}).get("bytes", 0))
     return rx, tx
+
+
+@dataclass(frozen=True)
+class BandCounters:
+    """What one band of a port did: sent, dropped (all causes), and RED's marks / early drops / overflow drops."""
+
+    band: int
+    sent_pkts: int
+    sent_bytes: int
+    dropped: int
+    marked: int
+    early: int
+    pdrop: int
+
+
+def band_counters(text: str, bands: int) -> list[BandCounters]:
+    """Per band, from ``tc -s qdisc show`` of a switch port (the leaf qdisc ``band_handle(b)`` of each band)."""
+    by_handle = {q.handle: q for q in parse_qdisc_stats(text)}
+    out = []
+    for b in range(bands):
+        q = by_handle.get(band_handle(b))
+        if q is None:
+            raise ValueError(f"band {b}: no qdisc with handle {band_handle(b)} (is this a switch port?)")
+        out.append(BandCounters(b, q.sent_pkts, q.sent_bytes, q.dropped, q.marked, q.early, q.pdrop))
+    return out
+
+
+@dataclass(frozen=True)
+class BridgeBytes:
+    """What one bridge (one path) carried: bytes its ports received from hosts and delivered to hosts."""
+
+    bridge: str
+    from_hosts_bytes: int
+    to_hosts_bytes: int

@@ -50,7 +50,7 @@ from typing import Literal
 
 from commsched.errors import SpecError
 from commsched.testbed.commands import PREFIX, Layout, LinkShape, format_rate, netem_args
-from commsched.testbed.counters import parse_port_bytes, parse_qdisc_stats
+from commsched.testbed.counters import BandCounters, BridgeBytes, band_counters, band_handle, parse_port_bytes
 from commsched.testbed.netns import Log, NetnsTestbed, TestbedError, netns_unavailable_reason, run_command
 
 Aqm = Literal["red", "taildrop"]
@@ -200,11 +200,6 @@ def _htb_class(rate_bps: int, ceil_bps: int, burst_bytes: int, frame_bytes: int)
     ]  # fmt: skip
 
 
-def band_handle(band: int) -> str:
-    """The handle of band ``band``'s leaf qdisc (where its counters are): ``10:``, ``11:``, ..."""
-    return f"{0x10 + band:x}:"
-
-
 def port_commands(ns: str, dev: str, shape: SwitchShape) -> list[list[str]]:
     """The ``tc`` commands making ``dev`` (in namespace ``ns``) a switch port; run on a port without a root qdisc."""
     tc = ["tc", "-n", ns]
@@ -262,43 +257,6 @@ def offload_commands(layout: Layout, tool: OffloadTool, mtu_bytes: int = 1500) -
         ]
     limits = ["gso_max_size", frame, "gso_max_segs", "1", "gro_max_size", frame]
     return [["ip", "-n", ns, "link", "set", "dev", dev, *limits] for ns, dev in ends]
-
-
-# ------------------------------------------------------------------ counters (pure parsing)
-
-
-@dataclass(frozen=True)
-class BandCounters:
-    """What one band of a port did: sent, dropped (all causes), and RED's marks / early drops / overflow drops."""
-
-    band: int
-    sent_pkts: int
-    sent_bytes: int
-    dropped: int
-    marked: int
-    early: int
-    pdrop: int
-
-
-def band_counters(text: str, bands: int) -> list[BandCounters]:
-    """Per band, from ``tc -s qdisc show`` of a switch port (the leaf qdisc ``band_handle(b)`` of each band)."""
-    by_handle = {q.handle: q for q in parse_qdisc_stats(text)}
-    out = []
-    for b in range(bands):
-        q = by_handle.get(band_handle(b))
-        if q is None:
-            raise ValueError(f"band {b}: no qdisc with handle {band_handle(b)} (is this a switch port?)")
-        out.append(BandCounters(b, q.sent_pkts, q.sent_bytes, q.dropped, q.marked, q.early, q.pdrop))
-    return out
-
-
-@dataclass(frozen=True)
-class BridgeBytes:
-    """What one bridge (one path) carried: bytes its ports received from hosts and delivered to hosts."""
-
-    bridge: str
-    from_hosts_bytes: int
-    to_hosts_bytes: int
 
 
 # ------------------------------------------------------------------ live (needs root)
