@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -185,7 +186,7 @@ def _tx(bed: NetnsTestbed) -> tuple[int, int]:
 
 @pytest.mark.parametrize("tool", ["ethtool", "ip"])
 def test_with_offloads_off_tcp_reaches_the_link_in_mtu_sized_packets(tool: str) -> None:
-    if tool == "ethtool" and subprocess.run(["which", "ethtool"], capture_output=True).returncode != 0:
+    if tool == "ethtool" and shutil.which("ethtool") is None:
         pytest.skip("ethtool not installed (apt-get install ethtool); the ip variant covers this kernel")
     with NetnsTestbed(2, log=lambda m: None) as bed:
         assert disable_offloads(bed, tool) == tool  # type: ignore[arg-type]

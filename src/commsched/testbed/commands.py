@@ -17,7 +17,7 @@ Every link is created inside the run's own namespaces (never in the root
 namespace), so two runs cannot collide even though they use the same
 addresses, and deleting the namespaces removes every link and the bridge.
 
-Shaping (:class:`LinkShape`) is per worker link and direction:
+Shaping (:class:`LinkShape`) is per worker link (on every path) and direction:
 
 * rate: a ``tbf`` on ``w<r>`` (what worker r sends) and on ``b<r>`` (what
   worker r receives), so each worker has a full-duplex link of that rate
@@ -26,6 +26,9 @@ Shaping (:class:`LinkShape`) is per worker link and direction:
   the rate when there is one), so a packet between two workers is delayed
   once and dropped with the given probability once: ``delay`` is the
   one-way latency between any two workers (RTT = 2 × delay).
+
+Switch ports (priority by DSCP, ECN/RED) replace the qdisc on ``b<r>``:
+see :mod:`commsched.testbed.switch`.
 """
 
 from __future__ import annotations
