@@ -8,6 +8,9 @@ namespaces (``MASTER_ADDR`` = rank 0's address, ``GLOO_SOCKET_IFNAME`` = the
 worker's veth). Everything is removed on exit, error, Ctrl-C or SIGTERM;
 leftovers of killed runs are removed by the next run. Without root it falls
 back to plain processes on 127.0.0.1, unshaped, and says so.
+:mod:`commsched.testbed.switch` makes the bridge ports commodity-switch ports
+(strict priority by DSCP, RED marking ECT and dropping the rest), and
+``NetnsTestbed(n, paths=2)`` gives two bridges to spray over (docs/testbed.md).
 
     with open_testbed(4, LinkShape(rate_bps=10**9)) as bed:
         run_workers(bed, [sys.executable, "-m", "my.worker"], log_dir=Path("logs"), timeout_s=600)
@@ -28,14 +31,17 @@ from commsched.testbed.netns import (
     project_objects,
     remove_leftovers,
 )
+from commsched.testbed.switch import SwitchShape, apply_switch, switch_unavailable_reason
 
 __all__ = [
     "Layout",
     "LinkShape",
     "LoopbackTestbed",
     "NetnsTestbed",
+    "SwitchShape",
     "Testbed",
     "TestbedError",
+    "apply_switch",
     "find_leftovers",
     "format_rate",
     "netns_unavailable_reason",
@@ -44,4 +50,5 @@ __all__ = [
     "project_objects",
     "remove_leftovers",
     "run_workers",
+    "switch_unavailable_reason",
 ]
