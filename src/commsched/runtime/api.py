@@ -18,7 +18,13 @@ import torch.distributed as dist
 from torch import nn
 
 from commsched.errors import RuntimeCommError, UnsupportedError
-from commsched.runtime.batches import WeightedAllReduce, checked_batch_sizes, run_batch_sizes, with_batch_sizes
+from commsched.runtime.batches import (
+    WeightedAllReduce,
+    checked_batch_sizes,
+    run_batch_sizes,
+    weighted_allreduce_hook,
+    with_batch_sizes,
+)
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.engine import Engine, Planner
 from commsched.runtime.replan import DriftPolicy
@@ -335,7 +341,7 @@ def _torch_ddp(
     ddp = nn.parallel.DistributedDataParallel(model, process_group=process_group, find_unused_parameters=True)
     if batch_sizes is not None:  # per-rank batches: a weighted sum instead of DDP's mean
         weight = batch_sizes[dist.get_rank(process_group)] / sum(batch_sizes)
-        ddp.register_comm_hook(WeightedAllReduce(process_group, weight), WeightedAllReduce.hook)
+        ddp.register_comm_hook(WeightedAllReduce(process_group, weight), weighted_allreduce_hook)
     if max_grad_norm is not None:
         step = type(optimizer).step
 

@@ -16,7 +16,7 @@ re-plan, ``use_plan``) gets them, and one that names other batch sizes is
 refused.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations``: DDP checks a communication hook's annotations as objects.
 
 from collections.abc import Sequence
 from dataclasses import replace
@@ -72,8 +72,7 @@ def gradient_weight(batch_sizes: Sequence[int] | None, rank: int) -> float | Non
 
 
 class WeightedAllReduce:
-    """PyTorch DDP's communication hook for per-rank batches (``policy="torch_ddp"``): the bucket times
-    ``b_r / B``, then a summing all-reduce. Register with ``ddp.register_comm_hook(state, state.hook)``."""
+    """The state of :func:`weighted_allreduce_hook`: the group and this rank's weight ``b_r / B``."""
 
     __slots__ = ("group", "weight")
 
@@ -81,9 +80,12 @@ class WeightedAllReduce:
         self.group = group
         self.weight = weight
 
-    @staticmethod
-    def hook(state: WeightedAllReduce, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        tensor = bucket.buffer().mul_(state.weight)
-        work = dist.all_reduce(tensor, group=state.group, async_op=True)
-        assert work is not None
-        return work.get_future().then(lambda fut: fut.value()[0])
+
+def weighted_allreduce_hook(state: WeightedAllReduce, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """PyTorch DDP's communication hook for per-rank batches (``policy="torch_ddp"``): the bucket times
+    ``b_r / B``, then a summing all-reduce (DDP's default hook divides by the world size instead).
+    ``ddp.register_comm_hook(WeightedAllReduce(group, weight), weighted_allreduce_hook)``."""
+    tensor = bucket.buffer().mul_(state.weight)
+    work = dist.all_reduce(tensor, group=state.group, async_op=True)
+    assert work is not None
+    return work.get_future().then(lambda fut: fut.value()[0])
