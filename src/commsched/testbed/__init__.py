@@ -9,13 +9,24 @@ worker's veth). Everything is removed on exit, error, Ctrl-C or SIGTERM;
 leftovers of killed runs are removed by the next run. Without root it falls
 back to plain processes on 127.0.0.1, unshaped, and says so.
 
+Workers that differ (:class:`HeteroTestbed`): per-worker CPU speed through
+cgroups (:class:`CpuShare`: cores and a quota) and per-worker link shapes.
+
     with open_testbed(4, LinkShape(rate_bps=10**9)) as bed:
         run_workers(bed, [sys.executable, "-m", "my.worker"], log_dir=Path("logs"), timeout_s=600)
 
 ``commsched bench`` (:mod:`commsched.bench.run`) runs training on it.
 """
 
+from commsched.testbed.cgroups import (
+    CpuCgroups,
+    CpuShare,
+    cgroup_objects,
+    cgroups_unavailable_reason,
+    remove_cgroup_leftovers,
+)
 from commsched.testbed.commands import Layout, LinkShape, format_rate, parse_rate
+from commsched.testbed.hetero import HeteroTestbed
 from commsched.testbed.launch import run_workers
 from commsched.testbed.netns import (
     LoopbackTestbed,
@@ -30,18 +41,24 @@ from commsched.testbed.netns import (
 )
 
 __all__ = [
+    "CpuCgroups",
+    "CpuShare",
+    "HeteroTestbed",
     "Layout",
     "LinkShape",
     "LoopbackTestbed",
     "NetnsTestbed",
     "Testbed",
     "TestbedError",
+    "cgroup_objects",
+    "cgroups_unavailable_reason",
     "find_leftovers",
     "format_rate",
     "netns_unavailable_reason",
     "open_testbed",
     "parse_rate",
     "project_objects",
+    "remove_cgroup_leftovers",
     "remove_leftovers",
     "run_workers",
 ]

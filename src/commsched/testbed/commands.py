@@ -194,26 +194,30 @@ def netem_args(shape: LinkShape) -> list[str]:
 
 def shaping_commands(layout: Layout, shape: LinkShape) -> list[list[str]]:
     """Root qdiscs for every link (run after :func:`clear_shaping_commands`); nothing when unshaped."""
+    return [argv for r in range(layout.workers) for argv in worker_shaping_commands(layout, r, shape)]
+
+
+def worker_shaping_commands(layout: Layout, rank: int, shape: LinkShape) -> list[list[str]]:
+    """Root qdiscs for worker ``rank``'s link, both directions (nothing when unshaped)."""
     cmds: list[list[str]] = []
-    for r in range(layout.workers):
-        ns, dev = layout.worker_ns(r), layout.worker_dev(r)
-        up = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
-        if shape.needs_netem and shape.rate_bps is not None:
-            burst = str(max(TBF_MIN_BURST_BYTES, round(shape.rate_bps / 8 * TBF_BURST_S)))
-            rate = f"{shape.rate_bps}bit"
-            htb = ["rate", rate, "ceil", rate, "burst", burst, "cburst", burst]
-            cmds += [
-                [*up, "root", "handle", "1:", "htb", "default", "1"],
-                ["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", *htb],
-                [*up, "parent", "1:1", "handle", "10:", *netem_args(shape)],
-            ]
-        elif shape.needs_netem:
-            cmds.append([*up, "root", *netem_args(shape)])
-        elif shape.rate_bps is not None:
-            cmds.append([*up, "root", *tbf_args(shape.rate_bps)])
-        if shape.rate_bps is not None:
-            port = layout.bridge_port(r)
-            cmds.append(["tc", "-n", layout.bridge_ns, "qdisc", "add", "dev", port, "root", *tbf_args(shape.rate_bps)])
+    ns, dev = layout.worker_ns(rank), layout.worker_dev(rank)
+    up = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
+    if shape.needs_netem and shape.rate_bps is not None:
+        burst = str(max(TBF_MIN_BURST_BYTES, round(shape.rate_bps / 8 * TBF_BURST_S)))
+        rate = f"{shape.rate_bps}bit"
+        htb = ["rate", rate, "ceil", rate, "burst", burst, "cburst", burst]
+        cmds += [
+            [*up, "root", "handle", "1:", "htb", "default", "1"],
+            ["tc", "-n", ns, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb", *htb],
+            [*up, "parent", "1:1", "handle", "10:", *netem_args(shape)],
+        ]
+    elif shape.needs_netem:
+        cmds.append([*up, "root", *netem_args(shape)])
+    elif shape.rate_bps is not None:
+        cmds.append([*up, "root", *tbf_args(shape.rate_bps)])
+    if shape.rate_bps is not None:
+        port = layout.bridge_port(rank)
+        cmds.append(["tc", "-n", layout.bridge_ns, "qdisc", "add", "dev", port, "root", *tbf_args(shape.rate_bps)])
     return cmds
 
 
