@@ -138,8 +138,9 @@ class Engine:
         return self.network or NetworkEstimate(self.world, DEFAULT_NETWORK_BYTES_PER_S)
 
     def use_plan(self, plan: CommPlan) -> None:
-        """Switch to ``plan`` between two iterations (every rank at the same point): :func:`switching.use_plan`."""
-        switching.use_plan(self, plan)
+        """Switch to ``plan`` between two iterations (every rank at the same point): :func:`switching.use_plan`.
+        It runs with the run's per-rank batches; a plan naming others is refused before anything changes."""
+        switching.use_plan(self, with_batch_sizes(plan, self.batch_sizes))
 
     def _transport(self, name: str) -> Transport:
         return self._transports[name]
