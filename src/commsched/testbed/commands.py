@@ -217,8 +217,14 @@ def netem_args(shape: LinkShape) -> list[str]:
 
 def shaping_commands(layout: Layout, shape: LinkShape) -> list[list[str]]:
     """Root qdiscs for every link (run after :func:`clear_shaping_commands`); nothing when unshaped."""
+    return [argv for r in range(layout.workers) for argv in worker_shaping_commands(layout, r, shape)]
+
+
+def worker_shaping_commands(layout: Layout, rank: int, shape: LinkShape) -> list[list[str]]:
+    """Root qdiscs for worker ``rank``'s links (every path), both directions (nothing when unshaped)."""
     cmds: list[list[str]] = []
-    for r, p in layout.links():
+    r = rank
+    for p in range(layout.paths):
         ns, dev = layout.worker_ns(r), layout.worker_dev(r, p)
         up = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
         if shape.needs_netem and shape.rate_bps is not None:
