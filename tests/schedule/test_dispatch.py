@@ -190,6 +190,7 @@ SMALL = {
     "dear": {"threshold_mb": 0.01},
     "no_overlap": {"bucket_cap_mb": 0.01},
     "ps": {"partition_mb": 0.003, "credit_mb": 0.006},
+    "dlcp": {"partition_mb": 0.003, "credit_mb": 0.006},
     "wfbp": {},
     "mgwfbp": {"alpha_ms": 0.01},
 }

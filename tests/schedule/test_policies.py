@@ -249,6 +249,7 @@ def test_every_policy_launches_every_task_exactly_once_per_iteration(
         "dear": {"threshold_mb": scale},
         "no_overlap": {},
         "ps": {"partition_mb": scale / 4, "credit_mb": scale},
+        "dlcp": {"partition_mb": scale / 4, "credit_mb": scale},
         "wfbp": {},
         "mgwfbp": {"alpha_ms": scale},
     }[policy]

@@ -117,15 +117,14 @@ def with_sync(plan: CommPlan, sync: str, cluster: Cluster, options: SimOptions) 
     ``"cheaper"`` compares a task's cost alone on the network under the
     collective model (``options.algorithm``) and the PS model. An all-gather or
     pull follows the transport of the task it depends on, so the two halves of a
-    reduction go the same way; a push or pull (which has no collective form)
-    keeps the transport its policy gave it. Raises ScheduleError for an unknown
-    mode, and for ``"ps"``/``"cheaper"`` on a cluster without parameter servers.
+    reduction go the same way. A plan whose policy chose its own transports
+    (``ps``, ``dlcp``) is returned as it is. Raises ScheduleError for an unknown mode, and for
+    ``"ps"``/``"cheaper"`` on a cluster without parameter servers.
     """
     if sync not in SYNC_MODES:
         raise ScheduleError(f"plan: unknown sync {sync!r}; known: {', '.join(SYNC_MODES)}")
-    keep = ("push", "pull")  # no collective form: they stay on the transport their policy gave them
-    if sync == "collective":
-        transports = [t.transport if t.kind in keep else COLLECTIVE for t in plan.tasks]
+    if sync == "collective" or any(t.transport != COLLECTIVE for t in plan.tasks):
+        return plan  # the collectives as they are, or a policy that chose its own transports
     else:
         if cluster.servers is None:
             raise ScheduleError(f"plan: sync {sync!r} needs parameter servers; cluster {cluster.name} has none")
@@ -133,11 +132,9 @@ def with_sync(plan: CommPlan, sync: str, cluster: Cluster, options: SimOptions) 
         ps = CommModel.from_cluster(cluster, "ps")
         transports = []
         for task in plan.tasks:
-            if task.kind in keep:
-                transports.append(task.transport)
-            elif sync == "ps":
+            if sync == "ps":
                 transports.append(PS_TRANSPORT)
-            elif task.kind == "all_gather" and task.deps:
+            elif task.kind in ("all_gather", "pull") and task.deps:
                 transports.append(transports[task.deps[0]])
             else:
                 cheaper = ps.cost_s(task.kind, task.bytes) < ring.cost_s(task.kind, task.bytes)

@@ -202,6 +202,11 @@ class Scheduler(ABC):
         self.plan = plan
 
     @classmethod
+    def transports(cls, knobs: Knobs) -> frozenset[str]:
+        """The transports this policy's plans use under ``knobs`` (the runtime checks them at ``parallelize()``)."""
+        return frozenset({COLLECTIVE})
+
+    @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
         raise NotImplementedError
 

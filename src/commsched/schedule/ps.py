@@ -91,6 +91,10 @@ class PSScheduler(Scheduler):
     uses_completions: ClassVar[bool] = True
 
     @classmethod
+    def transports(cls, knobs: Knobs) -> frozenset[str]:
+        return frozenset({PS_TRANSPORT})
+
+    @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
         assert isinstance(knobs, PSKnobs)
         tasks = push_pull_tasks(workload, mb_to_bytes(knobs.partition_mb))

@@ -18,6 +18,7 @@ from commsched.schedule.base import NetworkEstimate, Scheduler
 from commsched.schedule.bytescheduler import ByteSchedulerScheduler
 from commsched.schedule.ddp import DDPScheduler
 from commsched.schedule.dear import DeARScheduler
+from commsched.schedule.dlcp import DLCPScheduler
 from commsched.schedule.horovod import HorovodScheduler
 from commsched.schedule.knobs import Knobs
 from commsched.schedule.mgwfbp import MGWFBPScheduler
@@ -39,6 +40,7 @@ POLICIES: dict[str, type[Scheduler]] = {
         ProphetScheduler,
         DeARScheduler,
         PSScheduler,
+        DLCPScheduler,
         NoOverlapScheduler,
     )
 }
