@@ -136,6 +136,20 @@ def test_owner_slices_split_evenly_with_the_remainder_on_the_first_ranks() -> No
     assert owner_slices(10, 3) == [(0, 4), (4, 7), (7, 10)]
     assert owner_slices(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
     assert owner_slices(8, 4) == [(0, 2), (2, 4), (4, 6), (6, 8)]  # a padded buffer: the collective's chunks
+    assert owner_slices(5, 3, servers=(2, 0)) == [(3, 5), (0, 0), (0, 3)]  # servers in the order given
+
+
+@pytest.mark.parametrize("servers", [(0,), (2, 0)])
+def test_fewer_servers_than_ranks_still_leave_the_sum_on_every_rank(servers: tuple[int, ...]) -> None:
+    world, n = 3, 11
+    net = FakeNetwork(world, max_delay_s=0.002)
+    xs = exchanges(net, servers=servers)
+    flats = [torch.arange(n, dtype=torch.float64) * (r + 1) for r in range(world)]
+    push_pull(xs, task(0, "push", n), task(1, "pull", n, deps=(0,)), flats)
+    for f in flats:
+        assert torch.equal(f, torch.arange(n, dtype=torch.float64) * 6)
+    assert xs[1].losses[(0, PUSH)].received_numel == 0  # rank 1 serves nothing
+    assert xs[servers[0]].losses[(0, PUSH)].received_numel == (world - 1) * (n if len(servers) == 1 else 6)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])

@@ -3,7 +3,8 @@
 A server runs on every rank (colocated, as in BytePS on a cluster without
 spare CPU machines), and each task's flat buffer is sharded over the ranks:
 rank ``r`` owns slice ``r`` (:func:`owner_slices`: an even split, the first
-``numel mod p`` slices one element longer)::
+``numel mod p`` slices one element longer; ``servers=`` picks fewer owners,
+e.g. one server on rank 0)::
 
     push   rank r sends slice q of its buffer to owner q (its own slice stays local);
            owner q receives the peers' slices (in parallel, any order) and sums them,
@@ -55,7 +56,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -72,13 +73,15 @@ _PUSHING = ("push", "reduce_scatter", "all_reduce")
 _PULLING = ("pull", "all_gather", "all_reduce")
 
 
-def owner_slices(numel: int, world: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` of each rank's slice: ``numel // world`` each, the first ``numel % world`` one longer."""
-    base, extra = divmod(numel, world)
-    out, start = [], 0
-    for r in range(world):
-        stop = start + base + (r < extra)
-        out.append((start, stop))
+def owner_slices(numel: int, world: int, servers: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each rank's slice: an even split over ``servers`` (default: every rank), in their
+    order, the first ``numel % len(servers)`` one longer; a rank that is no server owns ``(0, 0)``."""
+    owners = list(range(world)) if servers is None else list(servers)
+    base, extra = divmod(numel, len(owners))
+    out, start = [(0, 0)] * world, 0
+    for i, r in enumerate(owners):
+        stop = start + base + (i < extra)
+        out[r] = (start, stop)
         start = stop
     return out
 
@@ -101,9 +104,11 @@ class _Server:
 
     __slots__ = ("acc", "dtype", "inbox", "numel", "previous", "slices")
 
-    def __init__(self, numel: int, dtype: torch.dtype, rank: int, world: int, keep_previous: bool) -> None:
+    def __init__(
+        self, numel: int, dtype: torch.dtype, rank: int, world: int, servers: Sequence[int] | None, keep_previous: bool
+    ) -> None:
         self.numel, self.dtype = numel, dtype
-        self.slices = owner_slices(numel, world)
+        self.slices = owner_slices(numel, world, servers)
         lo, hi = self.slices[rank]
         self.acc = torch.zeros(hi - lo, dtype=dtype)
         self.inbox = {q: torch.zeros(hi - lo, dtype=dtype) for q in range(world) if q != rank}
@@ -146,7 +151,10 @@ class PsExchange:
     ``timeout_s`` bounds each started task, from its start. ``pull_loss_bound``:
     the fraction of a pull's received elements the link may give up on;
     ``rescale_lost``: scale pushed sums by ``p / contributions`` where
-    contributions were lost. ``workers``: threads that finish tasks.
+    contributions were lost. ``servers``: the ranks that own slices, in order
+    (default every rank; ``(0,)``: one server, every push into rank 0);
+    reduce-scatter and all-gather need every rank. ``workers``: threads that
+    finish tasks.
     """
 
     def __init__(
@@ -156,17 +164,23 @@ class PsExchange:
         *,
         pull_loss_bound: float = 0.0,
         rescale_lost: bool = False,
+        servers: Sequence[int] | None = None,
         workers: int = 4,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if not 0 <= pull_loss_bound < 1:
             raise ValueError(f"pull_loss_bound must be in [0, 1), got {pull_loss_bound}")
+        if servers is not None and (not servers or len(set(servers)) != len(servers)):
+            raise ValueError(f"servers must be distinct ranks, at least one, got {servers}")
+        if servers is not None and not all(0 <= r < link.world for r in servers):
+            raise ValueError(f"servers must be ranks below the world size {link.world}, got {servers}")
         self.link = link
         self.rank, self.world = link.rank, link.world
         self.timeout_s = timeout_s
         self.pull_loss_bound = pull_loss_bound
         self.rescale_lost = rescale_lost
+        self.servers = tuple(servers) if servers is not None else None
         #: per ``(task id, phase)``: what its latest launch lost on this rank
         self.losses: dict[tuple[int, int], Loss] = {}
         self._launches: dict[int, int] = {}
@@ -220,7 +234,8 @@ class PsExchange:
     def _server(self, owner: int, flat: torch.Tensor) -> _Server:
         server = self._servers.get(owner)
         if server is None or server.numel != flat.numel() or server.dtype != flat.dtype:
-            server = _Server(flat.numel(), flat.dtype, self.rank, self.world, self.pull_loss_bound > 0)
+            keep = self.pull_loss_bound > 0
+            server = _Server(flat.numel(), flat.dtype, self.rank, self.world, self.servers, keep)
             self._servers[owner] = server
         return server
 
