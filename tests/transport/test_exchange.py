@@ -254,6 +254,21 @@ def test_a_lost_pull_range_keeps_the_previous_sum_of_the_task() -> None:
     assert xs[0].losses[(1, PULL)].lost_numel == 2 and xs[0].losses[(1, PULL)].step == 1
 
 
+def test_a_pull_tasks_own_bound_allows_loss_and_stale_fill_starts_from_zeros() -> None:
+    world, n = 2, 6  # rank 1 owns [3, 6); the exchange itself is reliable on pulls
+    net = FakeNetwork(world)
+    xs = exchanges(net)
+    push, pull = task(0, "push", n), task(1, "pull", n, deps=(0,), loss_bound=0.5)
+    net.lose[(1, 0, PULL)] = [(0, 1)]  # step 0: rank 0 misses element 3 of the sum: nothing kept yet
+    flats = [torch.full((n,), 1.0), torch.full((n,), 2.0)]
+    push_pull(xs, push, pull, flats)
+    assert torch.equal(flats[0], torch.tensor([3.0, 3, 3, 0, 3, 3]))
+    net.lose[(1, 0, PULL)] = [(1, 3)]  # step 1: elements 4, 5 keep step 0's sum
+    flats = [torch.full((n,), 10.0), torch.full((n,), 20.0)]
+    push_pull(xs, push, pull, flats)
+    assert torch.equal(flats[0], torch.tensor([30.0, 30, 30, 30, 3, 3]))
+
+
 def test_a_loss_above_the_bound_fails_the_task_naming_it() -> None:
     net = FakeNetwork(2)
     net.lose[(1, 0, PUSH)] = [(0, 3)]

@@ -42,7 +42,8 @@ the ``loss_bound`` it was given; exceeding it is a RuntimeCommError):
   as zeros. With ``rescale_lost``, each element of the sum is then multiplied by
   ``p / (contributions that arrived)``: unbiased only when what is lost does
   not depend on the values (random loss), and still zero-filled otherwise.
-* pull: ``pull_loss_bound`` (default 0); the missing ranges keep the previous
+* pull: ``pull_loss_bound`` (default 0), or a ``pull`` task's own ``loss_bound``
+  where that is larger; the missing ranges keep the previous
   sum this rank received for the task (stale fill; zeros before the first).
 * :attr:`PsExchange.losses` records, per ``(task, phase)``, what the latest
   launch lost on this rank, so a caller can check the bounds.
@@ -265,7 +266,7 @@ class PsExchange:
         recvs = []
         for q, (a, b) in enumerate(server.slices):
             if q != self.rank and b > a:
-                recvs.append((q, self.link.recv(q, key, flat[a:b], loss_bound=self.pull_loss_bound), a, flat[a:b]))
+                recvs.append((q, self.link.recv(q, key, flat[a:b], loss_bound=self._pull_bound(task)), a, flat[a:b]))
         return _Posted(key, sends, recvs)
 
     def _pull(
@@ -320,7 +321,10 @@ class PsExchange:
     def _finish_pull(
         self, task: CommTask, posted: _Posted, flat: torch.Tensor, server: _Server, deadline: float
     ) -> None:
-        received = self._wait_all(posted, self.pull_loss_bound, deadline)
+        bound = self._pull_bound(task)
+        received = self._wait_all(posted, bound, deadline)
+        if bound > 0 and server.previous is None:  # from now on keep the sums for stale fill (zeros before)
+            server.previous = torch.zeros_like(flat)
         previous = server.previous
         for (_, _, offset, box), got in zip(posted.recvs, received, strict=True):
             for a, b in got.missing:
@@ -329,6 +333,10 @@ class PsExchange:
         if previous is not None:
             previous.copy_(flat)
         self._record(task.id, PULL, posted.key.step, received, posted)
+
+    def _pull_bound(self, task: CommTask) -> float:
+        """The larger of ``pull_loss_bound`` and, for a ``pull`` task, the task's own ``loss_bound``."""
+        return max(self.pull_loss_bound, task.loss_bound if task.kind == "pull" else 0.0)
 
     def _record(self, task: int, phase: int, step: int, received: list[Received], posted: _Posted) -> None:
         lost = sum(r.lost for r in received)
