@@ -33,6 +33,19 @@ def ring_factors(kind: str, p: int) -> tuple[float, float]:
     raise ValueError(f"ring collective: kind must be all_reduce, reduce_scatter or all_gather, got {kind!r}")
 
 
+def sent_volume(kind: str, p: int) -> float:
+    """Bytes one rank sends per byte of a task over ``p`` ranks, by ring or through a server on every rank.
+
+    Ring collectives: the ``volume`` of :func:`ring_factors`. A push or a pull
+    with a server on every rank: ``(p-1)/p`` (a rank sends the other ``p - 1``
+    owners their slices, or, as owner, its sum to the other ``p - 1`` ranks), the
+    volume of a reduce-scatter or all-gather.
+    """
+    if kind in ("push", "pull"):
+        return (p - 1) / p if p > 1 else 0.0
+    return ring_factors(kind, p)[1]
+
+
 def ring_s(kind: str, nbytes: float, p: int, alpha_s: float, bandwidth: float) -> float:
     """A ring collective of ``n`` bytes per rank: ``steps·α + volume·n / B`` (:func:`ring_factors`)."""
     steps, volume = ring_factors(kind, p)
@@ -101,6 +114,21 @@ def ps_push_s(
     same in the other direction.
     """
     return alpha_s + max(nbytes / worker_bandwidth, workers * nbytes / (servers * server_bandwidth))
+
+
+def ps_colocated_push_s(nbytes: float, p: int, alpha_s: float, bandwidth: float) -> float:
+    """Parameter-server push of ``n`` bytes with a server on every one of the ``p`` workers (``k = p``).
+
+    ``α + (p-1)/p · n / B``: each worker keeps its own ``1/p`` and sends the
+    other ``p - 1`` servers theirs (``(p-1)/p · n`` out of its link), and, as a
+    server, receives ``p - 1`` slices of ``n/p`` (``(p-1)/p · n`` into it); the
+    ``p - 1`` messages leave together, so ``α`` counts once. A pull is the same
+    in the other direction. ``0`` when ``p == 1``. The same bytes as a ring
+    reduce-scatter, with one startup instead of ``p - 1``.
+    """
+    if p <= 1:
+        return 0.0
+    return alpha_s + (p - 1) / p * nbytes / bandwidth
 
 
 def ps_push_pull_s(

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from commsched.cli import cli
@@ -42,7 +43,7 @@ def test_advise_table_prints_the_parallelize_call_and_the_search_time() -> None:
     assert "ideal" in result.stdout and "simulations in" in result.stdout
 
 
-def test_plan_json_and_out_file_load_as_a_comm_plan_with_per_rank_batches_beside_it(tmp_path: Path) -> None:
+def test_plan_json_and_out_file_load_as_a_comm_plan_carrying_the_per_rank_batches(tmp_path: Path) -> None:
     out = tmp_path / "plans" / "plan.json"
     data = _json("plan", "-m", "resnet18", "-c", "hetero-8", "--budget-s", "2", "--json", "-o", str(out))
     assert sum(data["batch_sizes"]) == data["global_batch"] == 64 * 8
@@ -50,9 +51,11 @@ def test_plan_json_and_out_file_load_as_a_comm_plan_with_per_rank_batches_beside
     assert data["speedup_over_even_allreduce"] >= 1.0
     plan = CommPlan.load(out)
     assert plan.policy == data["policy"] and len(plan.tasks) == len(data["buckets"])
-    ranks = json.loads((tmp_path / "plans" / "plan.ranks.json").read_text())
-    assert ranks["format"] == "commsched.RankBatches" and ranks["plan"] == "plan.json"
-    assert [r["local_batch"] for r in ranks["ranks"]] == data["batch_sizes"]
+    assert list(plan.batch_sizes or ()) == data["batch_sizes"] and plan.global_batch == data["global_batch"]
+    assert [r["local_batch"] for r in data["ranks"]] == data["batch_sizes"]
+    assert sum(r["gradient_weight"] for r in data["ranks"]) == pytest.approx(1.0)
+    assert data["written"] == {"plan": str(out)}
+    assert sorted(p.name for p in out.parent.iterdir()) == ["plan.json"]
 
 
 def test_plan_reports_a_device_that_cannot_hold_one_sample() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from commsched import zoo
@@ -10,6 +12,7 @@ from commsched.plan import simulate_candidate
 from commsched.plan.batches import balanced_split, even_split, proportional_split, rank_compute_fn
 from commsched.plan.hetero import plan_heterogeneous
 from commsched.plan.memory import GIB, InfeasibleError, MemoryModel
+from commsched.schedule import CommPlan
 from commsched.sim import simulate
 from commsched.workload import Workload
 
@@ -108,3 +111,22 @@ def test_plan_chooses_a_sync_per_bucket_where_the_cluster_has_servers() -> None:
     assert {b.name for b in plan.baselines} == {"even_allreduce", "even_ps", "proportional_allreduce"}
     assert set(plan.transports) <= {"collective", "ps"}
     assert plan.iteration_ms <= min(b.iteration_ms for b in plan.baselines) * (1 + 1e-9)
+
+
+def test_saved_plan_carries_the_per_rank_batches_and_nothing_is_written_beside_it(tmp_path: Path) -> None:
+    plan = plan_heterogeneous(zoo.load("resnet18"), load_cluster("hetero-8"), budget_s=1, trials=1)
+    written = plan.save(tmp_path / "plan.json")
+    loaded = CommPlan.load(written)
+    assert loaded.batch_sizes == plan.batch_sizes and loaded.global_batch == plan.global_batch
+    assert loaded.tasks == plan.plan.tasks and loaded.policy == plan.policy
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+    weights = [r["gradient_weight"] for r in plan.ranks()]
+    assert weights == [b / plan.global_batch for b in plan.batch_sizes]
+
+
+@pytest.mark.parametrize("sync", ["collective", "ps", "cheaper"])
+def test_a_push_or_pull_keeps_its_parameter_server_transport_under_any_sync(sync: str) -> None:
+    workload, cluster = zoo.load("resnet18"), load_cluster("ec2-ps-3gbps")
+    result = simulate_candidate(workload, cluster, "ps", sync=sync, iterations=3)
+    assert result.plan is not None and {t.transport for t in result.plan.tasks} == {"ps"}
+    assert result.gradient_bytes == workload.total_bytes

@@ -114,6 +114,8 @@ def disagree(rank: int, world: int, port: int, out: str, what: str) -> None:
         knobs["threshold_mb"] = 0.003
     if what == "shape" and odd:
         model = M.TrickyNet(dim=17)
+    if what == "batch_sizes":
+        knobs["batch_sizes"] = [2] * world if odd else [1] * world
     opt = M.make_optimizer("sgd", model)
     start = time.monotonic()
     outcome = _outcome(lambda: parallelize(model, opt, policy=policy, timeout_s=30, **knobs))

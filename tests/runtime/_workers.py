@@ -20,7 +20,7 @@ from commsched.runtime.api import parallelize
 
 import _models as M
 
-LOSSLESS = ("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap")
+LOSSLESS = ("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap", "ps")
 # Small thresholds so the tiny test model is split into several buckets / groups / partitions.
 SMALL_KNOBS: dict[str, dict[str, Any]] = {
     "ddp": {"bucket_cap_mb": 0.002, "first_bucket_mb": 0.0005},
@@ -29,6 +29,7 @@ SMALL_KNOBS: dict[str, dict[str, Any]] = {
     "prophet": {"partition_mb": 0.0004, "credit_mb": 0.001},
     "dear": {"threshold_mb": 0.0015},
     "no_overlap": {"bucket_cap_mb": 0.002},
+    "ps": {"partition_mb": 0.0004, "credit_mb": 0.001},
     "wfbp": {},
     "mgwfbp": {"alpha_ms": 0.0, "bandwidth_gbps": 1000.0},
 }
@@ -134,7 +135,7 @@ def features(rank: int, world: int, port: int, out: str) -> None:
 
         # --- global-norm clipping, every policy vs clip_grad_norm_ on DDP's averaged gradients
         ref, _ = run_policy("torch_ddp", "sgd", rank, 5, base, max_grad_norm=0.05)
-        for policy in ("ddp", "dear", "bytescheduler"):
+        for policy in ("ddp", "dear", "bytescheduler", "ps"):
             params, _ = run_policy(policy, "sgd", rank, 5, base, max_grad_norm=0.05)
             results[f"clip/{policy}"] = _diff(ref, params)
         unclipped, _ = run_policy("torch_ddp", "sgd", rank, 5, base)
@@ -207,7 +208,7 @@ def features(rank: int, world: int, port: int, out: str) -> None:
 
         # --- bf16 autocast: same result as torch_ddp under the same autocast
         autocast = {}
-        for policy in ("torch_ddp", "dear", "bytescheduler"):
+        for policy in ("torch_ddp", "dear", "bytescheduler", "ps"):
             model = M.clone(base)
             opt = M.make_optimizer("adamw", model)
             wrapped, opt = parallelize(model, opt, policy=policy, **SMALL_KNOBS.get(policy, {}))
@@ -221,7 +222,7 @@ def features(rank: int, world: int, port: int, out: str) -> None:
             autocast[policy] = M.snapshot(wrapped)
             if hasattr(wrapped, "close"):
                 wrapped.close()
-        for policy in ("dear", "bytescheduler"):
+        for policy in ("dear", "bytescheduler", "ps"):
             results[f"bf16/{policy}"] = _diff(autocast["torch_ddp"], autocast[policy])
 
         # --- an optimizer that cannot be split per layer is refused clearly

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -17,6 +20,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def world_of_one() -> Iterator[None]:
+    """A gloo process group of one rank in this process, for checks that happen before any communication."""
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
 
 
 def spawn(fn: Callable[..., None], world: int, tmp_path: Path, *args: Any, timeout_s: float = 300) -> list[dict]:

@@ -50,3 +50,14 @@ def test_a_trial_loses_only_when_its_median_is_slower_than_the_warm_up_by_the_ma
     r.periods[3] = 0.2
     assert r.trial_lost(1, 3, 5)
     assert not r.trial_lost(0, 3, 5)  # no baseline measured: keep
+
+
+def test_pushes_and_pulls_count_the_bytes_a_reduce_scatter_or_all_gather_would_send() -> None:
+    from commsched.runtime.replan import Replanner
+
+    r = Replanner(DriftPolicy(), world=4, measures=True)
+    assert r.monitor is not None
+    r.transfer_done("push", 4000, 1.0)
+    r.transfer_done("pull", 4000, 1.0)
+    r.transfer_done("reduce_scatter", 4000, 1.0)
+    assert r.monitor.transfer_bytes == pytest.approx(3 * 3000) and r.monitor.transfer_s == 3.0

@@ -60,7 +60,12 @@ def test_a_plan_saved_by_the_simulator_trains_like_the_policy_by_name_and_like_d
 
 @pytest.mark.parametrize(
     ("what", "named"),
-    [("policy", "policy: rank 0 has dear, rank 1 has ddp"), ("knob", "knobs: rank 0 has"), ("shape", "parameters")],
+    [
+        ("policy", "policy: rank 0 has dear, rank 1 has ddp"),
+        ("knob", "knobs: rank 0 has"),
+        ("shape", "parameters"),
+        ("batch_sizes", "batch sizes: rank 0 has (1, 1), rank 1 has (2, 2)"),
+    ],
 )
 def test_ranks_that_disagree_all_end_with_an_error_naming_the_difference(tmp_path: Path, what: str, named: str) -> None:
     res = spawn(S.disagree, 2, tmp_path, what, timeout_s=120)

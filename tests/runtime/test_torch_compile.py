@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import pytest
 import torch
-import torch.distributed as dist
 
 import commsched
 from commsched.errors import UnsupportedError
-
-from conftest import free_port
-
-
-@pytest.fixture(scope="module")
-def world_of_one() -> Iterator[None]:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _model() -> torch.nn.Module:

@@ -189,6 +189,8 @@ SMALL = {
     "prophet": {"partition_mb": 0.003, "credit_mb": 0.006},
     "dear": {"threshold_mb": 0.01},
     "no_overlap": {"bucket_cap_mb": 0.01},
+    "ps": {"partition_mb": 0.003, "credit_mb": 0.006},
+    "dlcp": {"partition_mb": 0.003, "credit_mb": 0.006},
     "wfbp": {},
     "mgwfbp": {"alpha_ms": 0.01},
 }

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
-from commsched.errors import SpecError
+from commsched.errors import ScheduleError, SpecError
 from commsched.schedule import POLICIES, CommPlan, NetworkEstimate, build_plan, knob_class
 from commsched.zoo import load as load_zoo
 
@@ -18,6 +19,8 @@ SMALL = {
     "prophet": {"partition_mb": 2.0, "bandwidth_gbps": 25.0},
     "dear": {"threshold_mb": 8.0, "lookahead": 2},
     "no_overlap": {"bucket_cap_mb": 16.0},
+    "ps": {"partition_mb": 2.0, "credit_mb": 8.0},
+    "dlcp": {"partition_mb": 2.0, "credit_mb": 8.0, "mode": "ps", "loss_bound": 0.05},
     "wfbp": {},
     "mgwfbp": {"alpha_ms": 2.0},
 }
@@ -55,7 +58,16 @@ def _plan_dict(resnet18: object) -> dict:
     ("change", "message"),
     [
         (lambda d: d.update(format="other"), r"format: expected 'commsched.CommPlan'"),
-        (lambda d: d.update(version=99), r"version: this commsched reads version 1, got 99"),
+        (lambda d: d.update(version=99), r"version: this commsched reads versions 1 and 2, got 99"),
+        (
+            lambda d: d.update(batch_sizes=[1, 2, 3]),
+            r"batch_sizes: expected one entry per rank \(2\), got 3: \[1, 2, 3\]",
+        ),
+        (lambda d: d.update(batch_sizes=[4, 0]), r"batch_sizes\[1\]: must be a whole number >= 1, got 0"),
+        (lambda d: d.update(batch_sizes=[4, 2.5]), r"batch_sizes\[1\]: must be a whole number >= 1, got 2.5"),
+        (lambda d: d.update(batch_sizes=[4, True]), r"batch_sizes\[1\]: must be a whole number >= 1, got True"),
+        (lambda d: d.update(batch_sizes="4,2"), r"batch_sizes: expected a list or null, got '4,2'"),
+        (lambda d: d.update(version=1, batch_sizes=[1, 2]), r"batch_sizes: not a field of version 1"),
         (lambda d: d.pop("tasks"), r"tasks: missing"),
         (lambda d: d.update(policy="fastest"), r"unknown policy 'fastest'"),
         (lambda d: d["knobs"].update(threshold_mb=-1), r"knob 'threshold_mb' must be a number > 0, got -1"),
@@ -83,3 +95,32 @@ def test_a_file_that_is_not_json_is_refused(tmp_path: Path) -> None:
         CommPlan.load(path)
     with pytest.raises(SpecError, match="cannot read"):
         CommPlan.load(tmp_path / "missing.json")
+
+
+def test_per_rank_batch_sizes_survive_a_json_round_trip(resnet18: object, tmp_path: Path) -> None:
+    plan = build_plan("dear", resnet18, NetworkEstimate(3, 1e9))  # type: ignore[arg-type]
+    uneven = dataclasses.replace(plan, batch_sizes=(16, 32, 48))
+    assert uneven.global_batch == 96 and plan.global_batch is None and plan.batch_sizes is None
+    path = tmp_path / "plan.json"
+    uneven.save(path)
+    data = json.loads(path.read_text())
+    assert data["version"] == 2 and data["batch_sizes"] == [16, 32, 48]
+    again = CommPlan.load(path)
+    assert again.batch_sizes == (16, 32, 48) and again.to_dict() == uneven.to_dict()
+    assert CommPlan.from_dict(plan.to_dict()).batch_sizes is None
+
+
+def test_a_version_1_file_loads_as_a_plan_with_even_batches(resnet18: object) -> None:
+    data = _plan_dict(resnet18)
+    data["version"] = 1
+    del data["batch_sizes"]
+    plan = CommPlan.from_dict(data)
+    assert plan.batch_sizes is None and plan.version == 2
+    assert plan.tasks == CommPlan.from_dict(_plan_dict(resnet18)).tasks
+
+
+def test_a_plan_made_in_code_with_bad_batch_sizes_is_refused(resnet18: object) -> None:
+    plan = build_plan("ddp", resnet18, NetworkEstimate(2, 1e9))  # type: ignore[arg-type]
+    with pytest.raises(ScheduleError, match=r"batch_sizes: expected one entry per rank \(2\), got 1: \[8\]"):
+        dataclasses.replace(plan, batch_sizes=(8,))
+    assert dataclasses.replace(plan, batch_sizes=[3, 5]).batch_sizes == (3, 5)  # type: ignore[arg-type]

@@ -248,6 +248,8 @@ def test_every_policy_launches_every_task_exactly_once_per_iteration(
         "prophet": {"partition_mb": scale / 4, "credit_mb": scale},
         "dear": {"threshold_mb": scale},
         "no_overlap": {},
+        "ps": {"partition_mb": scale / 4, "credit_mb": scale},
+        "dlcp": {"partition_mb": scale / 4, "credit_mb": scale},
         "wfbp": {},
         "mgwfbp": {"alpha_ms": scale},
     }[policy]
@@ -287,3 +289,23 @@ def test_every_policy_launches_every_task_exactly_once_per_iteration(
             assert sorted(t for t in seen if s.plan.tasks[t].kind == "reduce_scatter") == list(range(0, n_tasks, 2))
         else:
             assert sorted(seen) == list(range(n_tasks)), (policy, seen)
+
+
+def test_ps_pushes_front_layers_first_within_the_credit_and_pulls_right_after_each_push() -> None:
+    w = workload([MiB // 4] * 3)  # 1 MiB per tensor
+    s = build_scheduler("ps", w, NET, partition_mb=0.5, credit_mb=1)  # 2 partitions per tensor: 6 push/pull pairs
+    kinds = [(t.kind, t.deps, t.transport, t.loss_bound) for t in s.plan.tasks]
+    assert kinds == [
+        (kind, (i - 1,) if kind == "pull" else (), "ps", 0.0) for i, kind in enumerate(["push", "pull"] * 6)
+    ]
+    assert s.uses_completions and s.plan.update == "forward"
+    assert [t.priority for t in s.plan.tasks] == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+    assert launched(s.on_grad_ready(2)) == [8, 10]  # 1 MiB in flight: the window is full
+    assert launched(s.on_grad_ready(1)) == []
+    assert launched(s.on_grad_ready(0)) == []
+    assert launched(s.on_comm_done(8)) == [9]  # a push done: its pull at once, the credit still held
+    assert launched(s.on_comm_done(9)) == [0]  # a pull done: credit back, layer 0 overtakes layer 1
+    assert launched(s.on_comm_done(10)) == [11]
+    assert launched(s.on_comm_done(11)) == [2]
+    assert launched(s.on_comm_done(0)) == [1]
+    assert launched(s.on_comm_done(1)) == [4]

@@ -9,6 +9,7 @@ import pytest
 from commsched.errors import ScheduleError, SpecError
 from commsched.formulas import (
     hierarchical_all_reduce_s,
+    ps_colocated_push_s,
     ps_push_pull_s,
     ps_push_s,
     ring_all_gather_s,
@@ -16,11 +17,12 @@ from commsched.formulas import (
     ring_reduce_scatter_s,
     tree_all_reduce_s,
 )
-from commsched.schedule import Action, CommPlan, Launch, Scheduler
+from commsched.schedule import Action, CommPlan, Launch, Scheduler, scheduler_for
 from commsched.schedule.fusion import make_task, whole
 from commsched.schedule.knobs import NoKnobs
 from commsched.sim import SimOptions, Simulation, costs, simulate
 from commsched.sim.costs import CommModel, Phase, register_cost
+from commsched.sim.simulator import plan_for
 
 from sim_builders import make_cluster, make_workload
 
@@ -107,9 +109,23 @@ def test_a_single_worker_communicates_for_free() -> None:
     assert math.isfinite(model.estimate().bandwidth_bytes_per_s)
 
 
-def test_hierarchical_needs_equal_nodes_and_ps_needs_servers() -> None:
-    with pytest.raises(SpecError, match="servers"):
-        CommModel.from_cluster(make_cluster(4), "ps")
+def test_ps_without_servers_in_the_spec_puts_a_server_on_every_worker() -> None:
+    # 8 workers, 2 nodes of 4: every worker keeps 1/8 and sends 7/8 over the ring's slowest link, one startup
+    cluster = make_cluster(8, gbps=10, latency_us=20, overhead_us=5, per_node=4, intra_gbps=60, intra_latency_us=3)
+    model = CommModel.from_cluster(cluster, "ps")
+    ring = CommModel.from_cluster(cluster, "ring")
+    assert model.servers == 8 and model.servers_on_workers
+    assert model.cost_s("push", MB) == pytest.approx(ps_colocated_push_s(MB, 8, 25e-6, 10e9 / 8))
+    assert model.cost_s("push", MB) == pytest.approx(25e-6 + 7 / 8 * MB / (10e9 / 8))
+    assert model.cost_s("pull", MB) == model.cost_s("push", MB)
+    # the bytes of a ring reduce-scatter, with one startup instead of p - 1
+    assert model.transfer_s("push", MB) == pytest.approx(ring.transfer_s("reduce_scatter", MB))
+    assert model.sent_bytes("push", MB) == model.sent_bytes("pull", MB) == pytest.approx(7 / 8 * MB)
+    assert model.sent_bytes("all_reduce", MB) == pytest.approx(ring.sent_bytes("all_reduce", MB))
+    assert ps_colocated_push_s(MB, 1, 25e-6, 1e9) == 0.0
+
+
+def test_hierarchical_needs_equal_nodes() -> None:
     uneven = make_cluster(4, per_node=2).model_copy(
         update={
             "nodes": (*make_cluster(4, per_node=2).nodes, make_cluster(1).nodes[0].model_copy(update={"name": "x"}))
@@ -186,3 +202,26 @@ def test_a_plan_of_push_and_pull_tasks_runs_under_ps_like_all_reduces() -> None:
     assert result.sent_bytes_per_worker == reference.sent_bytes_per_worker
     with pytest.raises(ScheduleError, match="no cost model for task kind 'push' under algorithm 'ring'"):
         Simulation(workload, cluster, PushPull(plan), 3, 1, SimOptions(), CommModel.from_cluster(cluster))
+
+
+@pytest.mark.parametrize("servers", [0, 2], ids=["server_on_every_worker", "two_dedicated_servers"])
+def test_the_ps_policy_simulates_its_pushes_and_pulls_under_the_ps_cost_model(servers: int) -> None:
+    """Under the default (ring) algorithm, every task of a ``ps`` plan is priced by the ps model of the cluster."""
+    workload = make_workload([2.0, 3.0, 1.0], [4.0, 2.0, 3.0], [300_000, 200_000, 500_000])
+    cluster = make_cluster(4, gbps=10, latency_us=20, servers=servers)
+    plan = plan_for(workload, cluster, "ps", partition_mb=0.5, credit_mb=1.0)
+    assert {(t.kind, t.transport) for t in plan.tasks} == {("push", "ps"), ("pull", "ps")}
+    sim = Simulation(workload, cluster, scheduler_for(plan), 3, 1, SimOptions(), CommModel.from_cluster(cluster))
+    sim.run()
+    ps = CommModel.from_cluster(cluster, "ps")
+    assert ps.servers_on_workers == (servers == 0)
+    assert sim.phases == [ps.phases(t.kind, t.bytes) for t in plan.tasks]
+    result = sim.result({}, 0.0)
+    sent = sum(ps.sent_bytes(t.kind, t.bytes) for t in plan.tasks)
+    assert result.sent_bytes_per_worker == pytest.approx(sent)
+    assert result.gradient_bytes == workload.total_bytes  # a push-pull pair counts once
+    assert result.trace is not None
+    events = [e for e in result.trace.events if e.kind in ("push", "pull")]
+    assert {e.kind for e in events} == {"push", "pull"}
+    for event in events:  # alone or sharing the network: never faster than the closed form
+        assert event.duration_s >= ps.cost_s(event.kind, event.bytes) * (1 - 1e-9)

@@ -26,6 +26,12 @@ and for the references whose time the model also predicts:
 * ``compute, N in lock-step``: forward + backward + update of the profile;
 * ``all-reduce alone``: the fitted all-reduce of every gradient at once.
 
+Communication's CPU work: the probe also records the CPU time each
+all-reduce costs its rank (:func:`commsched.profile.network.fit_cpu`); the
+simulator takes it from compute wherever a task starts while its worker
+computes (``SimOptions.cpu_per_task_ms``/``cpu_ms_per_mb``). Reports saved
+before the probe recorded it predict without.
+
 Nothing is fitted to the policies' measured times: the calibration runs
 before them and only measures compute and collectives alone.
 ``error_pct = (predicted − measured) / measured × 100`` (positive: the
@@ -44,7 +50,7 @@ from commsched.bench.validate import predict
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.formulas import ring_all_reduce_s
-from commsched.profile.network import ProbeSample, fit_alpha_beta, measured_cluster
+from commsched.profile.network import ProbeSample, fit_alpha_beta, fit_cpu, measured_cluster
 from commsched.schedule import TORCH_DDP_AS_POLICY
 from commsched.workload import Workload
 
@@ -63,7 +69,10 @@ class Calibration:
     def __init__(self, data: dict[str, Any], source: str) -> None:
         self.data = data
         self.workload = Workload.from_json(json.dumps(data["workload"]), source=f"{source}: workload")
-        self.samples = tuple(ProbeSample(**{**s, "seconds": tuple(s["seconds"])}) for s in data["samples"])
+        self.samples = tuple(
+            ProbeSample(**{**s, "seconds": tuple(s["seconds"]), "cpu_seconds": tuple(s.get("cpu_seconds", ()))})
+            for s in data["samples"]
+        )
         # Refitted from the raw samples (not the worker's numbers), so a saved report re-validates
         # with today's fit.
         fit = fit_alpha_beta(self.samples, "all_reduce")
@@ -71,6 +80,8 @@ class Calibration:
         self.beta_s_per_byte = fit.beta_s_per_byte
         self.world_size = int(data["world"])
         self.update_ms = float(data["update_ms"])
+        #: the CPU work of one all-reduce (None in reports saved before the probe recorded it)
+        self.cpu = fit_cpu(self.samples, "all_reduce")
 
     @property
     def cluster(self) -> Cluster:
@@ -88,6 +99,8 @@ class Calibration:
             "profile_backward_ms": self.workload.backward_ms,
             "profile_iteration_ms": extra.get("iteration_ms"),
             "update_ms": self.update_ms,
+            "comm_cpu_per_task_ms": self.cpu.per_op_ms if self.cpu is not None else None,
+            "comm_cpu_ms_per_mb": self.cpu.ms_per_mb if self.cpu is not None else None,
         }
 
 
@@ -127,7 +140,12 @@ def predict_session(
         policy_knobs = {**knobs.get(name, {}), **extra}
         try:
             predicted = predict(
-                workload, cluster, [simulated], knobs={simulated: policy_knobs}, update_ms=calibration.update_ms
+                workload,
+                cluster,
+                [simulated],
+                knobs={simulated: policy_knobs},
+                update_ms=calibration.update_ms,
+                cpu=calibration.cpu,
             )[simulated]
         except CommschedError as exc:  # a prediction that fails must not cost the measurements
             rows[name] = {"error": str(exc), "measured_ms": summary[name]["median_ms"], "simulated_as": simulated}

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from commsched.cluster import Cluster
+from commsched.profile.network import CpuFit
 from commsched.schedule import build_plan
 from commsched.sim import CommModel, SimOptions, simulate
 from commsched.workload import Workload
@@ -54,11 +55,14 @@ def predict(
     options: SimOptions | Mapping[str, Any] | None = None,
     knobs: Mapping[str, Mapping[str, Any]] | None = None,
     update_ms: float = 0.0,
+    cpu: CpuFit | None = None,
 ) -> dict[str, float]:
     """Predicted iteration time in ms of each policy, by :func:`commsched.sim.simulate`.
 
     ``options``: simulator options for every policy; default
-    :func:`gloo_options` per policy (the runtime on gloo) with ``update_ms``.
+    :func:`gloo_options` per policy (the runtime on gloo) with ``update_ms``
+    and, given the probe's ``cpu`` fit, communication's CPU work charged to
+    compute (``SimOptions.cpu_per_task_ms``/``cpu_ms_per_mb``).
     ``knobs``: per policy, its knobs. Raises what ``simulate`` raises.
     """
     out: dict[str, float] = {}
@@ -66,7 +70,13 @@ def predict(
         policy_knobs = dict((knobs or {}).get(policy, {}))
         if options is None:
             base = gloo_options(workload, cluster, policy, **policy_knobs)
-            opts: SimOptions | Mapping[str, Any] = SimOptions(base.algorithm, base.max_concurrent, update_ms)
+            opts: SimOptions | Mapping[str, Any] = SimOptions(
+                base.algorithm,
+                base.max_concurrent,
+                update_ms,
+                cpu_per_task_ms=cpu.per_op_ms if cpu is not None else 0.0,
+                cpu_ms_per_mb=cpu.ms_per_mb if cpu is not None else 0.0,
+            )
         else:
             opts = options
         result = simulate(workload, cluster, policy, iterations, warmup, options=opts, trace=False, **policy_knobs)

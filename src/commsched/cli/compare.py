@@ -142,7 +142,7 @@ def command(
             continue
         speedup = f"{base / r.iteration_ms:.2f}x" if base else "-"
         table.add_row(
-            policy,
+            policy + (" *" if r.unvalidated else ""),
             f"{r.iteration_ms:.1f}",
             f"{r.samples_per_s:,.0f}",
             speedup,
@@ -173,6 +173,8 @@ def command(
     for policy, r in results.items():
         if isinstance(r, str):
             console.print(f"[red]{policy} failed:[/red] {r}", soft_wrap=True)
+        elif r.unvalidated:
+            console.print(f"* {policy}: unvalidated: {r.unvalidated}", soft_wrap=True)
     if plot_path:
         console.print(f"bar chart written to {plot_path}")
 

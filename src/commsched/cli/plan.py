@@ -54,7 +54,7 @@ def plans_table(plan: HeteroPlan) -> Table:
 
 def ranks_table(plan: HeteroPlan) -> Table:
     table = Table(title="per rank")
-    for column in ("rank", "device", "node", "batch", "loss scale", "memory used / usable"):
+    for column in ("rank", "device", "node", "batch", "gradient weight", "memory used / usable"):
         table.add_column(column, justify="left" if column in ("device", "node") else "right")
     for r in plan.ranks():
         table.add_row(
@@ -62,7 +62,7 @@ def ranks_table(plan: HeteroPlan) -> Table:
             r["device"],
             r["node"],
             str(r["local_batch"]),
-            f"{r['loss_scale']:.3f}",
+            f"{r['gradient_weight']:.4f}",
             f"{format_bytes(r['memory_used_bytes'])} / {format_bytes(r['memory_usable_bytes'])}",
         )
     return table
@@ -110,7 +110,7 @@ def buckets_table(plan: HeteroPlan) -> Table:
     "-o",
     "out_path",
     type=OutputFile(),
-    help="Write the CommPlan here (JSON) and the per-rank batches beside it (NAME.ranks.json).",
+    help="Write the CommPlan here (JSON, per-rank batches included): parallelize(model, opt, plan=PATH).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON instead of tables.")
 def command(
@@ -156,7 +156,7 @@ def command(
     if as_json:
         data = result.to_dict()
         if written:
-            data["written"] = {"plan": str(written[0]), "ranks": str(written[1])}
+            data["written"] = {"plan": str(written)}
         click.echo(json.dumps(data, indent=1, default=str))
         return
     console = Console()
@@ -172,5 +172,4 @@ def command(
     for note in result.notes:
         console.print(f"note: {note}", markup=False)
     if written:
-        plan_file, ranks_file = written
-        console.print(f"plan written to {plan_file}; per-rank batches to {ranks_file} (CommPlan has no field for them)")
+        console.print(f"plan written to {written} (per-rank batches included): parallelize(model, opt, plan=...)")

@@ -23,6 +23,10 @@ can run and this simulator can score:
   :func:`~commsched.plan.search.search_policies` (the same search as ``advise``);
 * **memory**: a hard constraint per device (:mod:`commsched.plan.memory`).
 
+The plan's :class:`~commsched.schedule.CommPlan` carries the per-rank batches
+(``batch_sizes``); the runtime weights each rank's gradient by ``b_i / B``, so
+training equals one process on the global batch (``docs/runtime.md``).
+
 Candidate splits (balanced, speed-proportional, even, and blends of balanced
 and even) are screened first with the overlap bound
 (:func:`commsched.sim.ideal.ideal`), which costs no simulation; only the best
@@ -38,10 +42,10 @@ single-device groups), dropping a device, gradient accumulation.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,7 @@ from commsched.errors import ScheduleError
 from commsched.plan.batches import balanced_split, blend, even_split, proportional_split, rank_compute_fn
 from commsched.plan.memory import InfeasibleError, MemoryModel, RankMemory, batch_caps, rank_memory
 from commsched.plan.search import Candidate, Progress, Simulated, search_policies, simulate_candidate
+from commsched.schedule import CommPlan
 from commsched.schedule import knobs as policy_knobs
 from commsched.sim.compute import PROFILE, ComputeModel
 from commsched.sim.ideal import ideal
@@ -58,8 +63,6 @@ from commsched.workload import Workload
 
 #: The policy and knobs every baseline runs: PyTorch DDP at its defaults.
 BASELINE_POLICY = "ddp"
-
-RANKS_FORMAT = "commsched.RankBatches"
 
 
 @dataclass(frozen=True)
@@ -117,6 +120,12 @@ class HeteroPlan(Simulated):
     budget_s: float
     notes: tuple[str, ...] = ()
 
+    @cached_property
+    def plan(self) -> CommPlan:
+        """The simulated CommPlan carrying this plan's per-rank batches (``batch_sizes``): what :meth:`save`
+        writes and ``parallelize(model, optimizer, plan=...)`` runs."""
+        return replace(super().plan, batch_sizes=self.batch_sizes)
+
     @property
     def transports(self) -> tuple[str, ...]:
         """Per task of the plan: ``"collective"`` or ``"ps"``."""
@@ -133,15 +142,14 @@ class HeteroPlan(Simulated):
         return self.baseline(name).iteration_ms / self.iteration_ms
 
     def ranks(self) -> list[dict[str, Any]]:
-        """Per rank: device, local batch and the loss scale ``N·b_i/B`` a per-rank mean loss needs under DDP's mean."""
-        n = len(self.batch_sizes)
+        """Per rank: device, local batch and the weight ``b_i/B`` the runtime gives its gradient."""
         return [
             {
                 "rank": m.rank,
                 "device": m.device,
                 "node": m.node,
                 "local_batch": b,
-                "loss_scale": n * b / self.global_batch,
+                "gradient_weight": b / self.global_batch,
                 "memory_used_bytes": m.used_bytes,
                 "memory_usable_bytes": m.usable_bytes,
             }
@@ -175,27 +183,11 @@ class HeteroPlan(Simulated):
             "notes": list(self.notes),
         }
 
-    def save(self, path: str | Path) -> tuple[Path, Path]:
-        """Write the CommPlan to ``path`` and the per-rank batches beside it (``NAME.ranks.json``).
-
-        A CommPlan has no per-rank batch sizes, so they go in their own file:
-        ``{"format": "commsched.RankBatches", "plan": <the plan file's name>,
-        "global_batch": B, "ranks": [...]}`` (see :meth:`ranks`).
-        """
+    def save(self, path: str | Path) -> Path:
+        """Write the CommPlan, per-rank batches included (:attr:`plan`), to ``path``; returns it."""
         path = Path(path)
         self.plan.save(path)
-        ranks_path = path.with_name(f"{path.stem}.ranks.json")
-        data = {
-            "format": RANKS_FORMAT,
-            "version": 1,
-            "plan": path.name,
-            "model": self.model,
-            "cluster": self.cluster,
-            "global_batch": self.global_batch,
-            "ranks": self.ranks(),
-        }
-        ranks_path.write_text(json.dumps(data, indent=1) + "\n")
-        return path, ranks_path
+        return path
 
 
 # ---- the planner ----

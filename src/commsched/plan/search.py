@@ -38,10 +38,10 @@ from commsched.errors import CommschedError, ScheduleError
 from commsched.plan.tune import KnobSearch
 from commsched.schedule import LOSSLESS, CommPlan
 from commsched.schedule import knobs as policy_knobs
-from commsched.schedule.base import COLLECTIVE
+from commsched.schedule.base import COLLECTIVE, PS_TRANSPORT
 from commsched.sim.costs import CommModel
 from commsched.sim.ideal import IdealResult, ideal
-from commsched.sim.simulator import PS_TRANSPORT, SimOptions, SimResult, plan_for, simulate_plan
+from commsched.sim.simulator import SimOptions, SimResult, plan_for, simulate_plan
 from commsched.workload import Workload
 
 #: How buckets are synchronised: all by collective, all by parameter server, or each by the cheaper one.
@@ -117,13 +117,14 @@ def with_sync(plan: CommPlan, sync: str, cluster: Cluster, options: SimOptions) 
     ``"cheaper"`` compares a task's cost alone on the network under the
     collective model (``options.algorithm``) and the PS model. An all-gather or
     pull follows the transport of the task it depends on, so the two halves of a
-    reduction go the same way. Raises ScheduleError for an unknown mode, and for
+    reduction go the same way. A plan whose policy chose its own transports
+    (``ps``, ``dlcp``) is returned as it is. Raises ScheduleError for an unknown mode, and for
     ``"ps"``/``"cheaper"`` on a cluster without parameter servers.
     """
     if sync not in SYNC_MODES:
         raise ScheduleError(f"plan: unknown sync {sync!r}; known: {', '.join(SYNC_MODES)}")
-    if sync == "collective":
-        transports = [COLLECTIVE] * len(plan.tasks)
+    if sync == "collective" or any(t.transport != COLLECTIVE for t in plan.tasks):
+        return plan  # the collectives as they are, or a policy that chose its own transports
     else:
         if cluster.servers is None:
             raise ScheduleError(f"plan: sync {sync!r} needs parameter servers; cluster {cluster.name} has none")

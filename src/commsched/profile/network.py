@@ -70,9 +70,11 @@ __all__ = [
     "DEFAULT_SIZES_BYTES",
     "OPS",
     "AlphaBetaFit",
+    "CpuFit",
     "NetworkProbe",
     "ProbeSample",
     "fit_alpha_beta",
+    "fit_cpu",
     "measured_cluster",
     "probe_local",
     "probe_network",
@@ -87,12 +89,19 @@ DEFAULT_SIZES_BYTES: tuple[int, ...] = tuple(4**k * 1024 for k in range(1, 8))
 
 @dataclass(frozen=True)
 class ProbeSample:
-    """One op at one size: per repeat, the slowest rank's seconds (after a barrier)."""
+    """One op at one size: per repeat, the slowest rank's seconds (after a barrier).
+
+    ``cpu_seconds``: per repeat, the largest over ranks of the CPU time the
+    rank's process spent on the op (every thread, user and system:
+    ``time.process_time``): the CPU work communication takes from compute
+    when both share a core. Empty in probes saved before it was recorded.
+    """
 
     op: str
     nbytes: int
     world_size: int
     seconds: tuple[float, ...]
+    cpu_seconds: tuple[float, ...] = ()
 
     @property
     def median_s(self) -> float:
@@ -189,6 +198,43 @@ def fit_alpha_beta(samples: Sequence[ProbeSample], op: str = "all_reduce") -> Al
     )
 
 
+@dataclass(frozen=True)
+class CpuFit:
+    """``cpu(n) = per_op_s + per_byte_s · n``: the CPU work of one ``op`` of ``n`` bytes on one rank."""
+
+    op: str
+    per_op_s: float
+    per_byte_s: float
+
+    @property
+    def per_op_ms(self) -> float:
+        return self.per_op_s * 1e3
+
+    @property
+    def ms_per_mb(self) -> float:
+        """Milliseconds of CPU per MiB."""
+        return self.per_byte_s * 2**20 * 1e3
+
+
+def fit_cpu(samples: Sequence[ProbeSample], op: str = "all_reduce") -> CpuFit | None:
+    """Least-squares line through ``op``'s median CPU seconds per size (both terms kept >= 0).
+
+    None when the samples carry no CPU times (probes saved before they were
+    recorded) or fewer than two sizes do.
+    """
+    mine = sorted((s for s in samples if s.op == op and s.cpu_seconds), key=lambda s: s.nbytes)
+    if len({s.nbytes for s in mine}) < 2:
+        return None
+    n = np.array([s.nbytes for s in mine], dtype=np.float64)
+    c = np.array([statistics.median(s.cpu_seconds) for s in mine], dtype=np.float64)
+    (a, b), *_ = np.linalg.lstsq(np.column_stack([np.ones_like(n), n]), c, rcond=None)
+    if b < 0:  # CPU work that does not grow with size: a constant
+        a, b = float(np.mean(c)), 0.0
+    if a < 0:  # through the origin
+        a, b = 0.0, max(0.0, float(np.sum(n * c) / np.sum(n * n)))
+    return CpuFit(op, float(a), float(b))
+
+
 class NetworkProbe(NamedTuple):
     """``(alpha_s, beta_s_per_byte, samples)``: the all-reduce fit, and every sample of every op."""
 
@@ -282,18 +328,21 @@ def _measure(
             shard = torch.zeros(numel // world)
             names = [op for op in OPS if op in ops]
             times: dict[str, list[float]] = {op: [] for op in names}
+            cpu: dict[str, list[float]] = {op: [] for op in names}
             for i in range(warmup + repeats):
                 for j in range(len(names)):
                     op = names[(i + j) % len(names)]
                     dist.barrier(group)
-                    start = time.perf_counter()
+                    cpu_start, start = time.process_time(), time.perf_counter()
                     _run(coll, op, flat, shard)
-                    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-                    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+                    end = time.perf_counter()
+                    spent = torch.tensor([end - start, time.process_time() - cpu_start], dtype=torch.float64)
+                    dist.all_reduce(spent, op=dist.ReduceOp.MAX, group=group)
                     if i >= warmup:
-                        times[op].append(elapsed.item())
+                        times[op].append(spent[0].item())
+                        cpu[op].append(spent[1].item())
             for op in names:
-                samples.append(ProbeSample(op, nbytes, world, tuple(times[op])))
+                samples.append(ProbeSample(op, nbytes, world, tuple(times[op]), tuple(cpu[op])))
             if progress:
                 ar = statistics.median(times["all_reduce"]) * 1e3
                 progress(f"rank {rank}: {nbytes / 1024:,.0f} KiB: all_reduce {ar:.2f} ms")

@@ -8,7 +8,7 @@ import functools
 import math
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,13 @@ import torch.distributed as dist
 from torch import nn
 
 from commsched.errors import RuntimeCommError, UnsupportedError
+from commsched.runtime.batches import (
+    WeightedAllReduce,
+    checked_batch_sizes,
+    run_batch_sizes,
+    weighted_allreduce_hook,
+    with_batch_sizes,
+)
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.engine import Engine, Planner
 from commsched.runtime.replan import DriftPolicy
@@ -34,7 +41,7 @@ from commsched.schedule import (
     policy_class,
 )
 from commsched.trace import Trace
-from commsched.transport import TransportOptions
+from commsched.transport import TransportOptions, check_transports
 from commsched.units import gbps_to_bytes_per_s
 
 # Optimizers whose step needs every parameter at once (a closure re-evaluating the loss).
@@ -83,6 +90,17 @@ class ParallelModule(nn.Module):
         self._engine.use_plan(plan if isinstance(plan, CommPlan) else CommPlan.load(plan))
 
     @property
+    def batch_sizes(self) -> tuple[int, ...] | None:
+        """The local batch of every rank (from the plan or ``parallelize(batch_sizes=...)``); None: even."""
+        return self._engine.batch_sizes
+
+    @property
+    def batch_size(self) -> int | None:
+        """This rank's local batch when the run fixes per-rank batches, else None (the loop's own choice)."""
+        sizes = self._engine.batch_sizes
+        return None if sizes is None else sizes[self._engine.rank]
+
+    @property
     def engine(self) -> Engine:
         return self._engine
 
@@ -109,6 +127,7 @@ def parallelize(
     auto_budget_s: float = 5.0,
     replan: DriftPolicy | bool | None = None,
     transport_options: TransportOptions | None = None,
+    batch_sizes: Sequence[int] | None = None,
     **knobs: Any,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Make ``model`` and ``optimizer`` train data-parallel under a communication policy.
@@ -144,6 +163,13 @@ def parallelize(
     otherwise; a :class:`~commsched.runtime.replan.DriftPolicy` to tune it) keeps
     measuring compute and bandwidth and makes the plan again, on every rank at
     the same iteration, when they drift.
+    ``batch_sizes``: the local batch of every rank (one whole number >= 1 per
+    rank; a plan may carry them instead, ``commsched plan -o``). Rank ``r``'s
+    gradient is then weighted by ``b_r / B`` and the ranks' gradients summed, so
+    a mean-reduced loss trains exactly as one process on the global batch ``B``;
+    ``model.batch_size`` is this rank's batch (size the loader with
+    :class:`commsched.data.SplitBatchSampler`). Without them every rank is
+    assumed to have the same batch and gradients are averaged, as under DDP.
     ``transport_options``: where a socket transport (parameter server,
     bounded-loss) binds and how it authenticates
     (:class:`~commsched.transport.TransportOptions`); the collectives ignore it.
@@ -164,11 +190,14 @@ def parallelize(
         plan = plan if isinstance(plan, CommPlan) else CommPlan.load(plan)
         policy = plan.policy
         bind_plan(model, plan, world)
+        check_transports(t.transport for t in plan.tasks)
+        plan = with_batch_sizes(plan, run_batch_sizes(plan, batch_sizes, world))
         knob_values = plan.knobs.to_dict()
     elif policy == TORCH_DDP:
         if knobs:
             raise ValueError(f"{TORCH_DDP}: takes no knobs, got {', '.join(sorted(knobs))}")
-        return _torch_ddp(model, optimizer, process_group, max_grad_norm)
+        sizes = None if batch_sizes is None else checked_batch_sizes(batch_sizes, world)
+        return _torch_ddp(model, optimizer, process_group, max_grad_norm, sizes)
     elif policy not in RUNTIME_POLICIES:
         raise ValueError(f"policy: unknown policy {policy!r}; known: {', '.join(RUNTIME_POLICIES)}")
     elif policy == AUTO:
@@ -178,7 +207,9 @@ def parallelize(
             raise ValueError(f"auto_budget_s: must be a finite number > 0, got {auto_budget_s!r}")
         knob_values = {"budget_s": auto_budget_s}
     else:
-        knob_values = make_knobs(policy, knobs).to_dict()
+        made = make_knobs(policy, knobs)
+        check_transports(policy_class(policy).transports(made))  # a transport this install lacks: now
+        knob_values = made.to_dict()
     # auto may choose a deferring policy unless told of a scaler: a scaler it was not told of is refused.
     defers = True if policy == AUTO else policy_class(policy).update_mode == "forward"
     if grad_scaler is not None and policy != AUTO and defers:
@@ -196,6 +227,7 @@ def parallelize(
     network = None
     if bandwidth_gbps is not None:
         network = NetworkEstimate(world, gbps_to_bytes_per_s(bandwidth_gbps), latency_us / 1e6)
+    run_sizes = plan.batch_sizes if plan is not None else run_batch_sizes(None, batch_sizes, world)
     engine = Engine(
         model,
         optimizer,
@@ -212,6 +244,7 @@ def parallelize(
         network=network,
         trace=trace,
         transport_options=transport_options,
+        batch_sizes=run_sizes,
     )
     _patch_optimizer(optimizer, engine, policy, defers)
     atexit.register(_close_at_exit, weakref.ref(engine))
@@ -306,8 +339,12 @@ def _torch_ddp(
     optimizer: torch.optim.Optimizer,
     process_group: dist.ProcessGroup | None,
     max_grad_norm: float | None,
+    batch_sizes: tuple[int, ...] | None,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     ddp = nn.parallel.DistributedDataParallel(model, process_group=process_group, find_unused_parameters=True)
+    if batch_sizes is not None:  # per-rank batches: a weighted sum instead of DDP's mean
+        weight = batch_sizes[dist.get_rank(process_group)] / sum(batch_sizes)
+        ddp.register_comm_hook(WeightedAllReduce(process_group, weight), weighted_allreduce_hook)
     if max_grad_norm is not None:
         step = type(optimizer).step
 

@@ -18,6 +18,11 @@ back; a parameter that then receives no gradient gets ``None`` again at the
 end of backward, so the optimizer skips it, as under DDP. Plans that apply
 updates later (``update="forward"``) keep ``p.grad`` apart from the buffers:
 the buffers are still in flight when the user zeroes the gradients.
+
+**Per-rank batches** (``weight`` = ``b_r / B``, :mod:`~commsched.runtime.batches`):
+the local gradient is multiplied by ``weight`` as it enters a buffer (a bucket
+view in place) and the reduced buffer is read back as it is, a weighted sum,
+instead of divided by the world size.
 """
 
 from __future__ import annotations
@@ -35,12 +40,26 @@ _DELIVERING = ("all_reduce", "all_gather", "pull")
 class GradientBuffers:
     """The buffers of one plan on one rank; ``params[t]`` is the parameter of plan tensor ``t``."""
 
-    __slots__ = ("_averaged", "_buffer_of", "_buffers", "_offsets", "_views", "params", "plan", "world")
+    __slots__ = (
+        "_averaged",
+        "_buffer_of",
+        "_buffers",
+        "_divisor",
+        "_offsets",
+        "_views",
+        "params",
+        "plan",
+        "weight",
+        "world",
+    )
 
-    def __init__(self, plan: CommPlan, params: Sequence[torch.Tensor], world: int) -> None:
+    def __init__(self, plan: CommPlan, params: Sequence[torch.Tensor], world: int, weight: float | None = None) -> None:
         self.plan = plan
         self.params = list(params)
         self.world = world
+        #: factor of this rank's gradient before a summing reduction (None: the reduction averages)
+        self.weight = weight
+        self._divisor = world if weight is None else 1
         self._offsets: list[list[int]] = []  # per task: start of each segment in its flat buffer
         buffers: list[TaskBuffer] = []
         for task in plan.tasks:
@@ -104,6 +123,8 @@ class GradientBuffers:
                     src = flat_grad[seg.start : seg.stop]
                     if src.data_ptr() != dst.data_ptr():  # else p.grad is the bucket view: already there
                         dst.copy_(src)
+                    if self.weight is not None:
+                        dst.mul_(self.weight)
 
     def attach_views(self, params_without_grad: Sequence[int]) -> list[int]:
         """``p.grad`` = the zeroed bucket view for each listed tensor that has one; returns those tensors."""
@@ -126,11 +147,13 @@ class GradientBuffers:
     def _average(self, task_id: int) -> None:
         owner = self._buffer_of[task_id]
         if not self._averaged[owner]:
-            self._buffers[owner].flat.div_(self.world)
+            if self._divisor != 1:
+                self._buffers[owner].flat.div_(self._divisor)
             self._averaged[owner] = True
 
     def averaged(self, tensor: int) -> torch.Tensor:
-        """The reduced gradient of ``tensor`` divided by the world size (after its final tasks finished).
+        """The reduced gradient of ``tensor`` divided by the world size, or the weighted sum with a ``weight``
+        (after its final tasks finished).
 
         A view of the buffer where the tensor lies whole in one (valid until the buffer is filled again),
         else a new tensor gathered from its pieces.
@@ -169,12 +192,13 @@ class GradientBuffers:
                 p.grad.copy_(avg)
 
     def shard_square_sum(self) -> torch.Tensor | None:
-        """Σ (shard / world)² over this rank's reduce-scatter shards (float64), or None without shards."""
+        """Σ (shard / world)² (with a ``weight``: Σ shard²) over this rank's reduce-scatter shards (float64),
+        or None without shards."""
         shards = [b.shard for t, b in zip(self.plan.tasks, self._buffers, strict=True) if t.kind == "reduce_scatter"]
         if not shards:
             return None
         sq = torch.zeros((), dtype=torch.float64)
         for shard in shards:
             assert shard is not None
-            sq += shard.double().div(self.world).pow(2).sum()
+            sq += shard.double().div(self._divisor).pow(2).sum()
         return sq

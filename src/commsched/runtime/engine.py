@@ -28,6 +28,7 @@ from torch import nn
 from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.runtime import startup, switching, warmup
 from commsched.runtime.agent import Agent
+from commsched.runtime.batches import gradient_weight, with_batch_sizes
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.buffers import GradientBuffers
 from commsched.runtime.hooks import ComputeTracer, install_hooks
@@ -69,6 +70,7 @@ class Engine:
         network: NetworkEstimate | None,
         trace: bool,
         transport_options: TransportOptions | None = None,
+        batch_sizes: tuple[int, ...] | None = None,
     ) -> None:
         self.module = module
         self.optimizer = optimizer
@@ -80,6 +82,8 @@ class Engine:
         self.broadcast_buffers = broadcast_buffers
         self.warmup_iters = warmup_iters
         self.network = network
+        #: per-rank batches of the run (every plan adopted carries them), or None: even batches
+        self.batch_sizes = batch_sizes
         self.rank = dist.get_rank(process_group)
         self.world = dist.get_world_size(process_group)
         self._params = [p for p in module.parameters() if p.requires_grad]
@@ -89,7 +93,7 @@ class Engine:
 
         control = startup.control_group(process_group, timeout_s)
         plan_json = plan.to_json(indent=None) if plan is not None else None
-        mine = startup.fingerprint(module, policy, knobs, plan_json, self.world, warmup_iters)
+        mine = startup.fingerprint(module, policy, knobs, plan_json, self.world, warmup_iters, batch_sizes)
         startup.agree(mine, control)
         self.groups = startup.other_groups(process_group, control, timeout_s)
         # Start from identical replicas, as DDP does.
@@ -134,14 +138,16 @@ class Engine:
         return self.network or NetworkEstimate(self.world, DEFAULT_NETWORK_BYTES_PER_S)
 
     def use_plan(self, plan: CommPlan) -> None:
-        """Switch to ``plan`` between two iterations (every rank at the same point): :func:`switching.use_plan`."""
-        switching.use_plan(self, plan)
+        """Switch to ``plan`` between two iterations (every rank at the same point): :func:`switching.use_plan`.
+        It runs with the run's per-rank batches; a plan naming others is refused before anything changes."""
+        switching.use_plan(self, with_batch_sizes(plan, self.batch_sizes))
 
     def _transport(self, name: str) -> Transport:
         return self._transports[name]
 
     def _adopt(self, plan: CommPlan) -> None:
         """Run ``plan`` from the next iteration on (every rank adopts the same plan at the same point)."""
+        plan = with_batch_sizes(plan, self.batch_sizes)
         live = bind_plan(self.module, plan, self.world)
         old = getattr(self, "buffers", None)
         if old is not None:  # gradients must not keep the old plan's buffers alive
@@ -156,7 +162,7 @@ class Engine:
         self._tensors_of_layer = live.tensors_of_layer
         for name in sorted({t.transport for t in plan.tasks} - set(self._transports)):
             self._transports.update(open_transports([name], self.groups.data, self.timeout_s, self._transport_options))
-        self.buffers = GradientBuffers(plan, live.params, self.world)
+        self.buffers = GradientBuffers(plan, live.params, self.world, gradient_weight(self.batch_sizes, self.rank))
         self.updates = DeferredUpdates(self.optimizer, self._orig_step)
         self._instance = -1  # backward passes under this plan, minus one
         self._got_grad = [-1] * len(live.params)

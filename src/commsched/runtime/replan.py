@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from commsched.formulas import ring_factors
+from commsched.formulas import sent_volume
 from commsched.schedule import CommPlan, NetworkEstimate
 from commsched.workload import Workload
 
@@ -168,8 +168,8 @@ class Replanner:
 
     def transfer_done(self, kind: str, nbytes: int, seconds: float) -> None:
         """A finished transfer (watcher thread): its bytes on the wire per rank."""
-        if self.monitor is not None and kind in ("all_reduce", "reduce_scatter", "all_gather"):
-            self.monitor.record_transfer(ring_factors(kind, self.world)[1] * nbytes, seconds)
+        if self.monitor is not None and kind in ("all_reduce", "reduce_scatter", "all_gather", "push", "pull"):
+            self.monitor.record_transfer(sent_volume(kind, self.world) * nbytes, seconds)
 
     def due(self, iteration: int) -> bool:
         return iteration % self.policy.every == 0

@@ -12,7 +12,7 @@ user's ``timeout_s`` — never on the user's default group, whose timeout is
 * ``decisions`` (gloo): a deciding leader's orders to its followers.
 
 Before any tensor moves, the ranks exchange a :class:`Fingerprint` (policy,
-knobs or plan, parameter names and shapes, world size, warm-up length); a
+knobs or plan, parameter names and shapes, world size, warm-up length, per-rank batches); a
 difference ends every rank with one error naming what differs.
 """
 
@@ -71,14 +71,21 @@ class Fingerprint:
     parameters: tuple[tuple[str, tuple[int, ...], str], ...]
     world_size: int
     warmup_iters: int
+    batch_sizes: tuple[int, ...] | None = None
 
 
 def fingerprint(
-    model: nn.Module, policy: str, knobs: dict[str, Any], plan_json: str | None, world: int, warmup_iters: int
+    model: nn.Module,
+    policy: str,
+    knobs: dict[str, Any],
+    plan_json: str | None,
+    world: int,
+    warmup_iters: int,
+    batch_sizes: tuple[int, ...] | None = None,
 ) -> Fingerprint:
     params = tuple((n, tuple(p.shape), str(p.dtype)) for n, p in model.named_parameters() if p.requires_grad)
     digest = plan_digest(plan_json) if plan_json is not None else "none"
-    return Fingerprint(policy, repr(sorted(knobs.items())), digest, params, world, warmup_iters)
+    return Fingerprint(policy, repr(sorted(knobs.items())), digest, params, world, warmup_iters, batch_sizes)
 
 
 def plan_digest(plan_json: str) -> str:

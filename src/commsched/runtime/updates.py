@@ -19,6 +19,7 @@ import torch
 
 from commsched.runtime.buffers import GradientBuffers
 from commsched.schedule import CommPlan
+from commsched.schedule.base import REDUCING_KINDS
 
 
 class DeferredUpdates:
@@ -111,9 +112,10 @@ def averaged_square_norm(
     reduce_shards: Callable[[torch.Tensor], None],
 ) -> torch.Tensor:
     """‖averaged gradients‖² (float64) before any layer is updated: from this rank's reduce-scatter shards
-    and one scalar all-reduce (``reduce_shards``) where the plan has them, else from the averaged gradients."""
+    and one scalar all-reduce (``reduce_shards``) where every gradient is reduce-scattered, else (all-reduces,
+    push/pull pairs, a mix) from the averaged gradients."""
     rs = [t.id for t in plan.tasks if t.kind == "reduce_scatter"]
-    if rs:
+    if rs and all(t.kind == "reduce_scatter" for t in plan.tasks if t.kind in REDUCING_KINDS):
         for task in rs:
             wait(task, instance)
         sq = buffers.shard_square_sum()

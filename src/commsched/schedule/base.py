@@ -81,6 +81,9 @@ FINAL_KINDS: frozenset[str] = frozenset({"all_reduce", "all_gather", "pull"})
 
 #: The transport every lossless policy uses: gloo/NCCL collectives.
 COLLECTIVE = "collective"
+#: The parameter-server transport: push/pull through servers (the runtime's: a server on every rank,
+#: :mod:`commsched.transport.tcp`; the simulator's: the cluster's servers, else one on every worker).
+PS_TRANSPORT = "ps"
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +200,11 @@ class Scheduler(ABC):
 
     def __init__(self, plan: CommPlan) -> None:
         self.plan = plan
+
+    @classmethod
+    def transports(cls, knobs: Knobs) -> frozenset[str]:
+        """The transports this policy's plans use under ``knobs`` (the runtime checks them at ``parallelize()``)."""
+        return frozenset({COLLECTIVE})
 
     @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from commsched.schedule.base import CommTask, Segment, TaskKind
+from commsched.schedule.base import COLLECTIVE, CommTask, Segment, TaskKind
 from commsched.workload import DTYPE_BYTES, Workload
 
 
@@ -87,6 +87,7 @@ def make_task(
     name: str,
     priority: int = 0,
     deps: tuple[int, ...] = (),
+    transport: str = COLLECTIVE,
 ) -> CommTask:
     return CommTask(
         id=task_id,
@@ -96,6 +97,7 @@ def make_task(
         name=name,
         priority=priority,
         deps=deps,
+        transport=transport,
     )
 
 

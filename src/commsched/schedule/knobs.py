@@ -34,10 +34,14 @@ def knob(
     *,
     gt: float | None = None,
     ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    choices: tuple[str, ...] = (),
     doc: str = "",
 ) -> Any:
-    """A knob field: its default, its range (``gt``/``ge``) and a one-line doc."""
-    return field(default=default, metadata={"gt": gt, "ge": ge, "doc": doc})
+    """A knob field: its default, its range (``gt``/``ge``/``lt``/``le``) or, for text, its ``choices``,
+    and a one-line doc."""
+    return field(default=default, metadata={"gt": gt, "ge": ge, "lt": lt, "le": le, "choices": choices, "doc": doc})
 
 
 def _kind(annotation: Any) -> tuple[type, bool]:
@@ -73,6 +77,10 @@ class Knobs:
             if not isinstance(value, bool):
                 raise ScheduleError(f"{name} must be true or false, got {value!r}")
             return value
+        if base is str:
+            if not isinstance(value, str) or value not in f.metadata.get("choices", ()):
+                raise ScheduleError(f"{name} must be {_describe(base, f)}, got {value!r}")
+            return value
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ScheduleError(f"{name} must be {_describe(base, f)}, got {value!r}")
         if base is int:
@@ -81,8 +89,13 @@ class Knobs:
             value = int(value)
         else:
             value = float(value)
-        gt, ge = f.metadata.get("gt"), f.metadata.get("ge")
-        if (gt is not None and not value > gt) or (ge is not None and not value >= ge):
+        m = f.metadata
+        if (
+            (m.get("gt") is not None and not value > m["gt"])
+            or (m.get("ge") is not None and not value >= m["ge"])
+            or (m.get("lt") is not None and not value < m["lt"])
+            or (m.get("le") is not None and not value <= m["le"])
+        ):
             raise ScheduleError(f"{name} must be {_describe(base, f)}, got {value!r}")
         return value
 
@@ -113,6 +126,8 @@ class Knobs:
             return None
         if base is bool and lowered in ("true", "false", "1", "0", "yes", "no"):
             return lowered in ("true", "1", "yes")
+        if base is str:
+            return getattr(cls(**{name: text.strip()}), name)
         if base in (int, float):
             try:
                 number = float(text)
@@ -139,13 +154,12 @@ def _describe(base: type, f: dataclasses.Field[Any]) -> str:
     """What a knob accepts, in words: ``a number > 0``, ``a whole number >= 1``, ``true or false``."""
     if base is bool:
         return "true or false"
+    if base is str:
+        return "one of " + ", ".join(f.metadata.get("choices", ()))
     what = "a whole number" if base is int else "a number"
-    gt, ge = f.metadata.get("gt"), f.metadata.get("ge")
-    if gt is not None:
-        what += f" > {gt:g}"
-    if ge is not None:
-        what += f" >= {ge:g}"
-    return what
+    ops = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+    bounds = [f"{op} {f.metadata[key]:g}" for key, op in ops if f.metadata.get(key) is not None]
+    return f"{what} {' and '.join(bounds)}" if bounds else what
 
 
 @dataclass(frozen=True)

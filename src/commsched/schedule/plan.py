@@ -12,9 +12,17 @@ unchanged::
     plan.save("plan.json")
     model, opt = commsched.parallelize(model, opt, plan="plan.json")
 
-The JSON file carries ``format`` and ``version``; a file of another format or
-a newer version is refused with a clear error, as is one that is internally
-inconsistent (:meth:`CommPlan.check`).
+A plan may also fix the **per-rank batch sizes** (``batch_sizes``: one local
+batch per rank, summing to the global batch; ``None`` = every rank the same
+batch). The runtime then weights rank ``r``'s gradient by ``b_r / B`` and sums,
+so a mean-reduced loss trains as one process on the whole global batch
+(``docs/runtime.md``).
+
+The JSON file carries ``format`` and ``version`` (:data:`PLAN_VERSION`; files of
+every version in :data:`READABLE_VERSIONS` are read: a version-1 file is a plan
+without ``batch_sizes``). A file of another format or an unknown version is
+refused with a clear error, as is one that is internally inconsistent
+(:meth:`CommPlan.check`).
 """
 
 from __future__ import annotations
@@ -41,7 +49,10 @@ from commsched.spec_files import parse_json, read_text
 from commsched.workload import Workload
 
 PLAN_FORMAT = "commsched.CommPlan"
-PLAN_VERSION = 1
+#: The version written. 2 added ``batch_sizes``.
+PLAN_VERSION = 2
+#: The versions read; a version-1 file has no ``batch_sizes`` (every rank the same batch).
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -54,10 +65,23 @@ class CommPlan:
     tasks: tuple[CommTask, ...]
     update: UpdateMode
     knobs: Knobs
-    version: int = PLAN_VERSION
+    #: Local batch of each rank (one per rank, each >= 1), or None: every rank the same batch.
+    batch_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.batch_sizes, list):
+            object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
         self.check()
+
+    @property
+    def version(self) -> int:
+        """The format version this plan is written in (:data:`PLAN_VERSION`)."""
+        return PLAN_VERSION
+
+    @property
+    def global_batch(self) -> int | None:
+        """Samples per iteration over all ranks when the plan fixes the per-rank batches, else None."""
+        return None if self.batch_sizes is None else sum(self.batch_sizes)
 
     # ---- derived maps ----
 
@@ -102,12 +126,16 @@ class CommPlan:
 
     def check(self) -> None:
         """Ids in order, known kinds and dependencies, segments in bounds, every element reduced and
-        delivered exactly once, loss bounds in [0, 1)."""
+        delivered exactly once, loss bounds in [0, 1), ``batch_sizes`` one whole number >= 1 per rank."""
         w = self.workload
         if self.update not in ("step", "forward"):
             raise ScheduleError(f"{self.policy}: update must be 'step' or 'forward', got {self.update!r}")
         if self.network.world_size < 1:
             raise ScheduleError(f"{self.policy}: network.world_size must be >= 1, got {self.network.world_size}")
+        if self.batch_sizes is not None:
+            problems = batch_sizes_problems(self.batch_sizes, self.network.world_size)
+            if problems:
+                raise ScheduleError(f"{self.policy}: {'; '.join(problems)}")
         for i, task in enumerate(self.tasks):
             if task.id != i:
                 raise ScheduleError(f"{self.policy}: task at position {i} has id {task.id}")
@@ -146,6 +174,7 @@ class CommPlan:
             "policy": self.policy,
             "knobs": self.knobs.to_dict(),
             "update": self.update,
+            "batch_sizes": None if self.batch_sizes is None else list(self.batch_sizes),
             "network": self.network.to_dict(),
             "tasks": [_task_to_dict(t) for t in self.tasks],
             "workload": json.loads(self.workload.to_json(indent=None)),
@@ -169,18 +198,30 @@ class CommPlan:
         if data.get("format") != PLAN_FORMAT:
             raise SpecError(source, [f"format: expected {PLAN_FORMAT!r}, got {data.get('format')!r}"])
         version = data.get("version")
-        if version != PLAN_VERSION:
-            raise SpecError(source, [f"version: this commsched reads version {PLAN_VERSION}, got {version!r}"])
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
+            readable = " and ".join(map(str, READABLE_VERSIONS))
+            raise SpecError(source, [f"version: this commsched reads versions {readable}, got {version!r}"])
         missing = [k for k in ("policy", "knobs", "update", "network", "tasks", "workload") if k not in data]
         if missing:
             raise SpecError(source, [f"{k}: missing" for k in missing])
+        batch_sizes = data.get("batch_sizes")
+        if version == 1 and batch_sizes is not None:
+            raise SpecError(source, ["batch_sizes: not a field of version 1 (it came with version 2)"])
+        if batch_sizes is not None:
+            if not isinstance(batch_sizes, list):
+                raise SpecError(source, [f"batch_sizes: expected a list or null, got {batch_sizes!r}"])
+            world = data["network"].get("world_size") if isinstance(data["network"], dict) else None
+            problems = batch_sizes_problems(batch_sizes, world if isinstance(world, int) else None)
+            if problems:
+                raise SpecError(source, problems)
+            batch_sizes = tuple(batch_sizes)
         try:
             scheduler = policy_class(data["policy"])
             knobs = scheduler.knob_type.parse(data["knobs"])
             network = NetworkEstimate(**data["network"])
             workload = Workload.from_dict(data["workload"], source=f"{source}: workload")
             tasks = tuple(_task_from_dict(i, t) for i, t in enumerate(data["tasks"]))
-            return cls(data["policy"], workload, network, tasks, data["update"], knobs, version)
+            return cls(data["policy"], workload, network, tasks, data["update"], knobs, batch_sizes)
         except (ScheduleError, TypeError, KeyError, ValueError) as exc:
             if isinstance(exc, SpecError):
                 raise
@@ -193,6 +234,24 @@ class CommPlan:
     @classmethod
     def load(cls, path: str | Path) -> CommPlan:
         return cls.from_json(read_text(path), str(path))
+
+
+def batch_sizes_problems(batch_sizes: Any, world: int | None) -> list[str]:
+    """What is wrong with ``batch_sizes`` as per-rank batches of ``world`` ranks (None: any number), one
+    ``"batch_sizes...: ..."`` line per problem; empty when it is a sequence of ``world`` whole numbers >= 1."""
+    if isinstance(batch_sizes, str | bytes) or not isinstance(batch_sizes, list | tuple):
+        return [f"batch_sizes: expected a list of whole numbers, one per rank, got {batch_sizes!r}"]
+    problems = []
+    if world is not None and len(batch_sizes) != world:
+        problems.append(
+            f"batch_sizes: expected one entry per rank ({world}), got {len(batch_sizes)}: {list(batch_sizes)}"
+        )
+    elif not batch_sizes:
+        problems.append("batch_sizes: expected one entry per rank, got none")
+    for r, b in enumerate(batch_sizes):
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            problems.append(f"batch_sizes[{r}]: must be a whole number >= 1, got {b!r}")
+    return problems
 
 
 def _task_to_dict(task: CommTask) -> dict[str, Any]:

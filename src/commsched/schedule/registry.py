@@ -18,12 +18,14 @@ from commsched.schedule.base import NetworkEstimate, Scheduler
 from commsched.schedule.bytescheduler import ByteSchedulerScheduler
 from commsched.schedule.ddp import DDPScheduler
 from commsched.schedule.dear import DeARScheduler
+from commsched.schedule.dlcp import DLCPScheduler
 from commsched.schedule.horovod import HorovodScheduler
 from commsched.schedule.knobs import Knobs
 from commsched.schedule.mgwfbp import MGWFBPScheduler
 from commsched.schedule.no_overlap import NoOverlapScheduler
 from commsched.schedule.plan import CommPlan
 from commsched.schedule.prophet import ProphetScheduler
+from commsched.schedule.ps import PSScheduler
 from commsched.schedule.wfbp import WFBPScheduler
 from commsched.workload import Workload
 
@@ -37,6 +39,8 @@ POLICIES: dict[str, type[Scheduler]] = {
         ByteSchedulerScheduler,
         ProphetScheduler,
         DeARScheduler,
+        PSScheduler,
+        DLCPScheduler,
         NoOverlapScheduler,
     )
 }

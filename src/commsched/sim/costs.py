@@ -60,9 +60,10 @@ class CommModel:
     reduce-scatter and all-gather stay rings (NCCL has no tree for them).
     ``hierarchical``: intra-node ring, inter-node ring over nodes, intra-node
     ring (needs the same number of devices on every node).
-    ``ps``: push to and pull from the cluster's parameter servers; a
-    reduce-scatter is a push, an all-gather a pull, an all-reduce both, and
-    ``push``/``pull`` tasks are what they say.
+    ``ps``: push to and pull from the cluster's parameter servers (on a
+    cluster that lists none: a server on every worker, ``servers_on_workers``,
+    over the links a ring crosses); a reduce-scatter is a push, an all-gather
+    a pull, an all-reduce both, and ``push``/``pull`` tasks are what they say.
 
     What each task kind costs under each algorithm is the table
     :data:`TASK_COSTS`; :func:`register_cost` adds an entry.
@@ -80,6 +81,7 @@ class CommModel:
     bandwidth_inter: float = math.inf
     servers: int = 0
     server_bandwidth: float = math.inf
+    servers_on_workers: bool = False
 
     @classmethod
     def from_cluster(cls, cluster: Cluster, algorithm: str = "ring") -> CommModel:
@@ -114,7 +116,8 @@ class CommModel:
                 bandwidth_inter=min(n.nic.bandwidth_bytes_per_s for n in cluster.nodes),
             )
         if cluster.servers is None:
-            raise SpecError(cluster.name, ["servers: the ps algorithm needs parameter servers in the cluster spec"])
+            # a server on every worker (the runtime's ps transport): the links a ring crosses, k = p
+            return cls("ps", p, alpha, bandwidth, servers=p, server_bandwidth=bandwidth, servers_on_workers=True)
         server_links = cluster.server_links
         nics = [n.nic for n in cluster.nodes]
         return cls(
@@ -253,16 +256,26 @@ def _hierarchical(kind: str) -> TaskCost:
 
 
 def _ps_transfer_s(m: CommModel, nbytes: float) -> float:
-    """``max(n / B_worker, N · n / (k · B_server))`` (:func:`commsched.formulas.ps_push_s`)."""
+    """The bandwidth part of one push (or pull) of ``n`` bytes by each of ``N`` workers.
+
+    The cluster's ``k`` servers: ``max(n / B_worker, N · n / (k · B_server))``
+    (:func:`commsched.formulas.ps_push_s`). A server on every worker (``k = N``,
+    ``servers_on_workers``): ``(N-1)/N · n / B``, each worker's own slice staying
+    local (:func:`commsched.formulas.ps_colocated_push_s`).
+    """
+    if m.servers_on_workers:
+        return (m.world_size - 1) / m.world_size * nbytes / m.bandwidth
     return max(nbytes / m.bandwidth, m.world_size * nbytes / (m.servers * m.server_bandwidth))
 
 
 def _ps_push(m: CommModel, nbytes: float) -> Phase:
-    return Phase(m.alpha_s, "ps_push", _ps_transfer_s(m, nbytes))
+    """Worker uplinks into server downlinks; a server on every worker loads the ring's links both ways."""
+    return Phase(m.alpha_s, "ring" if m.servers_on_workers else "ps_push", _ps_transfer_s(m, nbytes))
 
 
 def _ps_pull(m: CommModel, nbytes: float) -> Phase:
-    return Phase(m.alpha_s, "ps_pull", _ps_transfer_s(m, nbytes))
+    """Server uplinks into worker downlinks (a push and a pull of dedicated servers use opposite directions)."""
+    return Phase(m.alpha_s, "ring" if m.servers_on_workers else "ps_pull", _ps_transfer_s(m, nbytes))
 
 
 def _tree_sent_bytes(m: CommModel, nbytes: float) -> float:
@@ -282,11 +295,18 @@ def _ps_pull_only(m: CommModel, nbytes: float) -> tuple[Phase, ...]:
 
 
 def _sends_all(m: CommModel, nbytes: float) -> float:
-    return nbytes
+    """A worker pushes all ``n`` bytes (all but its own ``1/N`` when it is a server too)."""
+    return (m.world_size - 1) / m.world_size * nbytes if m.servers_on_workers else nbytes
 
 
 def _sends_nothing(m: CommModel, nbytes: float) -> float:
-    return 0.0
+    """A worker only receives a pull (a worker that is a server too sends its ``1/N`` to the others)."""
+    return (m.world_size - 1) / m.world_size * nbytes if m.servers_on_workers else 0.0
+
+
+def _sends_twice(m: CommModel, nbytes: float) -> float:
+    """A push and a pull by one task (a PS all-reduce)."""
+    return _sends_all(m, nbytes) + _sends_nothing(m, nbytes)
 
 
 #: ``(algorithm, task kind) -> TaskCost``. Giving an algorithm a task kind is one :func:`register_cost` call.
@@ -301,7 +321,7 @@ TASK_COSTS: dict[tuple[str, str], TaskCost] = {
     ("hierarchical", "reduce_scatter"): _hierarchical("reduce_scatter"),
     ("hierarchical", "all_gather"): _hierarchical("all_gather"),
     # a parameter server: a reduce-scatter is a push, an all-gather a pull, an all-reduce both
-    ("ps", "all_reduce"): TaskCost(_ps_push_pull, _sends_all),
+    ("ps", "all_reduce"): TaskCost(_ps_push_pull, _sends_twice),
     ("ps", "reduce_scatter"): TaskCost(_ps_push_only, _sends_all),
     ("ps", "all_gather"): TaskCost(_ps_pull_only, _sends_nothing),
     ("ps", "push"): TaskCost(_ps_push_only, _sends_all),

@@ -26,6 +26,11 @@ reduce-scatter plus all-gather. On a heterogeneous cluster the slowest
 worker class's compute is used (same compute model and per-rank batch sizes
 as :func:`~commsched.sim.simulate`).
 
+The bound is for schedules whose tasks are priced under ``options.algorithm``.
+A task on the ``"ps"`` transport is priced by the ``ps`` model whatever the
+algorithm, so a plan made only of such tasks (the ``ps`` policy) is bounded
+by ``ideal(..., {"algorithm": "ps"})``.
+
 Assumptions it shares with the simulator: ready times and compute times are
 fixed, compute is not slowed by communication, and every collective of the
 model costs at least its bandwidth term plus ``α₁``.

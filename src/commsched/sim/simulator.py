@@ -55,10 +55,11 @@ the leader; the reported iteration time is the median over the
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from statistics import median
 from typing import Any
@@ -66,7 +67,8 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import CommPlan, Dispatcher, Scheduler, Start, build_plan, scheduler_for
-from commsched.schedule.base import REDUCING_KINDS
+from commsched.schedule.base import PS_TRANSPORT, REDUCING_KINDS
+from commsched.schedule.dlcp import DLCP_PS_TRANSPORT, DLCP_TRANSPORT
 from commsched.schedule.fusion import ready_order
 from commsched.sim.compute import PROFILE, ComputeModel, WorkerClass, worker_classes
 from commsched.sim.costs import ALGORITHMS, CommModel
@@ -96,12 +98,23 @@ class SimOptions:
     ``network``: the network model (:data:`~commsched.sim.network.NETWORK_MODELS`):
     ``flow`` (α-β phases, bandwidth shared fairly on each link resource) or
     ``packet`` (queues, transports and packets: :mod:`commsched.sim.packet`).
+    ``cpu_per_task_ms``, ``cpu_ms_per_mb``: the CPU work of communication
+    (collective threads, the kernel's TCP, the runtime's own work) per task
+    and per MiB of the task's buffer, ``cpu = cpu_per_task_ms + cpu_ms_per_mb ·
+    bytes / 2²⁰``. A task that starts while its worker computes delays that
+    worker's compute by its CPU work (one core does both); work that falls
+    while the worker waits costs nothing (the core was idle): a wait absorbs
+    the CPU work not yet charged, up to its length. 0 by default:
+    overlap is free, as on a GPU whose copies and kernels run beside compute.
+    ``commsched bench --validate`` fits them from the probe's CPU times.
     """
 
     algorithm: str = "ring"
     max_concurrent: int = 1
     update_ms: float = 0.0
     network: str = "flow"
+    cpu_per_task_ms: float = 0.0
+    cpu_ms_per_mb: float = 0.0
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -110,8 +123,14 @@ class SimOptions:
             raise ScheduleError(f"sim: max_concurrent must be an integer >= 1, got {self.max_concurrent!r}")
         if self.max_concurrent < 1:
             raise ScheduleError(f"sim: max_concurrent must be >= 1, got {self.max_concurrent}")
-        if not (self.update_ms >= 0 and math.isfinite(self.update_ms)):
-            raise ScheduleError(f"sim: update_ms must be a finite number >= 0, got {self.update_ms!r}")
+        for name in ("update_ms", "cpu_per_task_ms", "cpu_ms_per_mb"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (value >= 0 and math.isfinite(value))
+            ):
+                raise ScheduleError(f"sim: {name} must be a finite number >= 0, got {value!r}")
         if self.network not in NETWORK_MODELS:
             known = ", ".join(NETWORK_MODELS)
             what = "packet-level network not available yet" if self.network == "packet" else "unknown network model"
@@ -174,6 +193,8 @@ class SimResult:
     trace: Trace | None = field(default=None, repr=False, compare=False)
     #: The plan that was simulated: ``result.plan.save(path)`` writes a plan file ``parallelize`` runs.
     plan: CommPlan | None = field(default=None, repr=False, compare=False)
+    #: Why this prediction is not to be trusted as the others are (None: nothing known against it).
+    unvalidated: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data, without the trace and the plan."""
@@ -190,9 +211,8 @@ class SimResult:
 
 # ---- the simulation ----
 
-#: A task whose ``transport`` is this is priced as a parameter-server push/pull, whatever ``options.algorithm``
-#: says (a per-bucket choice between collectives and a PS; the cluster must list servers).
-PS_TRANSPORT = "ps"
+#: A task whose ``transport`` is :data:`~commsched.schedule.base.PS_TRANSPORT` is priced as a parameter-server
+#: push/pull, whatever ``options.algorithm`` says (the cluster's servers, else one server on every worker).
 
 _GATE = 1  # blocked before a forward layer, on the previous iteration's final tasks
 _STEP = 2  # blocked after backward, on every task of the iteration
@@ -206,6 +226,7 @@ class _Timeline:
         "block_l",
         "blocked",
         "bstart",
+        "debt_s",
         "dispatcher",
         "finished",
         "fstart",
@@ -219,6 +240,7 @@ class _Timeline:
         self.leader = wc.index == 0
         self.dispatcher = dispatcher
         self.bstart = 0.0
+        self.debt_s = 0.0  # communication's CPU work not yet taken from this worker's compute
         self.blocked = 0
         self.block_k = 0
         self.block_l = 0
@@ -270,6 +292,7 @@ class Simulation:
         self.trace: Trace | None = Trace() if record_trace else None
         self.compute = compute
         self._ps_comm: CommModel | None = None
+        self._dlcp_comm: dict[str, CommModel] = {}
         self.classes = worker_classes(cluster, workload.model, batch_sizes, workload.batch_size)
         #: A ``uses_completions`` scheduler runs on the leader only; the other classes follow its decisions.
         self.leader_decides = type(scheduler).uses_completions and len(self.classes) > 1
@@ -302,6 +325,9 @@ class Simulation:
 
         self.sent_of_task = [comm.sent_bytes(task.kind, task.bytes) for comm, task in zip(comms, tasks, strict=True)]
         self.reduced_of_task = [float(task.bytes) if task.kind in REDUCING_KINDS else 0.0 for task in tasks]
+        o = self.options
+        self.cpu_of_task = [(o.cpu_per_task_ms + o.cpu_ms_per_mb * task.bytes / 2**20) / 1e3 for task in tasks]
+        self.charges_cpu = o.cpu_per_task_ms > 0 or o.cpu_ms_per_mb > 0
 
         self.forward_s: list[tuple[float, ...]] = []
         self.update_s: list[tuple[float, ...]] = []
@@ -332,7 +358,27 @@ class Simulation:
             self.compute_s.append(timing.compute_s)
 
     def _comm_of(self, transport: str) -> CommModel:
-        """The cost model of a task: a ``"ps"`` task is priced by the parameter-server model, any other by ``comm``."""
+        """The cost model of a task: a ``"ps"`` task is priced by the parameter-server model, any other by ``comm``.
+
+        DLCP's transports are parameter servers over the ring's links: ``"dlcp"``
+        with a server on every worker (its transpose all-reduce), ``"dlcp_ps"``
+        with one server on a worker, ``max(n / B, N·n / B)`` per push or pull (a
+        little pessimistic: the server's own slice stays local). Bytes the
+        transport does not wait for are not taken off: the flow-level model
+        does not price what DLCP gains (see :mod:`commsched.schedule.dlcp`).
+        """
+        if transport in (DLCP_TRANSPORT, DLCP_PS_TRANSPORT):
+            if transport not in self._dlcp_comm:
+                ring = CommModel.from_cluster(self.cluster, "ring")
+                one = transport == DLCP_PS_TRANSPORT
+                self._dlcp_comm[transport] = dataclasses.replace(
+                    ring,
+                    algorithm="ps",
+                    servers=1 if one else ring.world_size,
+                    server_bandwidth=ring.bandwidth,
+                    servers_on_workers=not one,
+                )
+            return self._dlcp_comm[transport]
         if transport != PS_TRANSPORT or self.comm.algorithm == "ps":
             return self.comm
         if self._ps_comm is None:
@@ -384,11 +430,28 @@ class Simulation:
 
     def _report(self, tl: _Timeline, starts: list[Start]) -> None:
         """Start what a class's dispatcher returned; forward a deciding leader's launches to the others."""
+        self._charge(tl, starts)
         self._start(starts)
         if self.leader_decides and tl.leader:
             for task, inst in tl.dispatcher.take_decisions():
                 for other in self.timelines[1:]:
-                    self._start(other.dispatcher.follow(task, inst))
+                    followed = other.dispatcher.follow(task, inst)
+                    self._charge(other, followed)
+                    self._start(followed)
+
+    def _charge(self, tl: _Timeline, starts: list[Start]) -> None:
+        """Communication's CPU work, taken from ``tl``'s compute when it starts while ``tl`` computes."""
+        if self.charges_cpu and starts and not tl.blocked and not tl.finished:
+            tl.debt_s += sum(self.cpu_of_task[s.task] for s in starts)
+
+    def _deferred(self, tl: _Timeline, handler: Callable[..., None], *args: Any) -> bool:
+        """Pay ``tl``'s CPU debt: run ``handler`` that much later (and move backward's clock along)."""
+        if tl.debt_s <= 0.0:
+            return False
+        delay, tl.debt_s = tl.debt_s, 0.0
+        tl.bstart += delay
+        self.loop.schedule(self.loop.now + delay, handler, tl, *args)
+        return True
 
     def _start(self, starts: list[Start]) -> None:
         """A collective is ready for the network once every worker class has started it."""
@@ -430,10 +493,14 @@ class Simulation:
             self.trace.add(TraceEvent(name, kind, tl.wc.rank, start_s, end_s, 0, iteration))
 
     def _begin_iteration(self, tl: _Timeline, k: int) -> None:
+        if self._deferred(tl, self._begin_iteration, k):
+            return
         tl.fstart.append(self.loop.now)
         self._forward_layer(tl, k, 0)
 
     def _forward_layer(self, tl: _Timeline, k: int, layer: int) -> None:
+        if self._deferred(tl, self._forward_layer, k, layer):
+            return
         self._report(tl, tl.dispatcher.forward_pre(layer))
         if self.gated and k > 0 and not tl.dispatcher.layer_ready(layer, k - 1):
             tl.blocked, tl.block_k, tl.block_l, tl.stall_since = _GATE, k, layer, self.loop.now
@@ -459,6 +526,8 @@ class Simulation:
             self.loop.schedule(end, self._finish, tl)
 
     def _backward_start(self, tl: _Timeline, k: int) -> None:
+        if self._deferred(tl, self._backward_start, k):
+            return
         c = tl.wc.index
         now = self.loop.now
         tl.bstart = now
@@ -468,6 +537,8 @@ class Simulation:
         self.loop.schedule(now + self.batches[c][0][0], self._grads_ready, tl, k, 0)
 
     def _grads_ready(self, tl: _Timeline, k: int, batch: int) -> None:
+        if self._deferred(tl, self._grads_ready, k, batch):
+            return
         c = tl.wc.index
         batches = self.batches[c]
         _, lo, hi = batches[batch]
@@ -481,6 +552,8 @@ class Simulation:
             self.loop.schedule(end, self._backward_end, tl, k)
 
     def _backward_end(self, tl: _Timeline, k: int) -> None:
+        # No debt paid here: what is left falls into the wait for the iteration's tasks
+        # (absorbed) or, where the next forward starts at once, delays it.
         self._report(tl, tl.dispatcher.backward_done())
         if self.gated:
             self._report(tl, tl.dispatcher.step())
@@ -505,6 +578,7 @@ class Simulation:
             if not tl.dispatcher.layer_ready(tl.block_l, tl.block_k - 1):
                 return
             tl.blocked = 0
+            tl.debt_s = max(0.0, tl.debt_s - (self.loop.now - tl.stall_since))  # done while the core was idle
             name = f"wait:{self.workload.layers[tl.block_l].name}"
             self._record(name, "wait", tl, tl.stall_since, self.loop.now, tl.block_k)
             self._run_layer(tl, tl.block_k, tl.block_l)
@@ -512,6 +586,7 @@ class Simulation:
             if not tl.dispatcher.iteration_done(tl.block_k):
                 return
             tl.blocked = 0
+            tl.debt_s = max(0.0, tl.debt_s - (self.loop.now - tl.stall_since))
             self._record("wait:step", "wait", tl, tl.stall_since, self.loop.now, tl.block_k)
             self._step(tl, tl.block_k)
 
@@ -584,7 +659,16 @@ class Simulation:
             classes=self.classes,
             trace=self.trace,
             plan=self.plan,
+            unvalidated=self._unvalidated(),
         )
+
+    def _unvalidated(self) -> str | None:
+        if self.options.network == "flow" and not self.plan.lossless:
+            return (
+                "bounded-loss tasks priced as lossless transfers: the flow-level network has no "
+                "retransmission or incast tail for a bounded-loss transport to cut"
+            )
+        return None
 
 
 def plan_for(

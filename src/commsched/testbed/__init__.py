@@ -8,6 +8,12 @@ namespaces (``MASTER_ADDR`` = rank 0's address, ``GLOO_SOCKET_IFNAME`` = the
 worker's veth). Everything is removed on exit, error, Ctrl-C or SIGTERM;
 leftovers of killed runs are removed by the next run. Without root it falls
 back to plain processes on 127.0.0.1, unshaped, and says so.
+:mod:`commsched.testbed.switch` makes the bridge ports commodity-switch ports
+(strict priority by DSCP, RED marking ECT and dropping the rest), and
+``NetnsTestbed(n, paths=2)`` gives two bridges to spray over (docs/testbed.md).
+
+Workers that differ (:class:`HeteroTestbed`): per-worker CPU speed through
+cgroups (:class:`CpuShare`: cores and a quota) and per-worker link shapes.
 
     with open_testbed(4, LinkShape(rate_bps=10**9)) as bed:
         run_workers(bed, [sys.executable, "-m", "my.worker"], log_dir=Path("logs"), timeout_s=600)
@@ -15,7 +21,15 @@ back to plain processes on 127.0.0.1, unshaped, and says so.
 ``commsched bench`` (:mod:`commsched.bench.run`) runs training on it.
 """
 
+from commsched.testbed.cgroups import (
+    CpuCgroups,
+    CpuShare,
+    cgroup_objects,
+    cgroups_unavailable_reason,
+    remove_cgroup_leftovers,
+)
 from commsched.testbed.commands import Layout, LinkShape, format_rate, parse_rate
+from commsched.testbed.hetero import HeteroTestbed
 from commsched.testbed.launch import run_workers
 from commsched.testbed.netns import (
     LoopbackTestbed,
@@ -28,20 +42,30 @@ from commsched.testbed.netns import (
     project_objects,
     remove_leftovers,
 )
+from commsched.testbed.switch import SwitchShape, apply_switch, switch_unavailable_reason
 
 __all__ = [
+    "CpuCgroups",
+    "CpuShare",
+    "HeteroTestbed",
     "Layout",
     "LinkShape",
     "LoopbackTestbed",
     "NetnsTestbed",
+    "SwitchShape",
     "Testbed",
     "TestbedError",
+    "apply_switch",
+    "cgroup_objects",
+    "cgroups_unavailable_reason",
     "find_leftovers",
     "format_rate",
     "netns_unavailable_reason",
     "open_testbed",
     "parse_rate",
     "project_objects",
+    "remove_cgroup_leftovers",
     "remove_leftovers",
     "run_workers",
+    "switch_unavailable_reason",
 ]

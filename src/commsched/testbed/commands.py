@@ -7,11 +7,17 @@ Topology of one testbed with prefix ``P`` (e.g. ``csb-4242-0-``) and ``n`` worke
     namespace P+"br":  bridge "br0", ports b0 .. b(n-1)         (no address, no route anywhere else)
     namespace P+"w<r>": veth "w<r>" (10.77.0.<r+1>/24) <-> "b<r>" in P+"br", plus "lo"
 
+With ``paths=2`` (two disjoint paths between every pair of workers, for
+per-packet spraying) the bridge namespace also holds bridge "br1", and
+every worker a second veth "w<r>p1" (10.77.1.<r+1>/24) <-> "b<r>p1" on it:
+a packet sent to a peer's 10.77.1.x address crosses br1, one sent to its
+10.77.0.x address crosses br0. Path ``p`` uses subnet 10.77.<p>.0/24.
+
 Every link is created inside the run's own namespaces (never in the root
 namespace), so two runs cannot collide even though they use the same
 addresses, and deleting the namespaces removes every link and the bridge.
 
-Shaping (:class:`LinkShape`) is per worker link and direction:
+Shaping (:class:`LinkShape`) is per worker link (on every path) and direction:
 
 * rate: a ``tbf`` on ``w<r>`` (what worker r sends) and on ``b<r>`` (what
   worker r receives), so each worker has a full-duplex link of that rate
@@ -20,6 +26,9 @@ Shaping (:class:`LinkShape`) is per worker link and direction:
   the rate when there is one), so a packet between two workers is delayed
   once and dropped with the given probability once: ``delay`` is the
   one-way latency between any two workers (RTT = 2 × delay).
+
+Switch ports (priority by DSCP, ECN/RED) replace the qdisc on ``b<r>``:
+see :mod:`commsched.testbed.switch`.
 """
 
 from __future__ import annotations
@@ -28,9 +37,10 @@ import re
 from dataclasses import dataclass
 
 PREFIX = "csb-"
-SUBNET = "10.77.0"  # private (RFC 1918), only ever configured inside a run's own namespaces
-BRIDGE_DEV = "br0"
+# path p's subnet is 10.77.<p>.0/24: private (RFC 1918), only ever configured inside a run's own namespaces
+SUBNET_PREFIX = "10.77"
 MAX_WORKERS = 250
+MAX_PATHS = 4
 
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _RATE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?bit)\s*$", re.IGNORECASE)
@@ -118,14 +128,17 @@ class LinkShape:
 
 @dataclass(frozen=True)
 class Layout:
-    """Names and addresses of one testbed."""
+    """Names and addresses of one testbed; ``paths`` bridges, each reaching every worker over a veth of its own."""
 
     prefix: str
     workers: int
+    paths: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS:
             raise ValueError(f"workers: must be between 1 and {MAX_WORKERS}, got {self.workers!r}")
+        if not 1 <= self.paths <= MAX_PATHS:
+            raise ValueError(f"paths: must be between 1 and {MAX_PATHS}, got {self.paths!r}")
         if not self.prefix.startswith(PREFIX) or owner_pid(self.prefix) is None:
             raise ValueError(f"prefix: must look like {PREFIX}<pid>-<n>-, got {self.prefix!r}")
 
@@ -137,16 +150,24 @@ class Layout:
         return f"{self.prefix}w{rank}"
 
     @staticmethod
-    def worker_dev(rank: int) -> str:
-        return f"w{rank}"
+    def worker_dev(rank: int, path: int = 0) -> str:
+        return f"w{rank}" if path == 0 else f"w{rank}p{path}"
 
     @staticmethod
-    def bridge_port(rank: int) -> str:
-        return f"b{rank}"
+    def bridge_port(rank: int, path: int = 0) -> str:
+        return f"b{rank}" if path == 0 else f"b{rank}p{path}"
 
     @staticmethod
-    def address(rank: int) -> str:
-        return f"{SUBNET}.{rank + 1}"
+    def bridge_dev(path: int = 0) -> str:
+        return f"br{path}"
+
+    @staticmethod
+    def address(rank: int, path: int = 0) -> str:
+        return f"{SUBNET_PREFIX}.{path}.{rank + 1}"
+
+    def links(self) -> list[tuple[int, int]]:
+        """Every (rank, path) veth pair, rank by rank."""
+        return [(r, p) for r in range(self.workers) for p in range(self.paths)]
 
     @property
     def namespaces(self) -> list[str]:
@@ -157,22 +178,24 @@ class Layout:
 def create_commands(layout: Layout) -> list[list[str]]:
     """Namespaces, bridge, one veth pair per worker, addresses; all links up."""
     br = layout.bridge_ns
-    cmds = [
-        ["ip", "netns", "add", br],
-        ["ip", "-n", br, "link", "add", BRIDGE_DEV, "type", "bridge"],
-        ["ip", "-n", br, "link", "set", BRIDGE_DEV, "up"],
-    ]
-    for r in range(layout.workers):
-        ns, dev, port = layout.worker_ns(r), layout.worker_dev(r), layout.bridge_port(r)
+    cmds = [["ip", "netns", "add", br]]
+    for p in range(layout.paths):
         cmds += [
-            ["ip", "netns", "add", ns],
-            ["ip", "-n", ns, "link", "set", "lo", "up"],
-            ["ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", dev, "netns", ns],
-            ["ip", "-n", br, "link", "set", port, "master", BRIDGE_DEV],
-            ["ip", "-n", br, "link", "set", port, "up"],
-            ["ip", "-n", ns, "addr", "add", f"{layout.address(r)}/24", "dev", dev],
-            ["ip", "-n", ns, "link", "set", dev, "up"],
+            ["ip", "-n", br, "link", "add", layout.bridge_dev(p), "type", "bridge"],
+            ["ip", "-n", br, "link", "set", layout.bridge_dev(p), "up"],
         ]
+    for r in range(layout.workers):
+        ns = layout.worker_ns(r)
+        cmds += [["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"]]
+        for p in range(layout.paths):
+            dev, port = layout.worker_dev(r, p), layout.bridge_port(r, p)
+            cmds += [
+                ["ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", dev, "netns", ns],
+                ["ip", "-n", br, "link", "set", port, "master", layout.bridge_dev(p)],
+                ["ip", "-n", br, "link", "set", port, "up"],
+                ["ip", "-n", ns, "addr", "add", f"{layout.address(r, p)}/24", "dev", dev],
+                ["ip", "-n", ns, "link", "set", dev, "up"],
+            ]
     return cmds
 
 
@@ -194,9 +217,15 @@ def netem_args(shape: LinkShape) -> list[str]:
 
 def shaping_commands(layout: Layout, shape: LinkShape) -> list[list[str]]:
     """Root qdiscs for every link (run after :func:`clear_shaping_commands`); nothing when unshaped."""
+    return [argv for r in range(layout.workers) for argv in worker_shaping_commands(layout, r, shape)]
+
+
+def worker_shaping_commands(layout: Layout, rank: int, shape: LinkShape) -> list[list[str]]:
+    """Root qdiscs for worker ``rank``'s links (every path), both directions (nothing when unshaped)."""
     cmds: list[list[str]] = []
-    for r in range(layout.workers):
-        ns, dev = layout.worker_ns(r), layout.worker_dev(r)
+    r = rank
+    for p in range(layout.paths):
+        ns, dev = layout.worker_ns(r), layout.worker_dev(r, p)
         up = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
         if shape.needs_netem and shape.rate_bps is not None:
             burst = str(max(TBF_MIN_BURST_BYTES, round(shape.rate_bps / 8 * TBF_BURST_S)))
@@ -212,7 +241,7 @@ def shaping_commands(layout: Layout, shape: LinkShape) -> list[list[str]]:
         elif shape.rate_bps is not None:
             cmds.append([*up, "root", *tbf_args(shape.rate_bps)])
         if shape.rate_bps is not None:
-            port = layout.bridge_port(r)
+            port = layout.bridge_port(r, p)
             cmds.append(["tc", "-n", layout.bridge_ns, "qdisc", "add", "dev", port, "root", *tbf_args(shape.rate_bps)])
     return cmds
 
@@ -220,9 +249,9 @@ def shaping_commands(layout: Layout, shape: LinkShape) -> list[list[str]]:
 def clear_shaping_commands(layout: Layout) -> list[list[str]]:
     """Remove the root qdisc of every link (each fails harmlessly when there is none)."""
     cmds = []
-    for r in range(layout.workers):
-        cmds.append(["tc", "-n", layout.worker_ns(r), "qdisc", "del", "dev", layout.worker_dev(r), "root"])
-        cmds.append(["tc", "-n", layout.bridge_ns, "qdisc", "del", "dev", layout.bridge_port(r), "root"])
+    for r, p in layout.links():
+        cmds.append(["tc", "-n", layout.worker_ns(r), "qdisc", "del", "dev", layout.worker_dev(r, p), "root"])
+        cmds.append(["tc", "-n", layout.bridge_ns, "qdisc", "del", "dev", layout.bridge_port(r, p), "root"])
     return cmds
 
 

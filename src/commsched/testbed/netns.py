@@ -35,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Literal
+from typing import Literal, Self
 
 from commsched.errors import CommschedError
 from commsched.testbed.commands import (
@@ -245,7 +245,7 @@ class Testbed:
     def close(self) -> None:
         self.kill_workers()
 
-    def __enter__(self) -> Testbed:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -290,16 +290,19 @@ class NetnsTestbed(Testbed):
     """One network namespace per worker, veths to a bridge in a namespace of its own, tc on every link.
 
     Building it needs root; it first removes leftovers of killed runs. Names
-    are unique per process and testbed (``csb-<pid>-<n>-``).
+    are unique per process and testbed (``csb-<pid>-<n>-``). ``paths=2`` adds
+    a second bridge and a second veth per worker (see :class:`Layout`), for
+    per-packet spraying; :mod:`commsched.testbed.switch` turns the bridge
+    ports into priority/ECN switch ports.
     """
 
     isolation = "netns"
     _serial = itertools.count()
 
-    def __init__(self, workers: int, shape: LinkShape | None = None, *, log: Log = _stderr) -> None:
+    def __init__(self, workers: int, shape: LinkShape | None = None, *, paths: int = 1, log: Log = _stderr) -> None:
         super().__init__(workers)
         self.log = log
-        self.layout = Layout(f"{PREFIX}{os.getpid()}-{next(self._serial)}-", workers)
+        self.layout = Layout(f"{PREFIX}{os.getpid()}-{next(self._serial)}-", workers, paths)
         self._closed = False
         self._created = False
         self._old_handlers: dict[int, object] = {}
@@ -370,15 +373,17 @@ class NetnsTestbed(Testbed):
     def qdiscs(self) -> str:
         """``tc qdisc show`` of every link, for the record."""
         out = []
-        for r in range(self.workers):
-            out.append(run_command(["tc", "-n", self.layout.worker_ns(r), "qdisc", "show", "dev", f"w{r}"]).strip())
-            out.append(run_command(["tc", "-n", self.layout.bridge_ns, "qdisc", "show", "dev", f"b{r}"]).strip())
+        for r, p in self.layout.links():
+            ns, dev, port = self.layout.worker_ns(r), self.layout.worker_dev(r, p), self.layout.bridge_port(r, p)
+            out.append(run_command(["tc", "-n", ns, "qdisc", "show", "dev", dev]).strip())
+            out.append(run_command(["tc", "-n", self.layout.bridge_ns, "qdisc", "show", "dev", port]).strip())
         return "\n".join(out)
 
     def describe(self) -> str:
         return (
             f"{self.workers} network namespaces {self.layout.worker_ns(0)}..{self.layout.worker_ns(self.workers - 1)}, "
-            f"veths to a bridge in {self.layout.bridge_ns}, links {self.shape.description}"
+            f"veths to {'a bridge' if self.layout.paths == 1 else f'{self.layout.paths} bridges'} in "
+            f"{self.layout.bridge_ns}, links {self.shape.description}"
         )
 
     # ---- cleanup ----

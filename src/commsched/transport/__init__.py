@@ -3,10 +3,12 @@
 A :class:`~commsched.schedule.base.CommTask` names its transport
 (``task.transport``); the runtime opens the transports its plan needs with
 :func:`open_transports` and starts each task with ``transport.start(task, buffer)``,
-which returns a :class:`Handle` at once. Today there is one transport,
+which returns a :class:`Handle` at once. The transports of :data:`TRANSPORTS`:
 ``"collective"`` (gloo/NCCL all-reduce, ring reduce-scatter/all-gather:
-:mod:`commsched.transport.collectives`); a parameter-server or bounded-loss
-transport registers a factory in :data:`TRANSPORTS` and nothing else changes.
+:mod:`commsched.transport.collectives`) and ``"ps"`` (a parameter server on
+every rank, :mod:`commsched.transport.exchange` over the authenticated TCP
+mesh of :mod:`commsched.transport.tcp`); a bounded-loss transport registers a
+factory there and nothing else changes.
 
 A transport knows nothing of policies. It may give up on at most
 ``task.loss_bound`` of a task's bytes (0 for every transport today).

@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from commsched.errors import UnsupportedError
-from commsched.schedule.base import COLLECTIVE, CommTask
+from commsched.schedule.base import COLLECTIVE, PS_TRANSPORT, CommTask
 from commsched.transport.collectives import Collectives, Handle
 
 
@@ -83,9 +83,17 @@ class CollectiveTransport:
         self._coll.close()
 
 
+def _parameter_server(group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions) -> Transport:
+    """A server on every rank, over TCP (:class:`commsched.transport.tcp.PsTransport`)."""
+    from commsched.transport.tcp import PsTransport  # it builds on this module
+
+    return PsTransport(group, timeout_s, options)
+
+
 #: Transport factories by name: ``factory(group, timeout_s, options) -> Transport``.
 TRANSPORTS: dict[str, Callable[[dist.ProcessGroup | None, float, TransportOptions], Transport]] = {
     COLLECTIVE: CollectiveTransport,
+    PS_TRANSPORT: _parameter_server,
 }
 
 

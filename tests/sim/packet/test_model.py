@@ -94,3 +94,16 @@ def test_colocated_parameter_servers_live_on_their_nodes_first_worker() -> None:
     # to the server's NIC (measured: 160.4 ms packet level, 179.0 ms flow level)
     assert packet.iteration_ms < flow.iteration_ms
     assert "ps0<down" not in packet.link_utilisation
+
+
+def test_the_ps_policy_runs_through_a_server_on_every_worker_where_the_cluster_lists_none() -> None:
+    """Every worker receives the other three's slices at once: TCP incast the flow model does not see
+    (resnet18, 4 hosts, 10 Gbit/s: 125.6 ms packet level with 323 drops, 84.0 ms flow level)."""
+    workload = zoo.load("resnet18")
+    c = cluster(4, gbps=10.0, latency_us=10.0)
+    knobs = {"partition_mb": 8.0, "credit_mb": 32.0}
+    packet = simulate(workload, c, "ps", iterations=2, warmup=1, options={"network": "packet"}, trace=False, **knobs)
+    flow = simulate(workload, c, "ps", iterations=2, warmup=1, trace=False, **knobs)
+    assert packet.gradient_bytes == flow.gradient_bytes == workload.total_bytes
+    assert flow.iteration_ms <= packet.iteration_ms < 2 * flow.iteration_ms
+    assert all(packet.link_utilisation[f"w{r}<down"] > 0 for r in range(4))

@@ -13,9 +13,11 @@ A collective becomes the traffic of its algorithm (``SimOptions.algorithm``):
   ``i+1`` in each of ``p-1`` steps (reduce-scatter, all-gather) or
   ``2(p-1)`` steps (all-reduce); a rank sends step ``k`` once it has
   received step ``k-1`` from its predecessor.
-* ``ps``: a push is every worker sending ``⌈n/k⌉`` bytes to each of the
-  ``k`` servers; a pull every server sending ``⌈n/k⌉`` to every worker; an
-  all-reduce is a push, then each server's pull once it has every push.
+* ``ps`` (and any task on the ``"ps"`` transport, whatever the algorithm): a
+  push is every worker sending ``⌈n/k⌉`` bytes to each of the ``k`` servers;
+  a pull every server sending ``⌈n/k⌉`` to every worker; an all-reduce is a
+  push, then each server's pull once it has every push. A cluster that lists
+  no servers has one on every worker (its own slice stays on the host).
 
 Each message waits its host's per-message overhead, then goes over a
 persistent connection ``(src, dst, traffic class)`` of the configured
@@ -39,6 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from commsched.errors import ScheduleError
+from commsched.schedule.base import PS_TRANSPORT
 from commsched.sim.engine import COMM
 from commsched.sim.packet.config import PacketConfig
 from commsched.sim.packet.connection import Connection
@@ -69,8 +72,6 @@ class PacketNetwork:
         self.fabric = built.fabric
         self.workers = built.workers
         self.servers = built.servers
-        if self._algorithm == "ps" and not self.servers:
-            raise ScheduleError("packet: the ps algorithm needs parameter servers in the cluster spec")
         top = max((t.priority for t in self._tasks), default=0)
         classes = self.config.priority_classes
         self._class_of = [min(t.priority * classes // (top + 1), classes - 1) for t in self._tasks]
@@ -162,7 +163,7 @@ class PacketNetwork:
         if p <= 1 or task.bytes <= 0 or not coll.phases:
             self.fabric.schedule(self.fabric.now, lambda _: finished.append(coll), None)
             return
-        if self._algorithm == "ps":
+        if self._algorithm == "ps" or task.transport == PS_TRANSPORT:
             self._ps(coll, task.kind, task.bytes, cls)
         else:
             self._ring(coll, task.kind, task.bytes, cls)
@@ -190,7 +191,7 @@ class PacketNetwork:
             send(i, 0)
 
     def _ps(self, coll: Collective, kind: str, nbytes: int, cls: int) -> None:
-        workers, servers = self.workers, self.servers
+        workers, servers = self.workers, self.servers or self.workers
         part = -(-nbytes // len(servers))
         push = kind in ("push", "reduce_scatter", "all_reduce")
         pull = kind in ("pull", "all_gather", "all_reduce")

@@ -1,0 +1,121 @@
+"""PS: a parameter server with partitions, layer priority and a credit window (BytePS-style).
+
+Jiang, Zhu, Lan, Yi, Cui, Guo, "A Unified Architecture for Accelerating
+Distributed DNN Training in Heterogeneous GPU/CPU Clusters" (BytePS), OSDI
+2020; the parameter server of Li et al., "Scaling Distributed Machine
+Learning with the Parameter Server", OSDI 2014; the priority and credit
+scheduling of Peng et al., ByteScheduler, SOSP 2019
+(:mod:`commsched.schedule.bytescheduler`).
+
+Each tensor is cut into partitions of at most ``partition_mb`` (BytePS cuts
+at about 4 MB by default). A partition is one **push** (every rank sends its
+gradient to the servers that own it; they sum) and one **pull** (every rank
+fetches the sums), both on the ``"ps"`` transport
+(:data:`~commsched.schedule.base.PS_TRANSPORT`). In the runtime a server runs
+on every rank and each partition is sharded over all of them, so every rank
+sends and receives ``(p-1)/p`` of the partition per push and per pull — the
+bytes of a ring reduce-scatter and all-gather, with one startup instead of
+``p - 1`` (:mod:`commsched.transport.exchange`). The simulator prices the
+tasks under its ``ps`` cost model: the cluster's servers where its spec lists
+some, else a server on every worker.
+
+Scheduling: ready partitions wait in a priority queue ordered by layer (the
+layer nearest the input first), then by position. A push is launched while
+the bytes of partitions in flight are below ``credit_mb`` (the check is
+``in_flight < credit``, so one launch may overshoot, as in ByteScheduler); a
+partition's pull is launched as soon as its push has finished, and its credit
+returns when the pull has finished. The window keeps a few partitions on the
+wire, so a front layer's partition overtakes everything still queued.
+
+Update mode: ``"forward"``, as ByteScheduler's cross-barrier: each layer is
+updated just before its next forward, once the pulls carrying its gradients
+have finished. Priority to the front layers pays off only this way — under
+``"step"`` every layer would wait for the last pull, whatever its order — so
+layer 0's pull finishing first lets the next forward start while the back
+layers are still being pulled. (Deferred updates cannot run with a
+``GradScaler``; the runtime says so at once.)
+
+Decisions depend on completion times (the window, and a pull after its
+push), so in the runtime rank 0 decides and the other ranks follow its order.
+
+Guarantee: lossless (every task's ``loss_bound`` is 0): each element is
+summed once, by the server that owns it, and every rank receives that sum,
+so training equals synchronous SGD up to the float association order.
+Knobs: ``partition_mb`` (4), ``credit_mb`` (16: four default partitions in
+flight).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from commsched.schedule.base import PS_TRANSPORT, Action, CommTask, Launch, NetworkEstimate, Scheduler, UpdateMode
+from commsched.schedule.bytescheduler import CreditQueue
+from commsched.schedule.fusion import layer_priority, make_task, partition
+from commsched.schedule.knobs import Knobs, knob
+from commsched.schedule.plan import CommPlan
+from commsched.units import mb_to_bytes
+from commsched.workload import Workload
+
+
+@dataclass(frozen=True)
+class PSKnobs(Knobs):
+    policy: ClassVar[str] = "ps"
+    partition_mb: float = knob(4.0, gt=0, doc="largest partition, MiB")
+    credit_mb: float = knob(16.0, gt=0, doc="bytes of partitions in flight (push to pull), MiB")
+
+
+def push_pull_tasks(workload: Workload, partition_bytes: int) -> list[CommTask]:
+    """Per partition of every tensor: a push (id ``2k``) and its pull (id ``2k + 1``, depending on the push)."""
+    tasks: list[CommTask] = []
+    for t, tensor in enumerate(workload.tensors):
+        for k, seg in enumerate(partition(workload, t, partition_bytes)):
+            push_id = len(tasks)
+            prio = layer_priority(workload, [seg])
+            name = f"{tensor.name}#{k}"
+            tasks.append(make_task(workload, push_id, "push", [seg], f"push:{name}", prio, transport=PS_TRANSPORT))
+            tasks.append(
+                make_task(
+                    workload, push_id + 1, "pull", [seg], f"pull:{name}", prio, deps=(push_id,), transport=PS_TRANSPORT
+                )
+            )
+    return tasks
+
+
+class PSScheduler(Scheduler):
+    name: ClassVar[str] = "ps"
+    knob_type: ClassVar[type[Knobs]] = PSKnobs
+    update_mode: ClassVar[UpdateMode] = "forward"
+    uses_completions: ClassVar[bool] = True
+
+    @classmethod
+    def transports(cls, knobs: Knobs) -> frozenset[str]:
+        return frozenset({PS_TRANSPORT})
+
+    @classmethod
+    def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
+        assert isinstance(knobs, PSKnobs)
+        tasks = push_pull_tasks(workload, mb_to_bytes(knobs.partition_mb))
+        return CommPlan(cls.name, workload, network, tuple(tasks), "forward", knobs)
+
+    def __init__(self, plan: CommPlan) -> None:
+        super().__init__(plan)
+        assert isinstance(plan.knobs, PSKnobs)
+        self._queue = CreditQueue(plan, mb_to_bytes(plan.knobs.credit_mb))
+        self._pushes_of_tensor: list[list[int]] = [[] for _ in plan.workload.tensors]
+        for task in plan.tasks:
+            if task.kind == "push":
+                self._pushes_of_tensor[task.segments[0].tensor].append(task.id)
+
+    def on_grad_ready(self, tensor: int) -> Sequence[Action]:
+        for task in self._pushes_of_tensor[tensor]:
+            self._queue.push(task)
+        return self._queue.drain()
+
+    def on_comm_done(self, task: int) -> Sequence[Action]:
+        if self.plan.tasks[task].kind == "push":
+            return [Launch(task + 1)]  # its pull, at once: the partition keeps its credit
+        self._queue.done(task - 1)  # the pull finished: the partition's credit returns
+        return self._queue.drain()

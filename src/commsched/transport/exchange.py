@@ -1,0 +1,358 @@
+"""The parameter server's data flow over any :class:`~commsched.transport.links.Link`.
+
+A server runs on every rank (colocated, as in BytePS on a cluster without
+spare CPU machines), and each task's flat buffer is sharded over the ranks:
+rank ``r`` owns slice ``r`` (:func:`owner_slices`: an even split, the first
+``numel mod p`` slices one element longer; ``servers=`` picks fewer owners,
+e.g. one server on rank 0)::
+
+    push   rank r sends slice q of its buffer to owner q (its own slice stays local);
+           owner q receives the peers' slices (in parallel, any order) and sums them,
+           in rank order, into its accumulator for the task
+    pull   owner q sends the sum to every peer; every rank receives each owner's
+           slice into its buffer
+
+**Contract** (what the runtime relies on): after a task's ``pull`` (or an
+``all_reduce``, which is both) has completed, ``flat`` holds the element-wise
+SUM over all ranks of the ``flat`` each rank pushed. A ``reduce_scatter``
+is a push whose sum lands in ``buffer.shard``; an ``all_gather`` is a pull of
+``buffer.shard`` (their buffers are padded to a multiple of the world size,
+so the slices are the equal chunks a collective would use). Each element is
+summed once, by its owner, so every rank receives the same sum. A push reads
+``flat`` until it completes; a pull writes into it.
+
+Ordering: every rank must start the same tasks in the same order (the
+dispatcher guarantees it). A task's ``n``-th start is its step ``n``, and the
+transfers are keyed by ``TransferKey(step, task, phase)``, so any number of
+tasks, phases and iterations may be in flight. A push and its pull share the
+push task's server state (a pull names its push in ``task.deps``); the runtime
+starts a pull only after its push completed.
+
+Threads: ``start`` posts every send and receive it can on the link and
+returns at once; a small worker pool waits for the transfers and does the
+arithmetic (an ``all_reduce`` posts its pull there, once its sum exists).
+The returned handle's ``wait(timeout_s)`` raises
+:class:`~commsched.errors.RuntimeCommError` naming the task on a failure or
+after the timeout; ``is_completed()`` never blocks.
+
+Bounded loss (a link that may give up on part of a receive, never more than
+the ``loss_bound`` it was given; exceeding it is a RuntimeCommError):
+
+* push: ``task.loss_bound``; the missing ranges of a peer's contribution count
+  as zeros. With ``rescale_lost``, each element of the sum is then multiplied by
+  ``p / (contributions that arrived)``: unbiased only when what is lost does
+  not depend on the values (random loss), and still zero-filled otherwise.
+* pull: ``pull_loss_bound`` (default 0), or a ``pull`` task's own ``loss_bound``
+  where that is larger; the missing ranges keep the previous
+  sum this rank received for the task (stale fill; zeros before the first).
+* :attr:`PsExchange.losses` records, per ``(task, phase)``, what the latest
+  launch lost on this rank, so a caller can check the bounds.
+
+Memory per task on its owner: the accumulator (``1/p`` of the buffer) and
+``p - 1`` receive slices for the peers' pushes; with ``pull_loss_bound > 0``
+also the previous sum (the whole buffer), for stale fill.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from commsched.errors import RuntimeCommError, UnsupportedError
+from commsched.schedule.base import CommTask
+from commsched.transport.base import TaskBuffer
+from commsched.transport.collectives import Handle
+from commsched.transport.links import Link, Received, Transfer, TransferKey
+
+PUSH, PULL = 0, 1
+_PUSHING = ("push", "reduce_scatter", "all_reduce")
+_PULLING = ("pull", "all_gather", "all_reduce")
+
+
+def owner_slices(numel: int, world: int, servers: Sequence[int] | None = None) -> list[tuple[int, int]]:
+    """``[start, stop)`` of each rank's slice: an even split over ``servers`` (default: every rank), in their
+    order, the first ``numel % len(servers)`` one longer; a rank that is no server owns ``(0, 0)``."""
+    owners = list(range(world)) if servers is None else list(servers)
+    base, extra = divmod(numel, len(owners))
+    out, start = [(0, 0)] * world, 0
+    for i, r in enumerate(owners):
+        stop = start + base + (i < extra)
+        out[r] = (start, stop)
+        start = stop
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """What one phase of one launch lost on this rank: ``lost_numel`` of the ``received_numel`` it received."""
+
+    step: int
+    lost_numel: int
+    received_numel: int
+
+    @property
+    def fraction(self) -> float:
+        return self.lost_numel / self.received_numel if self.received_numel else 0.0
+
+
+class _Server:
+    """One task pair's state on this rank: its slices, and as owner its accumulator and push inboxes."""
+
+    __slots__ = ("acc", "dtype", "inbox", "numel", "previous", "slices")
+
+    def __init__(
+        self, numel: int, dtype: torch.dtype, rank: int, world: int, servers: Sequence[int] | None, keep_previous: bool
+    ) -> None:
+        self.numel, self.dtype = numel, dtype
+        self.slices = owner_slices(numel, world, servers)
+        lo, hi = self.slices[rank]
+        self.acc = torch.zeros(hi - lo, dtype=dtype)
+        self.inbox = {q: torch.zeros(hi - lo, dtype=dtype) for q in range(world) if q != rank}
+        self.previous = torch.zeros(numel, dtype=dtype) if keep_previous else None
+
+
+@dataclass(slots=True)
+class _Posted:
+    key: TransferKey
+    sends: list[Transfer]
+    recvs: list[tuple[int, Transfer, int, torch.Tensor]]  # (peer, transfer, offset in flat, where it lands)
+
+
+class _Pending:
+    """A started task: the worker pool's future."""
+
+    __slots__ = ("_describe", "_future")
+
+    def __init__(self, future: Future[None], describe: str) -> None:
+        self._future = future
+        self._describe = describe
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        try:
+            self._future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise RuntimeCommError(f"{self._describe} did not complete within {timeout_s:g} s") from None
+        except RuntimeCommError:
+            raise
+        except Exception as exc:
+            raise RuntimeCommError(f"{self._describe} failed: {exc!r}") from exc
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
+class PsExchange:
+    """Push/pull of tasks over ``link`` (module docstring); one per transport, every rank alike.
+
+    ``timeout_s`` bounds each started task, from its start. ``pull_loss_bound``:
+    the fraction of a pull's received elements the link may give up on;
+    ``rescale_lost``: scale pushed sums by ``p / contributions`` where
+    contributions were lost. ``servers``: the ranks that own slices, in order
+    (default every rank; ``(0,)``: one server, every push into rank 0);
+    reduce-scatter and all-gather need every rank. ``workers``: threads that
+    finish tasks.
+    """
+
+    def __init__(
+        self,
+        link: Link,
+        timeout_s: float,
+        *,
+        pull_loss_bound: float = 0.0,
+        rescale_lost: bool = False,
+        servers: Sequence[int] | None = None,
+        workers: int = 4,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if not 0 <= pull_loss_bound < 1:
+            raise ValueError(f"pull_loss_bound must be in [0, 1), got {pull_loss_bound}")
+        if servers is not None and (not servers or len(set(servers)) != len(servers)):
+            raise ValueError(f"servers must be distinct ranks, at least one, got {servers}")
+        if servers is not None and not all(0 <= r < link.world for r in servers):
+            raise ValueError(f"servers must be ranks below the world size {link.world}, got {servers}")
+        self.link = link
+        self.rank, self.world = link.rank, link.world
+        self.timeout_s = timeout_s
+        self.pull_loss_bound = pull_loss_bound
+        self.rescale_lost = rescale_lost
+        self.servers = tuple(servers) if servers is not None else None
+        #: per ``(task id, phase)``: what its latest launch lost on this rank
+        self.losses: dict[tuple[int, int], Loss] = {}
+        self._launches: dict[int, int] = {}
+        self._servers: dict[int, _Server] = {}
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"commsched-ps-r{self.rank}")
+        self._closed = False
+
+    # ---- starting ----
+
+    def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
+        """Post ``task``'s transfers and return at once; the result is in ``buffer`` after ``wait()``."""
+        step = self._launches.get(task.id, 0)
+        describe = f"ps {task.kind} of task {task.name!r} (step {step}) on rank {self.rank}"
+        if self._closed:
+            raise RuntimeCommError(f"{describe}: the transport is closed")
+        flat = buffer.flat
+        if flat.device.type != "cpu" or not flat.is_contiguous():
+            raise UnsupportedError(f"{describe}: needs a contiguous CPU buffer, got {flat.device} {flat.stride()}")
+        flat = flat.view(-1)
+        owner = task.deps[0] if task.kind in ("pull", "all_gather") and task.deps else task.id
+        server = self._server(owner, flat)
+        shard = buffer.shard.view(-1) if buffer.shard is not None else None
+        if task.kind in ("reduce_scatter", "all_gather"):
+            lo, hi = server.slices[self.rank]
+            if shard is None or shard.numel() != hi - lo:
+                raise UnsupportedError(f"{describe}: needs a shard of {hi - lo} elements, got {shard}")
+        elif task.kind not in ("push", "pull", "all_reduce"):
+            raise UnsupportedError(f"{describe}: unknown task kind")
+        self._launches[task.id] = step + 1
+        deadline = time.monotonic() + self.timeout_s
+        target = shard if task.kind in ("reduce_scatter", "all_gather") and shard is not None else server.acc
+        steps: list[Callable[[], None]] = []
+        if task.kind in _PUSHING:
+            pushed = self._post_push(task, step, flat, server)
+            steps.append(lambda: self._finish_push(task, pushed, flat, server, target, deadline))
+        if task.kind == "all_reduce":
+            steps.append(lambda: self._pull(task, step, flat, server, target, deadline))
+        elif task.kind in _PULLING:
+            pulled = self._post_pull(task, step, flat, server, target)
+            steps.append(lambda: self._finish_pull(task, pulled, flat, server, deadline))
+
+        def finish() -> None:
+            try:
+                for run in steps:
+                    run()
+            except RuntimeCommError as exc:
+                raise RuntimeCommError(f"{describe}: {exc}") from exc
+
+        return _Pending(self._pool.submit(finish), describe)
+
+    def _server(self, owner: int, flat: torch.Tensor) -> _Server:
+        server = self._servers.get(owner)
+        if server is None or server.numel != flat.numel() or server.dtype != flat.dtype:
+            keep = self.pull_loss_bound > 0
+            server = _Server(flat.numel(), flat.dtype, self.rank, self.world, self.servers, keep)
+            self._servers[owner] = server
+        return server
+
+    def _post_push(self, task: CommTask, step: int, flat: torch.Tensor, server: _Server) -> _Posted:
+        key = TransferKey(step, task.id, PUSH)
+        lo, hi = server.slices[self.rank]
+        sends = [
+            self.link.send(q, key, flat[a:b], priority=task.priority)
+            for q, (a, b) in enumerate(server.slices)
+            if q != self.rank and b > a
+        ]
+        recvs = []
+        if hi > lo:
+            for q, box in server.inbox.items():
+                recvs.append((q, self.link.recv(q, key, box, loss_bound=task.loss_bound), lo, box))
+        return _Posted(key, sends, recvs)
+
+    def _post_pull(
+        self, task: CommTask, step: int, flat: torch.Tensor, server: _Server, source: torch.Tensor
+    ) -> _Posted:
+        key = TransferKey(step, task.id, PULL)
+        lo, hi = server.slices[self.rank]
+        own = flat[lo:hi]
+        if own.data_ptr() != source.data_ptr():
+            own.copy_(source)
+        sends = [self.link.send(q, key, own, priority=task.priority) for q in server.inbox if hi > lo]
+        recvs = []
+        for q, (a, b) in enumerate(server.slices):
+            if q != self.rank and b > a:
+                recvs.append((q, self.link.recv(q, key, flat[a:b], loss_bound=self._pull_bound(task)), a, flat[a:b]))
+        return _Posted(key, sends, recvs)
+
+    def _pull(
+        self, task: CommTask, step: int, flat: torch.Tensor, server: _Server, source: torch.Tensor, deadline: float
+    ) -> None:
+        self._finish_pull(task, self._post_pull(task, step, flat, server, source), flat, server, deadline)
+
+    # ---- finishing (worker threads) ----
+
+    def _wait_all(self, posted: _Posted, bound: float, deadline: float) -> list[Received]:
+        """Wait for every transfer of ``posted``; check each receive against ``bound``."""
+        for transfer in posted.sends:
+            transfer.wait(_left(deadline, self.timeout_s))
+        out = []
+        for peer, transfer, _, box in posted.recvs:
+            received = transfer.wait(_left(deadline, self.timeout_s))
+            if received.lost > bound * box.numel():
+                raise RuntimeCommError(
+                    f"rank {peer} delivered {box.numel() - received.lost} of {box.numel()} elements of "
+                    f"{posted.key}: lost {received.lost}, above the bound {bound:g}"
+                )
+            out.append(received)
+        return out
+
+    def _finish_push(
+        self,
+        task: CommTask,
+        posted: _Posted,
+        flat: torch.Tensor,
+        server: _Server,
+        target: torch.Tensor,
+        deadline: float,
+    ) -> None:
+        received = self._wait_all(posted, task.loss_bound, deadline)
+        lo, hi = server.slices[self.rank]
+        counts: torch.Tensor | None = None
+        for (_, _, _, box), got in zip(posted.recvs, received, strict=True):
+            for a, b in got.missing:
+                box[a:b].zero_()
+                if self.rescale_lost:
+                    if counts is None:
+                        counts = torch.full((hi - lo,), float(self.world), dtype=torch.float64)
+                    counts[a:b] -= 1
+        contributions = [flat[lo:hi] if q == self.rank else server.inbox[q] for q in range(self.world)]
+        target.copy_(contributions[0])
+        for part in contributions[1:]:
+            target.add_(part)
+        if counts is not None:
+            target.copy_((target.double() * (self.world / counts)).to(target.dtype))
+        self._record(task.id, PUSH, posted.key.step, received, posted)
+
+    def _finish_pull(
+        self, task: CommTask, posted: _Posted, flat: torch.Tensor, server: _Server, deadline: float
+    ) -> None:
+        bound = self._pull_bound(task)
+        received = self._wait_all(posted, bound, deadline)
+        if bound > 0 and server.previous is None:  # from now on keep the sums for stale fill (zeros before)
+            server.previous = torch.zeros_like(flat)
+        previous = server.previous
+        for (_, _, offset, box), got in zip(posted.recvs, received, strict=True):
+            for a, b in got.missing:
+                assert previous is not None  # kept whenever the bound lets anything be lost
+                box[a:b].copy_(previous[offset + a : offset + b])
+        if previous is not None:
+            previous.copy_(flat)
+        self._record(task.id, PULL, posted.key.step, received, posted)
+
+    def _pull_bound(self, task: CommTask) -> float:
+        """The larger of ``pull_loss_bound`` and, for a ``pull`` task, the task's own ``loss_bound``."""
+        return max(self.pull_loss_bound, task.loss_bound if task.kind == "pull" else 0.0)
+
+    def _record(self, task: int, phase: int, step: int, received: list[Received], posted: _Posted) -> None:
+        lost = sum(r.lost for r in received)
+        self.losses[(task, phase)] = Loss(step, lost, sum(box.numel() for *_, box in posted.recvs))
+
+    # ---- closing ----
+
+    def close(self) -> None:
+        """Let started tasks finish (each bounded by ``timeout_s`` from its start), then stop the workers."""
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=True)
+
+
+def _left(deadline: float, timeout_s: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RuntimeCommError(f"not finished within timeout_s={timeout_s:g}")
+    return left

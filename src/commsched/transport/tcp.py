@@ -1,0 +1,437 @@
+"""``TcpLink``: the :class:`~commsched.transport.links.Link` protocol over a mesh of authenticated TCP connections,
+and :class:`PsTransport`, the parameter server over it (the ``"ps"`` transport).
+
+Opening (collective over the group: every rank, same order)
+    Each rank listens on ``options.bind`` (default :func:`default_bind_address`:
+    the local address that routes to ``MASTER_ADDR``, never ``0.0.0.0`` unless
+    given) on an ephemeral port; the addresses are exchanged with
+    ``all_gather_object`` over the group, and so is the key when
+    ``options.key`` is ``None`` (rank 0 draws 32 bytes with :mod:`secrets`;
+    anyone who can read the group's traffic sees it). Each rank then dials
+    every other rank once and sends on that connection; it reads what arrives
+    on the connections the others opened to it. Opening returns once every
+    peer has connected both ways, or raises RuntimeCommError after ``timeout_s``.
+
+Authentication
+    Every connection runs an HMAC-SHA256 challenge-response under the key, in
+    both directions: the listener sends a nonce, the dialer answers with its
+    own nonce, its rank and a MAC over both nonces and ranks, and the listener
+    answers with its MAC. A connection that fails is closed and counted
+    (:attr:`TcpLink.rejected`); a dialer whose peer does not prove the key
+    raises RuntimeCommError at open. Frames are not authenticated one by one
+    and nothing is encrypted: the key keeps strangers out, not eavesdroppers.
+
+Frames
+    A header (magic, payload bytes, ``TransferKey``, dtype code, numel) and the
+    payload, read straight into the posted ``out`` tensor (``recv_into`` a view
+    of its bytes). A frame is dropped and counted in :attr:`TcpLink.dropped`
+    (by reason) when its dtype is unknown, its length does not match its dtype
+    and numel, its key is malformed, its step is not newer than the last one
+    taken from that peer for that task and phase (stale or duplicate), or its
+    dtype or numel differ from the posted receive; a bad magic or a payload
+    above ``max_frame_bytes`` closes the connection. Nothing is ever written
+    outside ``out``. Frames for a key nobody has posted yet are buffered, up
+    to ``unposted_cap_bytes`` in all; a frame that does not fit waits, and the
+    connection is not read, until its receive is posted or buffers are taken
+    (TCP pushes back on the sender). Sends to a peer go out in the order they were made (one sender
+    thread per peer): together with every rank posting in start order, this
+    is what keeps that back-pressure from deadlocking.
+
+Failures
+    A peer whose connection closes or breaks fails every transfer with it at
+    once; a hung peer ends waits after the timeout. Both raise
+    RuntimeCommError naming the peer and the key. ``close()`` sends what is
+    queued, then closes every socket; it is bounded by ``timeout_s``.
+    ``priority`` is accepted and not used: the scheduler orders the starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import secrets
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from commsched.errors import RuntimeCommError
+from commsched.schedule.base import CommTask
+from commsched.transport import wire
+from commsched.transport.base import TaskBuffer, TransportOptions
+from commsched.transport.collectives import Handle
+from commsched.transport.exchange import PsExchange
+from commsched.transport.links import COMPLETE, Received, TransferKey
+from commsched.transport.wire import CODES, DTYPES, HEADER, MAGIC, bytes_of, default_bind_address, recv_exact, recv_into
+
+_CHUNK_BYTES = 1 << 20
+_POLL_S = 0.5
+
+
+class _Transfer:
+    __slots__ = ("_done", "_error", "_received", "_timeout_s", "describe")
+
+    def __init__(self, describe: str, timeout_s: float) -> None:
+        self.describe = describe
+        self._timeout_s = timeout_s
+        self._done = threading.Event()
+        self._error: RuntimeCommError | None = None
+        self._received = COMPLETE
+
+    def finish(self, error: RuntimeCommError | None = None) -> None:
+        self._error = error
+        self._done.set()
+
+    def wait(self, timeout_s: float | None = None) -> Received:
+        limit = self._timeout_s if timeout_s is None else timeout_s
+        if not self._done.wait(limit):
+            raise RuntimeCommError(f"{self.describe} did not complete within {limit:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._received
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+
+class TcpLink:
+    """Keyed point-to-point transfers among the ranks of ``group`` over TCP (module docstring)."""
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup | None,
+        timeout_s: float,
+        options: TransportOptions | None = None,
+        *,
+        max_frame_bytes: int = 1 << 32,
+        unposted_cap_bytes: int = 256 << 20,
+    ) -> None:
+        options = options or TransportOptions()
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.timeout_s = timeout_s
+        self.max_frame_bytes, self.unposted_cap_bytes = max_frame_bytes, unposted_cap_bytes
+        #: frames dropped, by reason; connections that failed authentication
+        self.dropped: Counter[str] = Counter()
+        self.rejected = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._dead: dict[int, str] = {}  # peer -> why its connection failed
+        self._posted: dict[tuple[int, TransferKey], tuple[torch.Tensor, _Transfer]] = {}
+        self._early: dict[tuple[int, TransferKey], torch.Tensor] = {}
+        self._early_bytes = 0
+        self._last_step: dict[tuple[int, int, int], int] = {}  # (peer, task, phase) -> newest step taken
+        self._incoming: dict[int, socket.socket] = {}  # the first authenticated connection from each peer
+        self._sockets: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
+        self._queues: dict[int, queue.SimpleQueue[tuple[bytes, torch.Tensor, _Transfer] | None]] = {}
+
+        host = options.bind or default_bind_address()
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        self._listener.bind(sockaddr)
+        self._listener.listen(max(8, 2 * self.world))
+        self._listener.settimeout(_POLL_S)
+        sockname = self._listener.getsockname()
+        #: where this rank listens (host, port)
+        self.address = (str(sockname[0]), int(sockname[1]))
+        advertised = default_bind_address() if host in ("0.0.0.0", "::") else self.address[0]
+        offer = secrets.token_bytes(32) if options.key is None and self.rank == 0 else None
+        infos: list[tuple[str, int, bytes | None] | None] = [None] * self.world
+        dist.all_gather_object(infos, (advertised, self.address[1], offer), group=group)
+        key = options.key if options.key is not None else (infos[0][2] if infos[0] else None)
+        if not key:
+            raise RuntimeCommError(f"rank {self.rank}: no key to authenticate the link with")
+        self._key = bytes(key)
+        self._thread(self._accept_loop, "accept")
+        try:
+            for peer in range(self.world):
+                if peer != self.rank:
+                    info = infos[peer]
+                    assert info is not None
+                    self._dial(peer, info[0], info[1])
+            self._await_incoming(time.monotonic() + timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    # ---- the Link protocol ----
+
+    def send(self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0) -> _Transfer:
+        """Queue ``data`` for ``peer``; the transfer completes once its bytes are handed to the socket."""
+        t = _Transfer(f"rank {self.rank}: send of {key} to rank {peer}", self.timeout_s)
+        self._check(peer, data, t.describe)
+        header = HEADER.pack(MAGIC, data.numel() * data.element_size(), *key, CODES[data.dtype], data.numel())
+        with self._cond:
+            if self._closed or peer in self._dead:
+                t.finish(RuntimeCommError(f"{t.describe}: {self._dead.get(peer, 'the link is closed')}"))
+                return t
+        self._queues[peer].put((header, data.view(-1), t))
+        return t
+
+    def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> _Transfer:
+        """Receive ``peer``'s ``key`` into ``out`` (every element: TCP loses nothing)."""
+        t = _Transfer(f"rank {self.rank}: receive of {key} from rank {peer}", self.timeout_s)
+        self._check(peer, out, t.describe)
+        out = out.view(-1)
+        with self._cond:
+            if self._closed or peer in self._dead:
+                t.finish(RuntimeCommError(f"{t.describe}: {self._dead.get(peer, 'the link is closed')}"))
+                return t
+            where = (peer, key)
+            if where in self._posted:
+                raise ValueError(f"{t.describe}: already posted")
+            early = self._early.pop(where, None)
+            if early is not None:
+                self._early_bytes -= early.numel() * early.element_size()
+                self._cond.notify_all()
+                if early.dtype == out.dtype and early.numel() == out.numel():
+                    out.copy_(early)
+                    t.finish()
+                    return t
+                self.dropped["size mismatch"] += 1
+            self._posted[where] = (out, t)
+        return t
+
+    def close(self) -> None:
+        """Send what is queued, then close every socket and fail what is pending (bounded by ``timeout_s``)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify_all()
+        deadline = time.monotonic() + self.timeout_s
+        for q in self._queues.values():
+            q.put(None)
+        for thread in self._threads:
+            if thread.name.startswith("commsched-tcp-send"):
+                thread.join(max(0.0, deadline - time.monotonic()))
+        for s in [self._listener, *self._sockets]:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, min(1.0, deadline - time.monotonic())))
+        with self._cond:
+            pending, self._posted = self._posted, {}
+        for _, t in pending.values():
+            t.finish(RuntimeCommError(f"{t.describe}: the link was closed"))
+
+    def _check(self, peer: int, t: torch.Tensor, describe: str) -> None:
+        if not (0 <= peer < self.world and peer != self.rank):
+            raise ValueError(f"{describe}: no such peer (world {self.world})")
+        if t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in CODES:
+            raise ValueError(f"{describe}: needs a contiguous CPU tensor of {', '.join(map(str, CODES))}")
+
+    # ---- connections ----
+
+    def _thread(self, target: Callable[..., None], name: str, *args: object) -> None:
+        t = threading.Thread(target=target, args=args, name=f"commsched-tcp-{name}-r{self.rank}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def _dial(self, peer: int, host: str, port: int) -> None:
+        """Connect to ``peer`` and authenticate both ways; then start the sender thread."""
+        where = f"rank {self.rank}: connecting to rank {peer} at {host}:{port}"
+        try:
+            sock = socket.create_connection((host, port), timeout=self.timeout_s)  # also bounds each send
+            self._sockets.append(sock)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            wire.dial(sock, self._key, self.rank, peer, where)
+        except OSError as exc:
+            raise RuntimeCommError(f"{where}: {exc}") from exc
+        self._queues[peer] = queue.SimpleQueue()
+        self._thread(self._send_loop, f"send{peer}", peer, sock)
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self._sockets.append(sock)
+            self._thread(self._serve, "recv", sock)
+
+    def _handshake(self, sock: socket.socket) -> int | None:
+        """The listener's side: the authenticated peer's rank, or None (closed and counted)."""
+        sock.settimeout(self.timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = wire.accept(sock, self._key, self.rank, self.world)
+        if peer is not None:
+            sock.settimeout(None)  # reads wait for data; a transfer's wait bounds how long anyone waits
+            return peer
+        with self._cond:
+            self.rejected += 1
+        sock.close()
+        return None
+
+    def _await_incoming(self, deadline: float) -> None:
+        with self._cond:
+            while len(self._incoming) < self.world - 1:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._closed:
+                    missing = sorted(set(range(self.world)) - set(self._incoming) - {self.rank})
+                    raise RuntimeCommError(
+                        f"rank {self.rank}: ranks {missing} did not connect and authenticate within "
+                        f"{self.timeout_s:g} s ({self.rejected} connection(s) rejected)"
+                    )
+                self._cond.wait(min(left, _POLL_S))
+
+    def _fail_peer(self, peer: int, why: str) -> None:
+        with self._cond:
+            self._dead.setdefault(peer, why)
+            failed = [(k, v) for k, v in self._posted.items() if k[0] == peer]
+            for k, _ in failed:
+                del self._posted[k]
+            self._cond.notify_all()
+        for _, (_, t) in failed:
+            t.finish(RuntimeCommError(f"{t.describe}: {why}"))
+
+    # ---- sending ----
+
+    def _send_loop(self, peer: int, sock: socket.socket) -> None:
+        q = self._queues[peer]
+        while (item := q.get()) is not None:
+            header, data, t = item
+            try:
+                sock.sendall(header)
+                payload = bytes_of(data)
+                for start in range(0, len(payload), _CHUNK_BYTES):
+                    sock.sendall(payload[start : start + _CHUNK_BYTES])  # the timeout bounds each chunk
+            except OSError as exc:
+                why = f"the connection to rank {peer} failed ({exc})"
+                t.finish(RuntimeCommError(f"{t.describe}: {why}"))
+                self._fail_peer(peer, why)
+                while (rest := q.get()) is not None:
+                    rest[2].finish(RuntimeCommError(f"{rest[2].describe}: {why}"))
+                return
+            t.finish()
+
+    # ---- receiving ----
+
+    def _serve(self, sock: socket.socket) -> None:
+        peer = self._handshake(sock)
+        if peer is None:
+            return
+        with self._cond:
+            primary = peer not in self._incoming
+            if primary:
+                self._incoming[peer] = sock
+            self._cond.notify_all()
+        try:
+            while self._read_frame(peer, sock):
+                pass
+            why = f"rank {peer} sent a malformed frame; its connection was closed"
+        except (OSError, ConnectionError) as exc:
+            why = f"the connection from rank {peer} was lost ({exc})"
+        sock.close()
+        if primary:
+            self._fail_peer(peer, why)
+
+    def _read_frame(self, peer: int, sock: socket.socket) -> bool:
+        """Read one frame and deliver, buffer or drop it; False when the connection must be closed."""
+        magic, nbytes, step, task, phase, code, numel = HEADER.unpack(recv_exact(sock, HEADER.size))
+        if magic != MAGIC or nbytes > self.max_frame_bytes:
+            with self._cond:
+                self.dropped["bad magic" if magic != MAGIC else "oversize"] += 1
+            return False
+        dtype = DTYPES.get(code)
+        reason = None
+        if dtype is None:
+            reason = "unknown dtype"
+        elif numel * dtype.itemsize != nbytes:
+            reason = "bad length"
+        elif step < 0 or task < 0 or phase not in (0, 1):
+            reason = "bad key"
+        if reason is not None or dtype is None:
+            return self._skip(sock, nbytes, reason or "unknown dtype")
+        key = TransferKey(step, task, phase)
+        where, stream = (peer, key), (peer, task, phase)
+        with self._cond:
+            reason = "stale or duplicate" if step <= self._last_step.get(stream, -1) else None
+            full = self._early_bytes + nbytes > self.unposted_cap_bytes
+            while reason is None and where not in self._posted and full:
+                if self._closed:
+                    return False
+                self._cond.wait(_POLL_S)  # back-pressure: wait for a receive to be posted or a buffer taken
+                full = self._early_bytes + nbytes > self.unposted_cap_bytes
+            posted = self._posted.get(where) if reason is None else None
+            if posted is not None and (posted[0].dtype != dtype or posted[0].numel() != numel):
+                reason, posted = "size mismatch", None
+            if reason is None:
+                self._last_step[stream] = step
+                if posted is not None:
+                    del self._posted[where]
+                else:
+                    self._early_bytes += nbytes
+        if reason is not None:
+            return self._skip(sock, nbytes, reason)
+        out = posted[0] if posted is not None else torch.empty(numel, dtype=dtype)
+        try:
+            recv_into(sock, bytes_of(out))
+        except BaseException as exc:
+            if posted is not None:
+                posted[1].finish(RuntimeCommError(f"{posted[1].describe}: the connection broke mid-frame ({exc})"))
+            else:
+                with self._cond:
+                    self._early_bytes -= nbytes
+                    self._cond.notify_all()
+            raise
+        if posted is not None:
+            posted[1].finish()
+            return True
+        with self._cond:
+            late = self._posted.pop(where, None)
+            if late is None:
+                self._early[where] = out
+                return True
+            self._early_bytes -= nbytes
+            self._cond.notify_all()
+        if late[0].dtype == dtype and late[0].numel() == numel:
+            late[0].copy_(out)
+            late[1].finish()
+        else:
+            with self._cond:
+                self.dropped["size mismatch"] += 1
+                self._posted[where] = late
+        return True
+
+    def _skip(self, sock: socket.socket, nbytes: int, reason: str) -> bool:
+        with self._cond:
+            self.dropped[reason] += 1
+        left = nbytes
+        scratch = memoryview(bytearray(min(nbytes, _CHUNK_BYTES) or 1))
+        while left > 0:
+            n = min(left, len(scratch))
+            recv_into(sock, scratch[:n])
+            left -= n
+        return True
+
+
+class PsTransport:
+    """The ``"ps"`` transport: :class:`~commsched.transport.exchange.PsExchange` over a :class:`TcpLink`.
+
+    Opening is collective over ``group`` (every rank, same order). Lossless:
+    TCP delivers every byte, so the push and pull bounds are 0.
+    """
+
+    __slots__ = ("exchange", "link")
+
+    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions) -> None:
+        self.link = TcpLink(group, timeout_s, options)
+        self.exchange = PsExchange(self.link, timeout_s)
+
+    def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
+        return self.exchange.start(task, buffer)
+
+    def close(self) -> None:
+        try:
+            self.exchange.close()
+        finally:
+            self.link.close()

@@ -1,0 +1,65 @@
+"""Communication's CPU work charged to compute (``SimOptions.cpu_per_task_ms`` / ``cpu_ms_per_mb``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from commsched.errors import ScheduleError
+from commsched.sim import SimOptions, simulate
+
+from sim_builders import make_cluster, make_workload
+
+# Three layers of 1 MiB each (fp32): backward 10 ms per layer, forward 5 ms.
+WORKLOAD = make_workload([5.0, 5.0, 5.0], [10.0, 10.0, 10.0], [2**18, 2**18, 2**18])
+# 1 MiB all-reduced by 2 ranks at 1 Gbit/s: 8.4 ms, longer than any CPU charge below (the
+# probe's all-reduce times include their own CPU work).
+LINK = make_cluster(2, gbps=1.0)
+
+
+def _iteration_ms(policy: str, **options: float) -> float:
+    return simulate(WORKLOAD, LINK, policy, 6, 2, options=SimOptions(**options), trace=False).iteration_ms
+
+
+def test_no_charge_reproduces_the_free_overlap_model() -> None:
+    assert _iteration_ms("wfbp") == _iteration_ms("wfbp", cpu_per_task_ms=0.0, cpu_ms_per_mb=0.0)
+
+
+def test_tasks_started_during_backward_delay_compute_by_their_cpu_work() -> None:
+    # wfbp starts one all-reduce per layer as its gradient is ready: the first two start
+    # while backward still runs, the last one as it ends (its CPU work falls into the
+    # wait for it), so the iteration grows by two charges of 1 ms + 2 ms/MiB · 1 MiB = 3 ms.
+    free = _iteration_ms("wfbp")
+    charged = _iteration_ms("wfbp", cpu_per_task_ms=1.0, cpu_ms_per_mb=2.0)
+    assert charged - free == pytest.approx(6.0, abs=0.05)
+
+
+def test_a_task_started_while_the_worker_waits_costs_nothing() -> None:
+    # no_overlap starts everything after backward, while the worker waits: no compute to slow.
+    assert _iteration_ms("no_overlap", cpu_per_task_ms=3.0) == pytest.approx(_iteration_ms("no_overlap"), abs=1e-9)
+
+
+def test_more_tasks_cost_more_cpu() -> None:
+    few = _iteration_ms("horovod", cpu_per_task_ms=2.0) - _iteration_ms("horovod")
+    many = _iteration_ms("wfbp", cpu_per_task_ms=2.0) - _iteration_ms("wfbp")
+    assert many >= few
+
+
+@pytest.mark.parametrize("field", ["cpu_per_task_ms", "cpu_ms_per_mb"])
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), True, "1"])
+def test_bad_cpu_options_are_refused_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(ScheduleError, match=field):
+        SimOptions(**{field: value})  # type: ignore[arg-type]
+
+
+def test_fit_cpu_recovers_a_line_and_is_none_without_cpu_times() -> None:
+    from commsched.profile.network import ProbeSample, fit_cpu
+
+    def sample(nbytes: int, cpu: bool) -> ProbeSample:
+        c = 2e-4 + 1e-9 * nbytes
+        return ProbeSample("all_reduce", nbytes, 2, (1e-3, 1e-3, 1e-3), (c, c * 1.01, c * 0.99) if cpu else ())
+
+    fit = fit_cpu([sample(n, True) for n in (2**14, 2**18, 2**22, 2**24)])
+    assert fit is not None
+    assert fit.per_op_s == pytest.approx(2e-4, rel=0.02)
+    assert fit.per_byte_s == pytest.approx(1e-9, rel=0.02)
+    assert fit_cpu([sample(n, False) for n in (2**14, 2**18)]) is None
