@@ -37,7 +37,8 @@ def _rank(rank: int, port: int, report: Any) -> None:
             "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=20)
         )
         peer = 1 - rank
-        # no bind given: the address the group uses (127.0.0.1 here); the key is drawn by rank 0
+        # no bind given: the address that routes to MASTER_ADDR (as torchrun sets it); the key is drawn by rank 0
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
         with open_dlcp_link(None, 10.0) as link:
             result["bind"] = link._engine._peers[rank].control[0]
             sent = torch.arange(50_000, dtype=torch.float32) + 1000 * rank

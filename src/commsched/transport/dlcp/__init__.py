@@ -18,7 +18,7 @@ urgent layers) go first, ECN-capable, at a higher DSCP class.
   and :func:`open_dlcp_link` over a gloo group.
 """
 
-from commsched.transport.dlcp.link import DlcpLink, DlcpTransfer, group_address, open_dlcp_link
+from commsched.transport.dlcp.link import DlcpLink, DlcpTransfer, open_dlcp_link
 from commsched.transport.dlcp.protocol import ReceiverState, SenderState, classify, tos_byte
 from commsched.transport.dlcp.rate import RateControl, RateParams
 from commsched.transport.dlcp.slots import LinkStats, TransferRecord
@@ -40,7 +40,6 @@ __all__ = [
     "SenderState",
     "TransferRecord",
     "classify",
-    "group_address",
     "open_dlcp_link",
     "tos_byte",
 ]

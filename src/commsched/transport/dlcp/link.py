@@ -67,9 +67,10 @@ from commsched.transport.dlcp.engine import Engine
 from commsched.transport.dlcp.protocol import classify
 from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
-from commsched.transport.dlcp.sockets import Endpoints, LinkSockets, local_address_toward
+from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
 from commsched.transport.dlcp.wire import DTYPE_CODES, packet_numel
 from commsched.transport.links import COMPLETE, Received, TransferKey
+from commsched.transport.wire import default_bind_address
 
 log = logging.getLogger("commsched")
 ACK_EVERY_BYTES = 48 * 1024
@@ -223,21 +224,6 @@ def _chunk_norms(data: torch.Tensor, stride: int) -> np.ndarray:
     return torch.linalg.vector_norm(flat.view(-1, stride), dim=1).numpy()
 
 
-def group_address(group: dist.ProcessGroup | None) -> str:
-    """The local address this rank uses toward ``group``'s store (rank 0's side), as the kernel routes it."""
-    try:
-        pg: Any = group if group is not None else dist.group.WORLD
-        store: Any = dist.distributed_c10d._get_process_group_store(pg)
-        while hasattr(store, "underlying_store"):
-            store = store.underlying_store
-        return local_address_toward(str(store.host))
-    except (AttributeError, RuntimeError, OSError, ValueError) as exc:
-        raise UnsupportedError(
-            f"dlcp: cannot tell which local address the process group uses ({exc}); "
-            "give one with TransportOptions(bind=...)"
-        ) from exc
-
-
 def _fingerprint(key: bytes | None) -> bytes | None:
     return None if key is None else hashlib.blake2b(key, digest_size=8, person=b"commsched.fp").digest()
 
@@ -247,7 +233,8 @@ def open_dlcp_link(
 ) -> DlcpLink:
     """Open a :class:`DlcpLink` on every rank of ``group`` (collective: every rank calls it).
 
-    Binds to ``options.bind`` (default: :func:`group_address`) and each of
+    Binds to ``options.bind`` (default: the address that routes to
+    ``MASTER_ADDR``, as the TCP link's :func:`~commsched.transport.wire.default_bind_address`) and each of
     ``options.paths``, then exchanges endpoints with ``dist.all_gather_object``
     over ``group`` (gloo). The key is ``options.key`` (every rank must give
     the same one: RuntimeCommError otherwise) or, if None everywhere, 32
@@ -258,7 +245,7 @@ def open_dlcp_link(
     """
     opts = options if options is not None else TransportOptions()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    sockets = LinkSockets(opts.bind if opts.bind is not None else group_address(group), opts.paths)
+    sockets = LinkSockets(opts.bind if opts.bind is not None else default_bind_address(), opts.paths)
     try:
         drawn = secrets.token_bytes(32) if opts.key is None and rank == 0 else None
         mine = (sockets.endpoints, drawn, _fingerprint(opts.key))

@@ -166,11 +166,3 @@ class FrameReader:
             frames.append(bytes(self._buf[_LEN.size : _LEN.size + length]))
             del self._buf[: _LEN.size + length]
         return frames
-
-
-def local_address_toward(host: str) -> str:
-    """The local address the kernel routes toward ``host`` (a UDP connect sends nothing)."""
-    family = _family(host)
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        probe.connect((host, 9))
-        return str(probe.getsockname()[0])

@@ -70,15 +70,15 @@ class Kind(IntEnum):
 #: dtype code -> (name as in ``torch.<name>``, bytes per element). Code 0: no data (ACK).
 DTYPES: dict[int, tuple[str, int]] = {
     1: ("float32", 4),
-    2: ("float16", 2),
-    3: ("bfloat16", 2),
-    4: ("float64", 8),
-    5: ("int8", 1),
-    6: ("uint8", 1),
+    2: ("float64", 8),
+    3: ("float16", 2),
+    4: ("bfloat16", 2),
+    5: ("int64", 8),
+    6: ("int32", 4),
     7: ("int16", 2),
-    8: ("int32", 4),
-    9: ("int64", 8),
-}
+    8: ("int8", 1),
+    9: ("uint8", 1),
+}  # the codes of the TCP link's frames (commsched.transport.wire), so a capture reads the same
 DTYPE_CODES: dict[str, int] = {name: code for code, (name, _) in DTYPES.items()}
 
 # the decoder's hot path compares plain ints
