@@ -14,9 +14,11 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import torch
 from test_dlcp_link import KEY, data, pair
 
+from commsched.errors import RuntimeCommError
 from commsched.transport.dlcp.wire import DTYPE_CODES, HEADER, MAC_BYTES, MAGIC, VERSION, Codec, Kind, job_id
 from commsched.transport.links import TransferKey
 
@@ -71,8 +73,8 @@ def garbage(rng: random.Random, n: int) -> list[tuple[str, bytes]]:
             out.append(("rank", signed(rank=1, payload=bytes(16))))  # the receiver's own rank
         elif kind == 8:
             out.append(("dtype", signed(dtype=77, payload=bytes(16))))
-        else:  # a well-formed datagram for the live transfer, with the wrong size: a mismatch
-            out.append(("mismatch", signed(step=7, task=0, phase=0, total=999_999, payload=bytes(16))))
+        else:  # a well-formed datagram for a posted receive, with the wrong size: a mismatch
+            out.append(("mismatch", signed(step=7, task=99, phase=0, total=999_999, payload=bytes(16))))
     return out
 
 
@@ -85,6 +87,7 @@ def test_forged_and_malformed_datagrams_are_counted_and_never_written() -> None:
         sents = [data(150_000 + i, seed=i) for i in range(4)]
         outs = [torch.full_like(s, float("nan")) for s in sents]
         recvs = [b.recv(0, TransferKey(7, i, 0), out) for i, out in enumerate(outs)]
+        target_of_mismatches = b.recv(0, TransferKey(7, 99, 0), torch.full((1000,), float("nan")))
 
         def flood() -> None:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
@@ -113,6 +116,9 @@ def test_forged_and_malformed_datagrams_are_counted_and_never_written() -> None:
             got = stats.mismatch if reason == "mismatch" else stats.rejected.get(reason, 0)
             assert count - drops <= got <= count, (reason, got, count, drops)
         assert set(stats.rejected) <= set(expected)
+        with pytest.raises(RuntimeCommError, match="cancelled"):
+            target_of_mismatches.wait(0.01)
+        assert stats.records[-1].lost_numel == 1000
     finally:
         a.close()
         b.close()

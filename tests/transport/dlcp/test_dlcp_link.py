@@ -54,6 +54,16 @@ def data(numel: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch
     return torch.randint(-(2**30), 2**30, (numel,), generator=g).to(dtype)
 
 
+def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout_s`` passes (False): the I/O threads run on their own."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 def check_written(out: torch.Tensor, sent: torch.Tensor, got: Received) -> None:
     """Elements outside ``missing`` equal the sender's; inside, untouched (NaN)."""
     mask = torch.ones(out.numel(), dtype=torch.bool)
@@ -93,13 +103,13 @@ def test_many_keys_both_ways_in_any_order_and_a_receive_posted_late(links: list[
             out = torch.full_like(sent, float("nan"))
             sends.append(links[src].send(dst, K(3, task, src), sent, priority=task % 3))
             recvs.append((links[dst], src, K(3, task, src), out, sent))
-    time.sleep(0.05)  # the data lands before the receives are posted: it waits in the early buffer
+    # the data lands before the receives are posted: it waits in the early buffer
+    assert eventually(lambda: links[0].stats.early_buffered + links[1].stats.early_buffered > 0)
     waits = [(link.recv(src, key, out), out, sent) for link, src, key, out, sent in reversed(recvs)]
     for transfer, out, sent in waits:
         assert transfer.wait(10.0).lost == 0 and torch.equal(out, sent)
     for send in sends:
         send.wait(10.0)
-    assert links[0].stats.early_buffered + links[1].stats.early_buffered > 0
 
 
 def test_an_incast_of_three_senders_to_one_receiver_arrives_intact() -> None:
@@ -180,8 +190,7 @@ def test_a_wait_that_runs_out_cancels_and_nothing_is_written_after(links: list[D
     with pytest.raises(RuntimeCommError, match="cancelled"):
         recv.wait(0.1)
     assert links[1].stats.records[-1].ended == "cancelled"
-    links[0].send(1, K(0, 0, 0), data(5000))  # stopped at once: the receiver already ended
-    time.sleep(0.1)
+    links[0].send(1, K(0, 0, 0), data(5000)).wait(5.0)  # the receiver already ended: its STOP ends the send
     assert torch.isnan(out).all()
 
 
@@ -203,8 +212,8 @@ def test_early_data_beyond_the_buffer_is_dropped_then_recovered_by_probes() -> N
     try:
         sent = data(100_000)
         send = a.send(1, K(0, 0, 0), sent)
-        time.sleep(0.1)
-        assert b.stats.early_dropped > 0 and b._engine._early_bytes <= 50_000
+        assert eventually(lambda: b.stats.early_dropped > 0)
+        assert b._engine._early_bytes <= 50_000
         out = torch.full_like(sent, float("nan"))
         assert b.recv(0, K(0, 0, 0), out).wait(10.0).lost == 0 and torch.equal(out, sent)
         send.wait(10.0)
@@ -217,8 +226,8 @@ def test_stale_steps_are_dropped(links: list[DlcpLink]) -> None:
     out = torch.empty(10)
     recv = links[1].recv(0, K(10, 0, 0), out)
     old = links[0].send(1, K(1, 0, 0), data(1000))  # 9 steps behind the newest receive
-    time.sleep(0.1)
-    assert links[1].stats.stale > 0 and links[1].stats.early_buffered == 0
+    assert eventually(lambda: links[1].stats.stale > 0)
+    assert links[1].stats.early_buffered == 0
     links[0].send(1, K(10, 0, 0), data(10))
     assert recv.wait(5.0).lost == 0
     with pytest.raises(RuntimeCommError):
