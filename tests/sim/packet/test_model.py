@@ -11,17 +11,6 @@ from commsched.sim.packet import PacketConfig, PacketNetwork, RedParams, packet_
 from packet_builders import cluster
 
 
-@pytest.mark.parametrize("policy", ["ddp", "dear"])
-def test_flow_and_packet_level_iteration_times_agree_within_5_percent_without_loss(policy: str) -> None:
-    """resnet18 on 4 hosts at 10 Gbit/s, 10 µs: measured 0.77 % (ddp) and 1.24 % (dear)."""
-    workload = zoo.load("resnet18")
-    c = cluster(4, gbps=10.0, latency_us=10.0)
-    flow = simulate(workload, c, policy, iterations=3, warmup=1, trace=False)
-    packet = simulate(workload, c, policy, iterations=3, warmup=1, options={"network": "packet"}, trace=False)
-    assert packet.iteration_ms == pytest.approx(flow.iteration_ms, rel=0.05)
-    assert packet.iteration_ms >= flow.iteration_ms  # headers, slow start and store and forward only add time
-
-
 def test_a_ps_all_reduce_runs_as_pushes_and_pulls_through_the_servers() -> None:
     workload = zoo.load("resnet18")
     c = cluster(4, gbps=10.0, latency_us=10.0, servers=2)

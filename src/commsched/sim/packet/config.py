@@ -170,7 +170,12 @@ class PacketConfig:
     adds RED/ECN to every band; ``pfabric`` makes each port a pFabric queue
     (dequeue the most urgent packet, drop the least urgent when full).
     Host NIC queues, and the ports inside a node, are unbounded (the
-    sender's window bounds them) and have the bands but no RED.
+    sender's window bounds them) and have the bands but no RED; with
+    ``acks_first`` they send pure ACKs before any queued data, as a Linux
+    host's ``fq``/``fq_codel`` serves a sparse ACK flow ahead of bulk flows
+    (one FIFO instead, as ns-3's ``FifoQueueDisc``, lets a host's ACKs wait
+    behind milliseconds of its own data and fire its peers' retransmission
+    timers: docs/simulator.md).
     ``load_balancing``: ``ecmp`` hashes each connection onto one of the equal
     paths, ``spray`` picks a path per packet. ``transport``: a name in
     :data:`~commsched.sim.packet.transport.TRANSPORTS`. ``seed`` drives
@@ -191,6 +196,7 @@ class PacketConfig:
     load_balancing: LoadBalancing = option("ecmp", "ecmp (a path per connection) or spray (a path per packet)")  # noqa: RUF009 (an immutable default)
     transport: str = option("tcp", "tcp (NewReno), dctcp, pfabric, or a registered transport")
     tcp: TcpParams = field(default_factory=TcpParams, metadata={"doc": "transport parameters (tcp.*)"})
+    acks_first: bool = option(True, "host-side ports send pure ACKs before queued data (false: one FIFO)")
     seed: int = option(0, "drives ECMP hashing, spraying and RED's coin")
     record_queues: bool = option(False, "keep queue-depth samples for the Chrome counters")
 
