@@ -226,7 +226,8 @@ class PacketNetwork:
     # ---- outputs ----
 
     def flow_stats(self) -> list[dict[str, Any]]:
-        """Per connection: drops and ECN marks of its packets, retransmissions and timeouts of its sender."""
+        """Per connection: drops and ECN marks of its packets; retransmissions, timeouts and fast recoveries
+        of its sender."""
         out = []
         for conn in self.connections.values():
             sender = conn.sender
@@ -237,6 +238,7 @@ class PacketNetwork:
                     "marks": conn.marks,
                     "retransmits": getattr(sender, "retransmits", 0),
                     "timeouts": getattr(sender, "timeouts", 0),
+                    "recoveries": getattr(sender, "recoveries", 0),
                 }
             )
         return out
