@@ -111,6 +111,7 @@ def ours(scn: Scenario, transport: str, seed: int = 1) -> list[float]:
         transport=transport,
         tcp=TCP,
         seed=seed,
+        acks_first=False,  # ns-3's hosts: one FifoQueueDisc, ACKs behind data
     )
     fabric = build(cluster, config).fabric
     return [r.fct_s for r in run_flows(fabric, list(scn.flows), config)]

@@ -12,11 +12,14 @@ from rich.table import Table
 
 from commsched.cli.inputs import (
     KNOB_HELP,
+    PACKET_HELP,
     SIM_HELP,
     KnobAssignment,
     OutputFile,
+    PacketAssignment,
     knobs_by_policy,
     load_workload,
+    packet_settings,
     parse_sim_options,
 )
 from commsched.cli.progress import progress
@@ -25,6 +28,9 @@ from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import POLICIES
 from commsched.sim import SimResult, simulate
 from commsched.sim.ideal import ideal
+from commsched.sim.packet import PacketConfig
+from commsched.sim.packet.options import changed_settings
+from commsched.sim.packet.run import simulate_packet
 from commsched.sim.plot import plot_bars
 from commsched.sim.simulator import SimOptions
 
@@ -58,6 +64,7 @@ def _policies(given: tuple[str, ...]) -> list[str]:
 )
 @click.option("--knob", "-k", "knob_values", multiple=True, type=KnobAssignment(), help=KNOB_HELP)
 @click.option("--sim", "sim_pairs", multiple=True, metavar="KEY=VALUE", help=SIM_HELP + "; for every policy")
+@click.option("--packet", "packet_values", multiple=True, type=PacketAssignment(), help=PACKET_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON instead of a table.")
 @click.option("--plot", "plot_path", type=OutputFile(), help="Write a bar chart PNG of iteration times here.")
 @click.option(
@@ -80,6 +87,7 @@ def command(
     warmup: int,
     knob_values: tuple[tuple[str, str, Any], ...],
     sim_pairs: tuple[str, ...],
+    packet_values: tuple[tuple[str, Any], ...],
     as_json: bool,
     plot_path: Path | None,
     measured: str | None,
@@ -94,15 +102,19 @@ def command(
     Example:
       commsched compare -m resnet50 -c 64xV100-10GbE --plot bars.png
       commsched compare -m bert_large -c 64xV100-100GbIB -p ddp,dear -k dear.threshold_mb=50
+      commsched compare -m resnet18 -c 8xV100-10GbE -p ddp,dear --sim network=packet --packet transport=dctcp
     """
+    sim_options = parse_sim_options(sim_pairs)
+    packet = packet_settings(packet_values, sim_options)
     workload = load_workload(model)
     spec = load_cluster(cluster)
     names = _policies(policies)
-    sim_options = parse_sim_options(sim_pairs)
     given = knobs_by_policy(knob_values, names)
     knobs = {p: given.get(p, {}) for p in names}
     if measured is not None:
-        _compare_measured(workload, spec, names, knobs, sim_options, iterations, warmup, measured, skip_measured)
+        _compare_measured(
+            workload, spec, names, knobs, sim_options, packet, iterations, warmup, measured, skip_measured
+        )
         return
     results: dict[str, SimResult | str] = {}
     with progress(Console(stderr=True)) as bar:
@@ -110,8 +122,8 @@ def command(
         for policy in names:
             bar.update(task, description=f"compare: {policy}")
             try:
-                results[policy] = simulate(
-                    workload, spec, policy, iterations, warmup, options=sim_options, trace=False, **knobs[policy]
+                results[policy] = _simulate(
+                    workload, spec, policy, iterations, warmup, sim_options, packet, False, knobs[policy]
                 )
             except CommschedError as exc:
                 results[policy] = str(exc)
@@ -124,6 +136,7 @@ def command(
         plot_bars(rows, plot_path, f"{workload.model} on {spec.name}", ideal_ms=bound.iteration_ms)
     if as_json:
         data = {
+            "packet": changed_settings(packet) if packet is not None else None,
             "model": workload.model,
             "cluster": spec.name,
             "results": {p: (r.to_dict() if isinstance(r, SimResult) else {"error": r}) for p, r in results.items()},
@@ -167,8 +180,10 @@ def command(
     console.print(
         f"compute {bound.compute_ms:.1f} ms/iteration (slowest worker), "
         f"all-reduce transfer {bound.transfer_ms:.1f} ms; "
-        f"simulator: algorithm={opts.algorithm}, max_concurrent={opts.max_concurrent}; "
-        f"median of {iterations} iterations after {warmup} warm-up"
+        f"simulator: algorithm={opts.algorithm}, max_concurrent={opts.max_concurrent}, network={opts.network}"
+        + (f" ({_settings(packet)})" if packet is not None else "")
+        + f"; median of {iterations} iterations after {warmup} warm-up",
+        soft_wrap=True,
     )
     for policy, r in results.items():
         if isinstance(r, str):
@@ -179,12 +194,35 @@ def command(
         console.print(f"bar chart written to {plot_path}")
 
 
+def _settings(packet: PacketConfig) -> str:
+    return ", ".join(f"{k}={v}" for k, v in changed_settings(packet).items()) or "default packet settings"
+
+
+def _simulate(
+    workload: Any,
+    spec: Any,
+    policy: str,
+    iterations: int,
+    warmup: int,
+    options: SimOptions | dict[str, Any],
+    packet: PacketConfig | None,
+    trace: bool,
+    knobs: dict[str, Any],
+) -> SimResult:
+    """One policy's prediction, on the packet network ``packet`` describes when given."""
+    if packet is None:
+        return simulate(workload, spec, policy, iterations, warmup, options=options, trace=trace, **knobs)
+    run = simulate_packet(workload, spec, policy, packet, iterations, warmup, options=options, trace=trace, **knobs)
+    return run.result
+
+
 def _compare_measured(
     workload: Any,
     spec: Any,
     names: list[str],
     knobs: dict[str, dict[str, Any]],
     sim_options: dict[str, Any],
+    packet: PacketConfig | None,
     iterations: int,
     warmup: int,
     measured_path: str,
@@ -200,7 +238,7 @@ def _compare_measured(
         raise click.UsageError("--measured compares one policy: give exactly one with --policies")
     policy = names[0]
     options = sim_options or gloo_options(workload, spec, policy, **knobs[policy])
-    result = simulate(workload, spec, policy, iterations, warmup, options=options, trace=True, **knobs[policy])
+    result = _simulate(workload, spec, policy, iterations, warmup, options, packet, True, knobs[policy])
     assert result.trace is not None
     measured = Trace.load(measured_path)
     rows = compare_traces(result.trace, measured, skip_predicted=warmup, skip_measured=skip_measured)

@@ -11,6 +11,8 @@ import click
 
 from commsched.errors import CommschedError, ScheduleError, SpecError
 from commsched.schedule import knob_class, make_knobs
+from commsched.sim.packet import PacketConfig
+from commsched.sim.packet.options import packet_config, parse_assignment
 from commsched.sim.simulator import SimOptions
 from commsched.workload import Workload
 
@@ -66,6 +68,11 @@ SIM_HELP = (
     "KEY=VALUE, repeatable: a simulator option: algorithm=ring|tree|hierarchical|ps, "
     "max_concurrent=N (default 1), update_ms=X (default 0), network=flow|packet (packet level: docs/simulator.md)"
 )
+PACKET_HELP = (
+    "KEY=VALUE, repeatable, with --sim network=packet: a packet-network setting, e.g. transport=dctcp, "
+    "topology=leaf_spine, load_balancing=spray, red.min_bytes=60000, tcp.min_rto_s=0.0002, priority_classes=4; "
+    "`commsched knobs --packet` lists every key with its default and unit"
+)
 
 
 def parse_knob(text: str) -> tuple[str, str, Any]:
@@ -113,6 +120,38 @@ def parse_sim_options(pairs: Iterable[str]) -> dict[str, Any]:
     options = parse_pairs(pairs)
     SimOptions.from_mapping(options)
     return options
+
+
+class PacketAssignment(click.ParamType):
+    """A ``--packet KEY=VALUE`` option, its key and value checked when the command line is parsed."""
+
+    name = "KEY=VALUE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_assignment(str(value))
+        except ScheduleError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def packet_settings(assignments: Iterable[tuple[str, Any]], sim_options: dict[str, Any]) -> PacketConfig | None:
+    """The ``PacketConfig`` that ``--packet`` pairs describe (None when none were given), checked as a whole.
+
+    ``--packet`` without ``--sim network=packet`` is a usage error: the
+    settings would be silently ignored by the flow-level model.
+    """
+    given = list(assignments)
+    if not given:
+        return None
+    if sim_options.get("network") != "packet":
+        keys = ", ".join(key for key, _ in given)
+        raise click.UsageError(f"--packet ({keys}) needs --sim network=packet")
+    try:
+        return packet_config(given)
+    except ScheduleError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--packet'") from None
 
 
 class OutputFile(click.Path):

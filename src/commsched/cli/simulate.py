@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -12,17 +13,22 @@ from rich.table import Table
 
 from commsched.cli.inputs import (
     KNOB_HELP,
+    PACKET_HELP,
     SIM_HELP,
     KnobAssignment,
     OutputFile,
+    PacketAssignment,
     knobs_by_policy,
     load_workload,
+    packet_settings,
     parse_sim_options,
 )
 from commsched.cli.progress import progress
 from commsched.cluster import load_cluster
 from commsched.schedule import POLICIES
 from commsched.sim import SimResult, simulate
+from commsched.sim.packet.options import changed_settings
+from commsched.sim.packet.run import PacketRun, simulate_packet
 from commsched.sim.plot import plot_timeline
 
 
@@ -33,7 +39,7 @@ def format_bytes(nbytes: float) -> str:
     return f"{nbytes:.0f} B"
 
 
-def result_table(result: SimResult, title: str) -> Table:
+def result_table(result: SimResult, title: str, packet: PacketRun | None = None) -> Table:
     table = Table(title=title, show_header=False)
     table.add_column("metric", style="bold")
     table.add_column("value", justify="right")
@@ -52,12 +58,24 @@ def result_table(result: SimResult, title: str) -> Table:
     table.add_row("knobs", knobs)
     opts = result.options
     table.add_row(
-        "simulator", f"algorithm={opts.algorithm}, max_concurrent={opts.max_concurrent}, update_ms={opts.update_ms:g}"
+        "simulator",
+        f"algorithm={opts.algorithm}, max_concurrent={opts.max_concurrent}, update_ms={opts.update_ms:g}, "
+        f"network={opts.network}",
     )
+    if packet is not None:
+        table.add_row("packet network", packet_summary(packet))
     classes = ", ".join(f"{len(c.ranks)} x speed {c.speed:g}" for c in result.classes)
     table.add_row("workers", f"{result.num_workers} ({classes})")
     table.add_row("events", f"{result.events:,} in {result.wall_s:.3f} s")
     return table
+
+
+def packet_summary(run: PacketRun) -> str:
+    """The packet settings that differ from the defaults, and what the connections saw."""
+    changed = ", ".join(f"{k}={_fmt(v)}" for k, v in changed_settings(run.network.config).items()) or "defaults"
+    stats = run.network.flow_stats()
+    totals = {key: sum(int(row[key]) for row in stats) for key in ("drops", "marks", "retransmits", "timeouts")}
+    return f"{changed}; " + ", ".join(f"{v:,} {k}" for k, v in totals.items())
 
 
 def _fmt(value: Any) -> str:
@@ -74,6 +92,7 @@ def _fmt(value: Any) -> str:
 )
 @click.option("--knob", "-k", "knob_values", multiple=True, type=KnobAssignment(), help=KNOB_HELP)
 @click.option("--sim", "sim_pairs", multiple=True, metavar="KEY=VALUE", help=SIM_HELP)
+@click.option("--packet", "packet_values", multiple=True, type=PacketAssignment(), help=PACKET_HELP)
 @click.option("--trace", "trace_path", type=OutputFile(), help="Write the Chrome/Perfetto trace JSON here.")
 @click.option(
     "--save-plan",
@@ -94,6 +113,7 @@ def command(
     warmup: int,
     knob_values: tuple[tuple[str, str, Any], ...],
     sim_pairs: tuple[str, ...],
+    packet_values: tuple[tuple[str, Any], ...],
     trace_path: Path | None,
     plan_path: Path | None,
     plot_path: Path | None,
@@ -110,12 +130,17 @@ def command(
       commsched simulate -m bert_large -c 64xV100-100GbIB -p bytescheduler --tune
       commsched simulate -m vgg16 -c 8xV100-10GbE -p ddp -k ddp.bucket_cap_mb=50 --sim max_concurrent=2
       commsched simulate -m cnn.json -c 2workers.yaml -p dear --save-plan plan.json
+      commsched simulate -m resnet18 -c 8xV100-10GbE -p dear --sim network=packet --packet transport=dctcp
     """
     knobs = knobs_by_policy(knob_values, [policy]).get(policy, {})
     sim_options = parse_sim_options(sim_pairs)
+    packet = packet_settings(packet_values, sim_options)
+    if packet is not None and do_tune:
+        raise click.UsageError("--tune searches with the default packet settings: drop --packet or --tune")
     workload = load_workload(model)
     spec = load_cluster(cluster)
     tuned = None
+    run: PacketRun | None = None
     if do_tune:
         from commsched.plan.tune import tune
 
@@ -134,9 +159,14 @@ def command(
                 **knobs,
             )
         result = tuned.best
+    elif packet is not None:
+        run = simulate_packet(workload, spec, policy, packet, iterations, warmup, options=sim_options, **knobs)
+        result = run.result
     else:
         result = simulate(workload, spec, policy, iterations, warmup, options=sim_options, **knobs)
-    if trace_path and result.trace is not None:
+    if trace_path and run is not None:
+        run.save_chrome(trace_path)  # with queue-depth counters and per-connection statistics
+    elif trace_path and result.trace is not None:
         result.trace.save_chrome(trace_path)
     if plan_path and result.plan is not None:
         result.plan.save(plan_path)
@@ -146,6 +176,8 @@ def command(
         data: dict[str, Any] = {"result": result.to_dict()}
         if tuned is not None:
             data["tune"] = tuned.to_dict()
+        if run is not None:
+            data["packet"] = {"settings": asdict(run.network.config), "connections": run.network.flow_stats()}
         click.echo(json.dumps(data, indent=1, default=str))
         return
     console = Console()
@@ -156,7 +188,7 @@ def command(
             f"{tuned.best.iteration_ms:.2f} ms vs {tuned.default.iteration_ms:.2f} ms with the defaults "
             f"([bold]{tuned.gain:.2f}x[/bold])"
         )
-    console.print(result_table(result, f"{policy} · {workload.model} · {spec.name}"))
+    console.print(result_table(result, f"{policy} · {workload.model} · {spec.name}", run))
     for path, what in ((trace_path, "trace"), (plot_path, "timeline")):
         if path:
             console.print(f"{what} written to {path}")

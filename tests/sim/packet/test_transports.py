@@ -1,8 +1,10 @@
 from __future__ import annotations
 
-from commsched.sim.packet import TRANSPORTS, PacketConfig, RedParams, TcpParams
+import pytest
+
+from commsched.sim.packet import TRANSPORTS, Packet, PacketConfig, RedParams, TcpParams
 from commsched.sim.packet.scenario import Flow, run_flows
-from commsched.sim.packet.transport import register_transport
+from commsched.sim.packet.transport import TcpSender, register_transport
 
 from packet_builders import fabric
 
@@ -44,3 +46,32 @@ def test_a_transport_is_added_by_registering_a_factory() -> None:
         assert result.fct_s > 0
     finally:
         del TRANSPORTS["tcp-copy"]
+
+
+def _ack(ack: int, now_s: float, ts_echo: float) -> Packet:
+    return Packet(0, 0, 52, now_s, is_ack=True, ack=ack, ts_echo=ts_echo)
+
+
+def test_only_acks_that_advance_una_give_rtt_samples() -> None:
+    # RFC 7323's RTTM rule: a duplicate ACK echoing an old timestamp says nothing about the path's RTT
+    sender = TcpSender(TcpParams(segment_bytes=1000, initial_window_segments=4))
+    out: list[Packet] = []
+    sender.push(4000, 0.0, out)
+    sender.on_ack(_ack(1, 100e-6, 0.0), 100e-6, out)
+    assert sender.srtt == pytest.approx(100e-6)
+    sender.on_ack(_ack(1, 900e-6, 0.0), 900e-6, out)  # a duplicate, 900 µs after the echoed segment left
+    assert sender.srtt == pytest.approx(100e-6) and sender.dupacks == 1
+
+
+def test_a_second_timeout_of_the_same_segment_keeps_ssthresh() -> None:
+    # RFC 5681: ssthresh is held constant when the timer resends a segment it already resent
+    sender = TcpSender(TcpParams(segment_bytes=1000, initial_window_segments=10, min_rto_s=1e-3))
+    out: list[Packet] = []
+    sender.push(10_000, 0.0, out)
+    sender.on_timer(sender.timer_s, out)
+    assert (sender.ssthresh, sender.cwnd, sender.timeouts) == (5.0, 1.0, 1)
+    sender.on_timer(sender.timer_s, out)  # no ACK came back: backed off, ssthresh unchanged
+    assert (sender.ssthresh, sender.timeouts) == (5.0, 2)
+    sender.on_ack(_ack(1, 5e-3, 4e-3), 5e-3, out)
+    sender.on_timer(sender.timer_s, out)  # una advanced since: a new loss event sets ssthresh again
+    assert sender.ssthresh == 2.0 and sender.timeouts == 3

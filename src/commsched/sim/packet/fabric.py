@@ -92,6 +92,9 @@ class Packet:
 class Port:
     """One output port: its queue (bands, RED/ECN, drop-tail or pFabric) and the link behind it.
 
+    ``acks``: None, or the queue of pure ACKs a host-side port sends before
+    any queued data (``PacketConfig.acks_first``).
+
     Counters: ``tx_bytes`` sent, ``drops``/``marks`` packets, ``busy`` merged
     transmission periods (for utilisation); ``samples`` ``(time_s, queued
     bytes)`` when the fabric records queues.
@@ -99,6 +102,7 @@ class Port:
 
     __slots__ = (
         "_red_avg",
+        "acks",
         "bands",
         "buffer_bytes",
         "busy",
@@ -127,6 +131,7 @@ class Port:
         classes: int,
         red: RedParams | None,
         pfabric: bool,
+        acks_first: bool = False,
     ) -> None:
         self.fabric = fabric
         self.name = name
@@ -134,6 +139,7 @@ class Port:
         self.prop_s = prop_s
         self.buffer_bytes = buffer_bytes
         self.bands: list[deque[Packet]] = [deque() for _ in range(classes)]
+        self.acks: deque[Packet] | None = deque() if acks_first else None
         self.red = red
         self.pfabric = pfabric
         self._red_avg = 0.0
@@ -155,6 +161,15 @@ class Port:
             self._transmit(pkt, now)  # an idle port: no queue, no AQM
             return
         size = pkt.size_bytes
+        if pkt.is_ack and self.acks is not None:  # ahead of the data (a host's fq serves the sparse ACK flow first)
+            self.acks.append(pkt)
+            self.queued_bytes += size
+            if self.samples is not None:
+                self.samples.append((now, self.queued_bytes))
+            if not self.pending:
+                self.pending = True
+                fabric.schedule(self.busy_until if self.busy_until > now else now, self._tx_done, None)
+            return
         red = self.red
         if red is not None and self._red_hit(red, pkt):
             if pkt.ect and not (red.hard_drop and self.queued_bytes >= red.max_bytes):
@@ -212,6 +227,8 @@ class Port:
         return True
 
     def _dequeue(self) -> Packet | None:
+        if self.acks:
+            return self.acks.popleft()
         for band in self.bands:
             if band:
                 if not self.pfabric:
@@ -299,10 +316,13 @@ class Fabric:
         return host
 
     def add_port(self, name: str, gbps: float, latency_s: float, *, host: bool = False) -> Port:
-        """An output port; a host's NIC queue is unbounded and has one band, a switch port the configured queue."""
+        """An output port. ``host``: a host-side port (a NIC, a port inside a node): unbounded, the priority
+        bands, no RED or pFabric, pure ACKs first if ``acks_first``; else a switch port with the configured queue."""
         cfg = self.config
         if host:
-            port = Port(self, name, gbps * 1e9 / 8, latency_s, float("inf"), cfg.priority_classes, None, False)
+            port = Port(
+                self, name, gbps * 1e9 / 8, latency_s, float("inf"), cfg.priority_classes, None, False, cfg.acks_first
+            )
         else:
             port = Port(
                 self, name, gbps * 1e9 / 8, latency_s, cfg.buffer_bytes, cfg.priority_classes, cfg.red, cfg.pfabric

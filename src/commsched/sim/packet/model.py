@@ -69,6 +69,7 @@ class PacketNetwork:
         self._algorithm = context.comm.algorithm
         self.max_concurrent = context.max_concurrent
         built = build(context.cluster, self.config)
+        self._built = built
         self.fabric = built.fabric
         self.workers = built.workers
         self.servers = built.servers
@@ -84,7 +85,8 @@ class PacketNetwork:
 
     @property
     def links(self) -> Mapping[str, Port]:
-        """Every output port by name (``w0>up``: rank 0's NIC; ``w1<down``: the switch port facing rank 1)."""
+        """Every output port by name (``w0>up``: rank 0's NIC; ``w1<down``: the switch port facing rank 1;
+        on a multi-device node ``gpu1>up`` its NIC, ``w4>intra``/``w4<intra`` rank 4's intra-node link)."""
         return self.fabric.ports
 
     # ---- the simulator's side ----
@@ -143,13 +145,13 @@ class PacketNetwork:
         return conn
 
     def _message(self, src: int, dst: int, cls: int, nbytes: int, done: Callable[[], None]) -> None:
-        """After ``src``'s per-message overhead, send ``nbytes`` to ``dst``; ``done()`` on arrival."""
+        """Send ``nbytes`` to ``dst`` after the overhead of the link leaving ``src``'s node; ``done()`` on arrival."""
         fabric = self.fabric
         if src == dst:  # a colocated server talking to its own host
             fabric.schedule(fabric.now, lambda _: done(), None)
             return
         conn = self.connection(src, dst, cls)
-        overhead = fabric.hosts[src].overhead_s
+        overhead = self._built.message_overhead_s(src, dst)
         if overhead > 0:
             fabric.schedule(fabric.now + overhead, lambda _: conn.message(nbytes, done), None)
         else:
@@ -225,7 +227,8 @@ class PacketNetwork:
     # ---- outputs ----
 
     def flow_stats(self) -> list[dict[str, Any]]:
-        """Per connection: drops and ECN marks of its packets, retransmissions and timeouts of its sender."""
+        """Per connection: drops and ECN marks of its packets; retransmissions, timeouts and fast recoveries
+        of its sender."""
         out = []
         for conn in self.connections.values():
             sender = conn.sender
@@ -236,6 +239,7 @@ class PacketNetwork:
                     "marks": conn.marks,
                     "retransmits": getattr(sender, "retransmits", 0),
                     "timeouts": getattr(sender, "timeouts", 0),
+                    "recoveries": getattr(sender, "recoveries", 0),
                 }
             )
         return out

@@ -34,6 +34,8 @@ class FlowResult:
     drops: int
     marks: int
     retransmits: int
+    timeouts: int = 0
+    recoveries: int = 0
 
 
 def run_flows(fabric: Fabric, flows: list[Flow], config: PacketConfig) -> list[FlowResult]:
@@ -58,5 +60,7 @@ def run_flows(fabric: Fabric, flows: list[Flow], config: PacketConfig) -> list[F
     for flow, conn, end in zip(flows, conns, end_s, strict=True):
         if end < 0:
             raise RuntimeError(f"packet: flow {flow} never completed")
-        out.append(FlowResult(flow, end - flow.start_s, conn.drops, conn.marks, getattr(conn.sender, "retransmits", 0)))
+        sender = conn.sender
+        counts = [getattr(sender, name, 0) for name in ("retransmits", "timeouts", "recoveries")]
+        out.append(FlowResult(flow, end - flow.start_s, conn.drops, conn.marks, *counts))
     return out

@@ -70,7 +70,10 @@ class TcpSender:
 
     Windows count segments. Slow start adds one segment per ACK of new data,
     congestion avoidance ``1/cwnd`` (as ns-3's NewReno without ABC). RTT
-    samples come from the timestamp each ACK echoes. Subclasses change
+    samples come from the timestamp echoed by each ACK that advances ``una``
+    (RFC 7323's RTTM rule; duplicate ACKs give none). On a timeout
+    ``ssthresh = max(flight/2, 2)``, held constant on further timeouts until
+    ``una`` advances (RFC 5681). Subclasses change
     :meth:`_on_new_ack` (window growth) and mark packets (``ect``, ``prio``).
     """
 
@@ -93,6 +96,7 @@ class TcpSender:
         self.recover = -1
         self.in_recovery = False
         self._first_partial = False
+        self._timer_retransmitted = False  # the head was resent by the timer since una last advanced
         self.srtt = -1.0
         self.rttvar = 0.0
         self.rto = params.initial_rto_s
@@ -101,6 +105,7 @@ class TcpSender:
         self.syn_sent = False
         self.retransmits = 0
         self.timeouts = 0
+        self.recoveries = 0
 
     # ---- the stream ----
 
@@ -160,11 +165,12 @@ class TcpSender:
                 self.timer_s = INF
                 self._send(now_s, out)
             return
-        self._rtt_sample(now_s - pkt.ts_echo)
         ack = pkt.ack
         if ack > self.una:
+            self._rtt_sample(now_s - pkt.ts_echo)  # RFC 7323's RTTM rule: only ACKs that advance una
             newly = ack - self.una
             self.una = ack
+            self._timer_retransmitted = False
             if self.nxt < ack:
                 self.nxt = ack
             self.dupacks = 0
@@ -201,6 +207,7 @@ class TcpSender:
         self.cwnd = self.ssthresh + self.p.dupack_threshold
         out.append(self._segment(self.una, now_s))
         self.retransmits += 1
+        self.recoveries += 1
 
     def _on_new_ack(self, newly: int) -> None:
         if self.cwnd < self.ssthresh:
@@ -223,7 +230,9 @@ class TcpSender:
             self.timer_s = INF
             return
         self.timeouts += 1
-        self.ssthresh = max((self.nxt - self.una) / 2, 2.0)
+        if not self._timer_retransmitted:  # RFC 5681: held constant when the timer resends the head again
+            self.ssthresh = max((self.nxt - self.una) / 2, 2.0)
+            self._timer_retransmitted = True
         self.cwnd = 1.0
         self.recover = self.high - 1
         self.in_recovery = False
@@ -374,6 +383,7 @@ class PfabricSender(TcpSender):
     def _enter_recovery(self, now_s: float, out: list[Packet]) -> None:
         out.append(self._segment(self.una, now_s))
         self.retransmits += 1
+        self.recoveries += 1
 
     def on_timer(self, now_s: float, out: list[Packet]) -> None:
         super().on_timer(now_s, out)

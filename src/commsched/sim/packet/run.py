@@ -1,0 +1,88 @@
+"""One training simulation on the packet-level network with a given :class:`PacketConfig`.
+
+``simulate(..., options={"network": "packet"})`` runs the default
+``PacketConfig``; :func:`simulate_packet` runs any, and returns the network
+too, for its per-connection statistics and queue-depth counters. Kept out of
+the package's ``__init__`` because it imports the simulator, which imports
+the package.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from commsched.cluster import Cluster
+from commsched.errors import ScheduleError
+from commsched.schedule import scheduler_for
+from commsched.sim.costs import CommModel
+from commsched.sim.packet.config import PacketConfig
+from commsched.sim.packet.model import PacketNetwork, packet_factory
+from commsched.sim.simulator import SimOptions, SimResult, Simulation, plan_for
+from commsched.workload import Workload
+
+
+@dataclass(frozen=True)
+class PacketRun:
+    """What :func:`simulate_packet` returns: the simulator's result and the packet network it ran on."""
+
+    result: SimResult
+    network: PacketNetwork
+
+    def save_chrome(self, path: str | Path) -> None:
+        """The Trace as Chrome JSON, plus queue-depth counters (``record_queues=true``) and connection stats."""
+        assert self.result.trace is not None, "simulated with trace=False"
+        self.network.save_chrome(self.result.trace, path)
+
+
+def simulate_packet(
+    workload: Workload,
+    cluster: Cluster,
+    policy: str,
+    config: PacketConfig,
+    iterations: int = 20,
+    warmup: int = 3,
+    *,
+    options: SimOptions | Mapping[str, Any] | None = None,
+    trace: bool = True,
+    **knobs: Any,
+) -> PacketRun:
+    """``simulate(workload, cluster, policy, ...)`` on the packet network ``config`` describes.
+
+    Same plan, scheduler and measurements as :func:`commsched.sim.simulate`;
+    ``options.network`` must be ``packet`` (the default here). Raises
+    ScheduleError where ``simulate`` does, and for a config the cluster
+    cannot take (the ``ps`` algorithm without servers).
+    """
+    sim_options = SimOptions.from_mapping({"network": "packet", **_as_dict(options)})
+    if sim_options.network != "packet":
+        raise ScheduleError(f"sim: a packet config needs network=packet, got network={sim_options.network!r}")
+    plan = plan_for(workload, cluster, policy, sim_options, **knobs)
+    comm = CommModel.from_cluster(cluster, sim_options.algorithm)
+    start = time.perf_counter()
+    sim = Simulation(
+        plan.workload,
+        cluster,
+        scheduler_for(plan),
+        iterations,
+        warmup,
+        sim_options,
+        comm,
+        record_trace=trace,
+        network=packet_factory(config),
+    )
+    sim.run()
+    result = sim.result(plan.knobs.to_dict(), time.perf_counter() - start)
+    assert isinstance(sim.network, PacketNetwork)
+    return PacketRun(result, sim.network)
+
+
+def _as_dict(options: SimOptions | Mapping[str, Any] | None) -> dict[str, Any]:
+    if options is None:
+        return {}
+    if isinstance(options, SimOptions):
+        return asdict(options)
+    return dict(options)
