@@ -20,7 +20,9 @@ from commsched.runtime.api import parallelize
 
 import _models as M
 
-LOSSLESS = ("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap", "ps")
+# Policies that must give DDP's parameters: the lossless ones, and dlcp with a zero loss bound (the bound is
+# an allowance, not an error source).
+LOSSLESS = ("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap", "ps", "dlcp")
 # Small thresholds so the tiny test model is split into several buckets / groups / partitions.
 SMALL_KNOBS: dict[str, dict[str, Any]] = {
     "ddp": {"bucket_cap_mb": 0.002, "first_bucket_mb": 0.0005},
@@ -30,6 +32,7 @@ SMALL_KNOBS: dict[str, dict[str, Any]] = {
     "dear": {"threshold_mb": 0.0015},
     "no_overlap": {"bucket_cap_mb": 0.002},
     "ps": {"partition_mb": 0.0004, "credit_mb": 0.001},
+    "dlcp": {"partition_mb": 0.0004, "credit_mb": 0.001, "loss_bound": 0.0},
     "wfbp": {},
     "mgwfbp": {"alpha_ms": 0.0, "bandwidth_gbps": 1000.0},
 }

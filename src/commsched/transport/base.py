@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from commsched.errors import UnsupportedError
 from commsched.schedule.base import COLLECTIVE, PS_TRANSPORT, CommTask
+from commsched.schedule.dlcp import DLCP_PS_TRANSPORT, DLCP_TRANSPORT
 from commsched.transport.collectives import Collectives, Handle
 
 
@@ -90,10 +91,26 @@ def _parameter_server(group: dist.ProcessGroup | None, timeout_s: float, options
     return PsTransport(group, timeout_s, options)
 
 
+def _dlcp(group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions) -> Transport:
+    """DLCP datagrams, a shard on every rank (:class:`commsched.transport.bounded.DlcpTransport`)."""
+    from commsched.transport.bounded import DlcpTransport
+
+    return DlcpTransport(group, timeout_s, options)
+
+
+def _dlcp_one_server(group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions) -> Transport:
+    """DLCP datagrams, rank 0 the one server."""
+    from commsched.transport.bounded import DlcpTransport
+
+    return DlcpTransport(group, timeout_s, options, servers=(0,))
+
+
 #: Transport factories by name: ``factory(group, timeout_s, options) -> Transport``.
 TRANSPORTS: dict[str, Callable[[dist.ProcessGroup | None, float, TransportOptions], Transport]] = {
     COLLECTIVE: CollectiveTransport,
     PS_TRANSPORT: _parameter_server,
+    DLCP_TRANSPORT: _dlcp,
+    DLCP_PS_TRANSPORT: _dlcp_one_server,
 }
 
 
