@@ -27,8 +27,16 @@ finishes first is chaotic, so this one is large where flows contend).
 Leaf-spine scenarios pool the flows of five seeds on each side (spraying is
 random, and differently so in each simulator); one switch is deterministic.
 
-    python scripts/ns3_validate.py            # the full table (about a minute)
-    python scripts/ns3_validate.py --quick    # one small scenario
+``--events`` adds, per row, what happened on each side (switch drops, fast
+recoveries, retransmission timeouts) and the most data an ns-3 sender had
+outstanding beyond its congestion window outside recovery.
+``--linux-reno-sack`` runs ns-3 with its duplicate-ACK bookkeeping reset the
+way Linux does it (``scripts/ns3_validate.cc`` says what and why; see
+docs/simulator.md for what it explains).
+
+    python scripts/ns3_validate.py                       # the full table (about 20 s)
+    python scripts/ns3_validate.py --quick               # one small scenario
+    python scripts/ns3_validate.py --rows all-to-all --events --linux-reno-sack
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import argparse
 import statistics
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from commsched.cluster import Cluster
 from commsched.sim.packet import PacketConfig, RedParams, TcpParams, build
@@ -90,15 +99,27 @@ def scenarios(quick: bool = False) -> list[Scenario]:
 # ---- ours ----
 
 
-def ours(scn: Scenario, transport: str, seed: int = 1) -> list[float]:
+@dataclass(frozen=True)
+class Run:
+    """One scenario on one side: completion time of each flow (s), and what happened on the way.
+
+    ``overshoot_segments``: the most data any sender had outstanding beyond
+    its congestion window outside recovery, in segments (ns-3 only; our
+    senders never exceed the window).
+    """
+
+    fcts: list[float]
+    drops: int
+    recoveries: int
+    timeouts: int
+    overshoot_segments: float = 0.0
+
+
+def ours_run(scn: Scenario, transport: str, seed: int = 1) -> Run:
     nic = {"bandwidth_gbps": GBPS, "latency_us": 2 * LINK_DELAY_US}
     nodes = [{"name": f"n{i}", "devices": [{"name": "gpu", "memory_gib": 16}], "nic": nic} for i in range(scn.hosts)]
     cluster = Cluster.from_dict({"name": "ns3-validate", "nodes": nodes})
-    red = (
-        RedParams(min_bytes=K_PACKETS * PACKET_BYTES, max_bytes=K_PACKETS * PACKET_BYTES)
-        if transport == "dctcp"
-        else None
-    )
+    k_bytes = K_PACKETS * PACKET_BYTES
     config = PacketConfig(
         topology="leaf_spine" if scn.per_leaf else "single_switch",
         hosts_per_leaf=scn.per_leaf or 4,
@@ -106,145 +127,27 @@ def ours(scn: Scenario, transport: str, seed: int = 1) -> list[float]:
         fabric_gbps=GBPS,
         fabric_latency_us=LINK_DELAY_US,
         buffer_bytes=BUFFER_PACKETS * PACKET_BYTES,
-        red=red,
+        red=RedParams(min_bytes=k_bytes, max_bytes=k_bytes) if transport == "dctcp" else None,
         load_balancing="spray",
         transport=transport,
         tcp=TCP,
         seed=seed,
         acks_first=False,  # ns-3's hosts: one FifoQueueDisc, ACKs behind data
     )
-    fabric = build(cluster, config).fabric
-    return [r.fct_s for r in run_flows(fabric, list(scn.flows), config)]
+    results = run_flows(build(cluster, config).fabric, list(scn.flows), config)
+    return Run(
+        [r.fct_s for r in results],
+        sum(r.drops for r in results),
+        sum(r.recoveries for r in results),
+        sum(r.timeouts for r in results),
+    )
+
+
+def ours(scn: Scenario, transport: str, seed: int = 1) -> list[float]:
+    return ours_run(scn, transport, seed).fcts
 
 
 # ---- ns-3 ----
-
-_CPP = r"""
-#include "ns3/core-module.h"
-#include "ns3/network-module.h"
-#include "ns3/internet-module.h"
-#include "ns3/point-to-point-module.h"
-#include "ns3/applications-module.h"
-#include "ns3/traffic-control-module.h"
-#include <vector>
-#include <string>
-
-namespace commsched_ns3 {
-using namespace ns3;
-
-static std::vector<uint64_t> g_received;
-static std::vector<uint64_t> g_target;
-static std::vector<double> g_done;
-
-static void OnRx(uint32_t i, Ptr<const Packet> p, const Address&) {
-    g_received[i] += p->GetSize();
-    if (g_done[i] < 0 && g_received[i] >= g_target[i]) g_done[i] = Simulator::Now().GetSeconds();
-}
-
-std::vector<double> run(int nHosts, int perLeaf, double gbps, double delayUs, bool dctcp, int mss, int iw,
-                        double minRto, double initRtt, double clockG, int bufPkts, int kPkts,
-                        std::vector<int> src, std::vector<int> dst, std::vector<double> bytes,
-                        std::vector<double> start, int seed) {
-    RngSeedManager::SetSeed(seed);
-    RngSeedManager::ResetNextStreamIndex();  // the same streams whatever ran before in this process
-    Config::SetDefault("ns3::TcpL4Protocol::SocketType", StringValue(dctcp ? "ns3::TcpDctcp" : "ns3::TcpNewReno"));
-    Config::SetDefault("ns3::TcpL4Protocol::RecoveryType", TypeIdValue(TcpClassicRecovery::GetTypeId()));
-    Config::SetDefault("ns3::TcpSocket::SegmentSize", UintegerValue(mss));
-    Config::SetDefault("ns3::TcpSocket::InitialCwnd", UintegerValue(iw));
-    Config::SetDefault("ns3::TcpSocket::DelAckCount", UintegerValue(1));
-    Config::SetDefault("ns3::TcpSocket::SndBufSize", UintegerValue(1 << 30));
-    Config::SetDefault("ns3::TcpSocket::RcvBufSize", UintegerValue(1 << 30));
-    Config::SetDefault("ns3::TcpSocketBase::MinRto", TimeValue(Seconds(minRto)));
-    Config::SetDefault("ns3::TcpSocketBase::ClockGranularity", TimeValue(Seconds(clockG)));
-    Config::SetDefault("ns3::RttEstimator::InitialEstimation", TimeValue(Seconds(initRtt)));
-    Config::SetDefault("ns3::TcpSocketBase::Sack", BooleanValue(false));
-    Config::SetDefault("ns3::TcpSocketBase::LimitedTransmit", BooleanValue(true));
-    Config::SetDefault("ns3::TcpSocketBase::Timestamp", BooleanValue(true));
-    Config::SetDefault("ns3::Ipv4GlobalRouting::RandomEcmpRouting", BooleanValue(true));
-    Config::SetDefault("ns3::RedQueueDisc::UseEcn", BooleanValue(true));
-    Config::SetDefault("ns3::RedQueueDisc::UseHardDrop", BooleanValue(false));
-    Config::SetDefault("ns3::RedQueueDisc::Gentle", BooleanValue(false));
-    Config::SetDefault("ns3::RedQueueDisc::QW", DoubleValue(1.0));
-    Config::SetDefault("ns3::RedQueueDisc::LInterm", DoubleValue(1.0));
-    Config::SetDefault("ns3::RedQueueDisc::MeanPktSize", UintegerValue(mss + 54));
-
-    NodeContainer hosts; hosts.Create(nHosts);
-    int leaves = perLeaf > 0 ? (nHosts + perLeaf - 1) / perLeaf : 1;
-    NodeContainer switches; switches.Create(leaves);
-    NodeContainer spines; if (perLeaf > 0) spines.Create(2);
-    InternetStackHelper stack; stack.Install(hosts); stack.Install(switches); stack.Install(spines);
-
-    PointToPointHelper p2p;
-    p2p.SetDeviceAttribute("DataRate", DataRateValue(DataRate(gbps * 1e9)));
-    p2p.SetChannelAttribute("Delay", TimeValue(NanoSeconds(delayUs * 1000)));
-    p2p.SetQueue("ns3::DropTailQueue", "MaxSize", StringValue("1p"));
-
-    TrafficControlHelper hostTc;
-    hostTc.SetRootQueueDisc("ns3::FifoQueueDisc", "MaxSize", StringValue("1000000p"));
-    TrafficControlHelper switchTc;
-    int pkt = mss + 54;
-    std::string buf = std::to_string((bufPkts - 1) * pkt) + "B";
-    if (dctcp) {
-        double k = (kPkts - 1) * pkt;
-        switchTc.SetRootQueueDisc("ns3::RedQueueDisc", "MaxSize", StringValue(buf),
-                                  "MinTh", DoubleValue(k), "MaxTh", DoubleValue(k + 1e-6));
-    } else {
-        switchTc.SetRootQueueDisc("ns3::FifoQueueDisc", "MaxSize", StringValue(buf));
-    }
-
-    Ipv4AddressHelper addr;
-    std::vector<Ipv4Address> hostAddr(nHosts);
-    int net = 0;
-    auto nextBase = [&]() {
-        std::string base = "10." + std::to_string(net / 256) + "." + std::to_string(net % 256) + ".0";
-        net++;
-        addr.SetBase(base.c_str(), "255.255.255.0");
-    };
-    for (int h = 0; h < nHosts; ++h) {
-        int leaf = perLeaf > 0 ? h / perLeaf : 0;
-        NetDeviceContainer d = p2p.Install(hosts.Get(h), switches.Get(leaf));
-        hostTc.Install(d.Get(0));
-        switchTc.Install(d.Get(1));
-        nextBase();
-        Ipv4InterfaceContainer ifc = addr.Assign(d);
-        hostAddr[h] = ifc.GetAddress(0);
-    }
-    if (perLeaf > 0) {
-        for (int l = 0; l < leaves; ++l) {
-            for (int s = 0; s < 2; ++s) {
-                NetDeviceContainer d = p2p.Install(switches.Get(l), spines.Get(s));
-                switchTc.Install(d);
-                nextBase();
-                addr.Assign(d);
-            }
-        }
-    }
-    Ipv4GlobalRoutingHelper::PopulateRoutingTables();
-
-    size_t n = src.size();
-    g_received.assign(n, 0); g_target.assign(n, 0); g_done.assign(n, -1.0);
-    for (size_t i = 0; i < n; ++i) {
-        uint16_t port = 10000 + i;
-        g_target[i] = (uint64_t)bytes[i];
-        PacketSinkHelper sink("ns3::TcpSocketFactory", InetSocketAddress(Ipv4Address::GetAny(), port));
-        ApplicationContainer sa = sink.Install(hosts.Get(dst[i]));
-        sa.Start(Seconds(0.0));
-        sa.Get(0)->TraceConnectWithoutContext("Rx", MakeBoundCallback(&OnRx, (uint32_t)i));
-        BulkSendHelper bulk("ns3::TcpSocketFactory", InetSocketAddress(hostAddr[dst[i]], port));
-        bulk.SetAttribute("MaxBytes", UintegerValue((uint64_t)bytes[i]));
-        bulk.SetAttribute("SendSize", UintegerValue(65536));
-        ApplicationContainer ba = bulk.Install(hosts.Get(src[i]));
-        ba.Start(Seconds(start[i]));
-    }
-    Simulator::Stop(Seconds(10.0));
-    Simulator::Run();
-    Simulator::Destroy();
-    std::vector<double> out(n);
-    for (size_t i = 0; i < n; ++i) out[i] = g_done[i] < 0 ? -1.0 : g_done[i] - start[i];
-    return out;
-}
-}  // namespace commsched_ns3
-"""
 
 _compiled = False
 
@@ -258,13 +161,13 @@ def ns3_available() -> str | None:
     return None
 
 
-def ns3(scn: Scenario, transport: str, seed: int = 1) -> list[float]:
+def ns3_run(scn: Scenario, transport: str, seed: int = 1, linux_reno_sack: bool = False) -> Run:
     global _compiled
     from ns import ns
 
     cppyy = ns.cppyy
     if not _compiled:
-        cppyy.cppdef(_CPP)
+        cppyy.cppdef((Path(__file__).parent / "ns3_validate.cc").read_text())
         _compiled = True
     std = cppyy.gbl.std
     vi = lambda xs: std.vector[int](list(xs))  # noqa: E731
@@ -288,8 +191,14 @@ def ns3(scn: Scenario, transport: str, seed: int = 1) -> list[float]:
         vd(f.nbytes for f in fl),
         vd(f.start_s for f in fl),
         seed,
+        linux_reno_sack,
     )
-    return list(out)
+    drops, recoveries, timeouts, overshoot = cppyy.gbl.commsched_ns3.counts()
+    return Run(list(out), int(drops), int(recoveries), int(timeouts), max(0.0, float(overshoot)))
+
+
+def ns3(scn: Scenario, transport: str, seed: int = 1, linux_reno_sack: bool = False) -> list[float]:
+    return ns3_run(scn, transport, seed, linux_reno_sack).fcts
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -297,15 +206,20 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def compare(quick: bool = False) -> list[dict[str, object]]:
-    """One row per (scenario, transport): median and p99 FCT on both sides, their errors, per-flow errors."""
+def compare(quick: bool = False, only: tuple[str, ...] = (), linux_reno_sack: bool = False) -> list[dict[str, object]]:
+    """One row per (scenario, transport): median and p99 FCT on both sides, their errors, per-flow errors,
+    and the event counts of both sides; ``only``: scenarios whose name contains one of these."""
     rows = []
     for scn in scenarios(quick):
+        if only and not any(part in scn.name for part in only):
+            continue
         for transport in ("tcp", "dctcp"):
             # spraying is random: pool the flows of several seeds; one switch is deterministic on both sides
             seeds = SEEDS if scn.per_leaf else SEEDS[:1]
-            ref = [fct for seed in seeds for fct in ns3(scn, transport, seed)]
-            got = [fct for seed in seeds for fct in ours(scn, transport, seed)]
+            theirs = [ns3_run(scn, transport, seed, linux_reno_sack) for seed in seeds]
+            mine = [ours_run(scn, transport, seed) for seed in seeds]
+            ref = [fct for run in theirs for fct in run.fcts]
+            got = [fct for run in mine for fct in run.fcts]
             if any(r <= 0 for r in ref):
                 raise RuntimeError(f"ns-3: a flow of {scn.name} / {transport} did not complete: {ref}")
             per_flow = [abs(g - r) / r for g, r in zip(got, ref, strict=True)]
@@ -323,6 +237,12 @@ def compare(quick: bool = False) -> list[dict[str, object]]:
                     "ours_p99_ms": got_p99 * 1e3,
                     "p99_error": abs(got_p99 - ref_p99) / ref_p99,
                     "per_flow_median_error": statistics.median(per_flow),
+                    **{
+                        f"{side}_{what}": sum(getattr(run, what) for run in runs)
+                        for side, runs in (("ns3", theirs), ("ours", mine))
+                        for what in ("drops", "recoveries", "timeouts")
+                    },
+                    "ns3_overshoot_segments": max(run.overshoot_segments for run in theirs),
                 }
             )
     return rows
@@ -339,12 +259,19 @@ def _pc(x: object) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="one small scenario only")
+    parser.add_argument("--rows", action="append", default=[], help="only scenarios whose name contains this")
+    parser.add_argument("--events", action="store_true", help="also print drops, recoveries, timeouts per side")
+    parser.add_argument(
+        "--linux-reno-sack", action="store_true", help="ns-3 with its duplicate-ACK counts reset as Linux does"
+    )
     args = parser.parse_args()
     why = ns3_available()
     if why:
         print(why, file=sys.stderr)
         return 2
-    rows = compare(args.quick)
+    rows = compare(args.quick, tuple(args.rows), args.linux_reno_sack)
+    if args.linux_reno_sack:
+        print("ns-3 with its reno-SACK counts reset as Linux does (--linux-reno-sack)\n")
     print(
         "| scenario | TCP | flows | median FCT ns-3 / ours (ms) | median error "
         "| p99 FCT ns-3 / ours (ms) | p99 error | per-flow median error |"
@@ -362,6 +289,15 @@ def main() -> int:
         f"\nover {len(rows)} scenario x TCP rows: median FCT error median {_pc(statistics.median(med))}, "
         f"worst {_pc(max(med))}; p99 FCT error median {_pc(statistics.median(p99))}, worst {_pc(max(p99))}"
     )
+    if args.events:
+        print(
+            "\n| scenario | TCP | switch drops ns-3 / ours | fast recoveries ns-3 / ours | timeouts ns-3 / ours "
+            "| ns-3 beyond its window (segments) |"
+        )
+        print("|---|---|---:|---:|---:|---:|")
+        for r in rows:
+            pairs = " | ".join(f"{r[f'ns3_{w}']} / {r[f'ours_{w}']}" for w in ("drops", "recoveries", "timeouts"))
+            print(f"| {r['scenario']} | {r['transport']} | {pairs} | {float(r['ns3_overshoot_segments']):.0f} |")  # type: ignore[arg-type]
     return 0
 
 

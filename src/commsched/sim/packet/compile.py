@@ -3,7 +3,7 @@
     python -m commsched.sim.packet.compile          # about 2 minutes; needs mypy (mypyc) and a C compiler
     python -m commsched.sim.packet.compile --clean  # back to pure Python
 
-Why: the pure-Python core runs 0.55-0.7 M packet events/s on one core, with
+Why: the pure-Python core runs 0.5-0.7 M packet events/s on one core, with
 a flat profile (heap operations, enqueue, transmit and ACK handling each
 5-10 %), so tuning cannot double it; the same source compiled by mypyc runs
 1.1-1.7 M/s on the same machine (``benchmarks/packet_speed.py``; numbers in

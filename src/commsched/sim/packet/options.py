@@ -74,7 +74,7 @@ def _field(cls: type[Any], name: str) -> tuple[dataclasses.Field[Any], Any]:
 
 
 def options() -> list[PacketOption]:
-    """Every settable key in order: PacketConfig's fields, each group's fields right after the group."""
+    """Every settable key in order: PacketConfig's fields, then the fields of each group (red.*, tcp.*)."""
     out = []
     for cls, prefix in [(PacketConfig, ""), *((cls, f"{name}.") for name, cls in GROUPS.items())]:
         for f in fields(cls):
