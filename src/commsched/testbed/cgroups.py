@@ -42,7 +42,7 @@ from types import FrameType
 from typing import Literal
 
 from commsched.testbed.commands import PREFIX, is_stale, owner_pid
-from commsched.testbed.netns import Log, TestbedError, _process_start_s, _stderr
+from commsched.testbed.netns import Log, TestbedError, _process_start_s, _stderr, cleanup_without_signals
 
 #: The CFS period every worker's quota is a fraction of (10 ms).
 PERIOD_US = 10_000
@@ -311,23 +311,12 @@ class CpuCgroups:
         if self._closed:
             return
         self._closed = True
-        blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-        on_main = threading.current_thread() is threading.main_thread()
-        if on_main:
-            signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-        try:
+        with cleanup_without_signals(self._old_handlers, self.close):
             for path in cgroup_objects(self.prefix, self.hierarchy):
                 _empty_and_remove(path)
             left = cgroup_objects(self.prefix, self.hierarchy)
             if left:
                 self.log(f"testbed: could not remove {', '.join(map(str, left))}; the next run will retry")
-            if on_main:
-                for sig, handler in self._old_handlers.items():
-                    signal.signal(sig, handler)  # type: ignore[arg-type]
-            atexit.unregister(self.close)
-        finally:
-            if on_main:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
 
 
 def _write(path: Path, value: str) -> None:

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -110,6 +110,25 @@ def netns_unavailable_reason() -> str | None:
 
 
 # ------------------------------------------------------------------ leftovers
+
+
+@contextlib.contextmanager
+def cleanup_without_signals(old_handlers: dict[int, object], close: Callable[[], None]) -> Iterator[None]:
+    """Run a cleanup with SIGINT, SIGTERM and SIGHUP held back (a second Ctrl-C must not cut it short);
+    when it ends, give the signals their ``old_handlers`` back and drop ``close`` from ``atexit``."""
+    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    on_main = threading.current_thread() is threading.main_thread()
+    if on_main:
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        yield
+        if on_main:
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)  # type: ignore[arg-type]
+        atexit.unregister(close)
+    finally:
+        if on_main:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
 
 
 @dataclass(frozen=True)
@@ -402,11 +421,7 @@ class NetnsTestbed(Testbed):
         if self._closed:
             return
         self._closed = True
-        blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-        on_main = threading.current_thread() is threading.main_thread()
-        if on_main:
-            signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-        try:
+        with cleanup_without_signals(self._old_handlers, self.close):
             self.kill_workers()
             if self._created:
                 for ns in self.layout.namespaces:
@@ -416,13 +431,6 @@ class NetnsTestbed(Testbed):
                 left = project_objects(self.prefix)
                 if left:
                     self.log(f"testbed: could not remove {', '.join(left)}; the next run will retry")
-            if on_main:
-                for sig, handler in self._old_handlers.items():
-                    signal.signal(sig, handler)  # type: ignore[arg-type]
-            atexit.unregister(self.close)
-        finally:
-            if on_main:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
 
 
 def open_testbed(
