@@ -701,8 +701,12 @@ def simulate_plan(
     trace: bool = True,
     compute: ComputeModel = PROFILE,
     batch_sizes: Sequence[int] | None = None,
+    network: NetworkFactory | None = None,
 ) -> SimResult:
-    """Simulate ``plan`` (made by :func:`plan_for`, a planner or a file) under its policy's scheduler."""
+    """Simulate ``plan`` (made by :func:`plan_for`, a planner or a file) under its policy's scheduler.
+
+    ``network``: a factory for the network model (default: the one ``options.network`` names).
+    """
     sim_options = SimOptions.from_mapping(options)
     comm = CommModel.from_cluster(cluster, sim_options.algorithm)
     start = time.perf_counter()
@@ -716,6 +720,7 @@ def simulate_plan(
         comm,
         record_trace=trace,
         compute=compute,
+        network=network,
         batch_sizes=batch_sizes,
     )
     sim.run()

@@ -9,7 +9,6 @@ the package.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -17,11 +16,10 @@ from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.errors import ScheduleError
-from commsched.schedule import scheduler_for
-from commsched.sim.costs import CommModel
+from commsched.sim.network import NetworkContext
 from commsched.sim.packet.config import PacketConfig
 from commsched.sim.packet.model import PacketNetwork, packet_factory
-from commsched.sim.simulator import SimOptions, SimResult, Simulation, plan_for
+from commsched.sim.simulator import SimOptions, SimResult, plan_for, simulate_plan
 from commsched.workload import Workload
 
 
@@ -61,23 +59,14 @@ def simulate_packet(
     if sim_options.network != "packet":
         raise ScheduleError(f"sim: a packet config needs network=packet, got network={sim_options.network!r}")
     plan = plan_for(workload, cluster, policy, sim_options, **knobs)
-    comm = CommModel.from_cluster(cluster, sim_options.algorithm)
-    start = time.perf_counter()
-    sim = Simulation(
-        plan.workload,
-        cluster,
-        scheduler_for(plan),
-        iterations,
-        warmup,
-        sim_options,
-        comm,
-        record_trace=trace,
-        network=packet_factory(config),
-    )
-    sim.run()
-    result = sim.result(plan.knobs.to_dict(), time.perf_counter() - start)
-    assert isinstance(sim.network, PacketNetwork)
-    return PacketRun(result, sim.network)
+    made: list[PacketNetwork] = []
+
+    def network(context: NetworkContext) -> PacketNetwork:
+        made.append(packet_factory(config)(context))
+        return made[-1]
+
+    result = simulate_plan(plan, cluster, iterations, warmup, options=sim_options, trace=trace, network=network)
+    return PacketRun(result, made[0])
 
 
 def _as_dict(options: SimOptions | Mapping[str, Any] | None) -> dict[str, Any]:
