@@ -66,7 +66,7 @@ BASELINE_POLICY = "ddp"
 
 
 @dataclass(frozen=True)
-class Baseline:
+class Baseline(Simulated):
     """A plan a user would run without a planner, simulated beside the plan."""
 
     name: str
@@ -75,14 +75,6 @@ class Baseline:
     result: SimResult = field(repr=False)
     fits: bool
     memory_note: str = ""
-
-    @property
-    def iteration_ms(self) -> float:
-        return self.result.iteration_ms
-
-    @property
-    def samples_per_s(self) -> float:
-        return self.result.samples_per_s
 
     def to_dict(self) -> dict[str, Any]:
         return {
