@@ -125,20 +125,19 @@ def with_sync(plan: CommPlan, sync: str, cluster: Cluster, options: SimOptions) 
         raise ScheduleError(f"plan: unknown sync {sync!r}; known: {', '.join(SYNC_MODES)}")
     if sync == "collective" or any(t.transport != COLLECTIVE for t in plan.tasks):
         return plan  # the collectives as they are, or a policy that chose its own transports
-    else:
-        if cluster.servers is None:
-            raise ScheduleError(f"plan: sync {sync!r} needs parameter servers; cluster {cluster.name} has none")
-        ring = CommModel.from_cluster(cluster, options.algorithm)
-        ps = CommModel.from_cluster(cluster, "ps")
-        transports = []
-        for task in plan.tasks:
-            if sync == "ps":
-                transports.append(PS_TRANSPORT)
-            elif task.kind in ("all_gather", "pull") and task.deps:
-                transports.append(transports[task.deps[0]])
-            else:
-                cheaper = ps.cost_s(task.kind, task.bytes) < ring.cost_s(task.kind, task.bytes)
-                transports.append(PS_TRANSPORT if cheaper else COLLECTIVE)
+    if cluster.servers is None:
+        raise ScheduleError(f"plan: sync {sync!r} needs parameter servers; cluster {cluster.name} has none")
+    ring = CommModel.from_cluster(cluster, options.algorithm)
+    ps = CommModel.from_cluster(cluster, "ps")
+    transports = []
+    for task in plan.tasks:
+        if sync == "ps":
+            transports.append(PS_TRANSPORT)
+        elif task.kind in ("all_gather", "pull") and task.deps:
+            transports.append(transports[task.deps[0]])
+        else:
+            cheaper = ps.cost_s(task.kind, task.bytes) < ring.cost_s(task.kind, task.bytes)
+            transports.append(PS_TRANSPORT if cheaper else COLLECTIVE)
     tasks = tuple(dataclasses.replace(t, transport=tr) for t, tr in zip(plan.tasks, transports, strict=True))
     return dataclasses.replace(plan, tasks=tasks)
 
