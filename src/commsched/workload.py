@@ -77,14 +77,48 @@ class Tensor(_Frozen):
         return self.numel * DTYPE_BYTES[self.dtype]
 
 
+class NormHistogram(_Frozen):
+    """How large a layer's gradient chunks are: a histogram of the L2 norms of chunks of ``chunk_numel``
+    consecutive elements (each tensor cut on its own, a shorter last chunk included).
+
+    ``counts[i]`` chunks had a norm in ``[edges[i], edges[i+1])`` (the last bin closed). The
+    packet-level simulator draws DLCP's per-packet magnitudes from it (importance; what a loss costs).
+    """
+
+    chunk_numel: StrictInt = Field(gt=0)
+    edges: tuple[StrictFloat, ...] = Field(min_length=2)
+    counts: tuple[StrictInt, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NormHistogram:
+        if len(self.edges) != len(self.counts) + 1:
+            raise ValueError(f"edges has {len(self.edges)} entries, counts {len(self.counts)}: need one more edge")
+        for i, e in enumerate(self.edges):
+            if not math.isfinite(e) or e < 0:
+                raise ValueError(f"edges[{i}] must be a finite number >= 0, got {e}")
+            if i and e <= self.edges[i - 1]:
+                raise ValueError(f"edges must increase, got {self.edges[i - 1]} then {e} at edges[{i}]")
+        for i, c in enumerate(self.counts):
+            if c < 0:
+                raise ValueError(f"counts[{i}] must be >= 0, got {c}")
+        if not sum(self.counts):
+            raise ValueError("counts are all zero")
+        return self
+
+
 class Layer(_Frozen):
-    """A module that owns parameters directly, with its compute times in ms."""
+    """A module that owns parameters directly, with its compute times in ms.
+
+    ``grad_norms``: optional, the magnitudes of its gradient (:class:`NormHistogram`,
+    :func:`commsched.profile.record_grad_norms`); profiles without it load unchanged.
+    """
 
     name: str = Field(min_length=1)
     tensors: tuple[Tensor, ...] = ()
     forward_ms: StrictFloat = Field(ge=0, allow_inf_nan=False)
     backward_ms: StrictFloat = Field(ge=0, allow_inf_nan=False)
     grad_ready_ms: tuple[StrictFloat, ...] | None = None
+    grad_norms: NormHistogram | None = None
 
     @field_validator("grad_ready_ms")
     @classmethod

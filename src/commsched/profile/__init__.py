@@ -10,12 +10,15 @@
   :func:`measured_cluster` turns the fit into a Cluster the simulator
   reproduces it with; :func:`probe_local` runs the probe across local
   processes.
+* :func:`record_grad_norms` adds each layer's gradient-norm histogram to a
+  Workload (DLCP's importance in the packet-level simulator).
 
 ``docs/profiling.md`` explains the conventions and how to check a prediction
 against a measurement (:mod:`commsched.trace.compare`).
 """
 
 from commsched.profile.compute import IterationCheck, device_names, iteration_check, profile_model, zoo_filename
+from commsched.profile.magnitudes import record_grad_norms
 from commsched.profile.network import (
     DEFAULT_SIZES_BYTES,
     OPS,
@@ -42,5 +45,6 @@ __all__ = [
     "probe_local",
     "probe_network",
     "profile_model",
+    "record_grad_norms",
     "zoo_filename",
 ]

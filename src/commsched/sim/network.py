@@ -35,6 +35,7 @@ from commsched.schedule.base import CommTask
 from commsched.sim.costs import CommModel, Phase
 from commsched.sim.engine import COMM, EventLoop
 from commsched.sim.packet.model import packet_network
+from commsched.workload import Workload
 
 
 class SharedLink:
@@ -165,6 +166,8 @@ class NetworkContext:
     tasks: tuple[CommTask, ...]
     max_concurrent: int
     done: Callable[[Collective], None]
+    #: The plan's workload (the packet model reads DLCP's per-layer gradient magnitudes from it).
+    workload: Workload | None = None
 
 
 #: Builds a network model for one simulation.

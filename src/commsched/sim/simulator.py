@@ -287,7 +287,9 @@ class Simulation:
         self.total = warmup + iterations
         self.loop = EventLoop()
         factory = network if network is not None else NETWORK_MODELS[options.network]
-        context = NetworkContext(self.loop, cluster, comm, self.plan.tasks, options.max_concurrent, self._completed)
+        context = NetworkContext(
+            self.loop, cluster, comm, self.plan.tasks, options.max_concurrent, self._completed, self.plan.workload
+        )
         self.network = factory(context)
         self.trace: Trace | None = Trace() if record_trace else None
         self.compute = compute

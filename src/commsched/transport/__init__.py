@@ -16,15 +16,41 @@ A transport knows nothing of policies. It may give up on at most
 
 from __future__ import annotations
 
-from commsched.transport.base import (
-    TRANSPORTS,
-    TaskBuffer,
-    Transport,
-    TransportOptions,
-    check_transports,
-    open_transports,
-)
-from commsched.transport.collectives import Collectives, Handle
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from commsched.transport.base import (
+        TRANSPORTS,
+        TaskBuffer,
+        Transport,
+        TransportOptions,
+        check_transports,
+        open_transports,
+    )
+    from commsched.transport.collectives import Collectives, Handle
+
+#: Where each public name lives. Imported on first use (PEP 562), so that the torch-free
+#: state machines under this package (``transport.dlcp.protocol``, ``rate``) load without torch,
+#: as the packet-level simulator needs.
+_HOMES = {
+    "TRANSPORTS": "base",
+    "TaskBuffer": "base",
+    "Transport": "base",
+    "TransportOptions": "base",
+    "check_transports": "base",
+    "open_transports": "base",
+    "Collectives": "collectives",
+    "Handle": "collectives",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "TRANSPORTS",

@@ -68,23 +68,12 @@ from commsched.schedule.base import CommTask
 from commsched.transport.base import TaskBuffer
 from commsched.transport.collectives import Handle
 from commsched.transport.links import Link, Received, Transfer, TransferKey
+from commsched.transport.slices import owner_slices
 
 PUSH, PULL = 0, 1
 _PUSHING = ("push", "reduce_scatter", "all_reduce")
 _PULLING = ("pull", "all_gather", "all_reduce")
-
-
-def owner_slices(numel: int, world: int, servers: Sequence[int] | None = None) -> list[tuple[int, int]]:
-    """``[start, stop)`` of each rank's slice: an even split over ``servers`` (default: every rank), in their
-    order, the first ``numel % len(servers)`` one longer; a rank that is no server owns ``(0, 0)``."""
-    owners = list(range(world)) if servers is None else list(servers)
-    base, extra = divmod(numel, len(owners))
-    out, start = [(0, 0)] * world, 0
-    for i, r in enumerate(owners):
-        stop = start + base + (i < extra)
-        out[r] = (start, stop)
-        start = stop
-    return out
+__all__ = ["PULL", "PUSH", "Loss", "PsExchange", "owner_slices"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,17 +8,14 @@ import pytest
 
 from commsched.errors import ScheduleError
 from commsched.sim.packet import PacketConfig, RedParams, TcpParams
-from commsched.sim.packet.options import changed_settings, options, packet_config, parse_assignment
+from commsched.sim.packet.options import GROUPS, changed_settings, options, packet_config, parse_assignment
 
 
 def test_every_key_reads_back_its_own_default() -> None:
     for option in options():
         key, value = parse_assignment(f"{option.key}={option.default}")
         group, dot, name = key.partition(".")
-        if dot:
-            expected = getattr(RedParams() if group == "red" else TcpParams(), name)
-        else:
-            expected = getattr(PacketConfig(), key)
+        expected = getattr(GROUPS[group](), name) if dot else getattr(PacketConfig(), key)
         assert value == expected, option
 
 

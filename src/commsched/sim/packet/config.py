@@ -19,6 +19,7 @@ from commsched.errors import ScheduleError
 
 Topology = Literal["single_switch", "leaf_spine"]
 LoadBalancing = Literal["ecmp", "spray"]
+Background = Literal["web_search", "data_mining"]
 
 
 def option(
@@ -150,6 +151,48 @@ class TcpParams:
 
 
 @dataclass(frozen=True)
+class DlcpParams:
+    """DLCP's datagram transport in the packet network (:mod:`commsched.sim.packet.dlcp`).
+
+    The state machines are the real link's (:mod:`commsched.transport.dlcp`);
+    these are their knobs, set for a data-centre fabric where the real link's
+    defaults suit a Python host that wakes every millisecond. Importance:
+    a packet is important when its chunk norm is at least the ``quantile``
+    of its transfer's chunk norms, or its layer class is below
+    ``important_layer_classes`` (:func:`~commsched.transport.dlcp.protocol.classify`).
+    PROBE ``probe_delay_s`` after the last packet, again every
+    ``probe_timeout_s`` unanswered. The receiver ACKs every ``ack_every``
+    datagrams (0: as the link does, one per 48 KiB), at the latest after
+    ``ack_interval_s``. Rate control (:class:`~commsched.transport.dlcp.rate.RateParams`):
+    starts at ``initial_gbps``, doubles per clean period of
+    ``max(interval_s, srtt)`` until the first ECN mark or loss, then DCTCP's
+    cut with gain ``gain`` and DCQCN's recovery with ``increase_gbps``;
+    ``burst_bytes`` of pacing burst; backs off after ``feedback_timeout_s``
+    without feedback. ``spray``: datagrams go round-robin over the equal-cost
+    paths by their sequence number, as the link round-robins over its path
+    sockets (false: the fabric's ``load_balancing``).
+    """
+
+    quantile: float = option(0.5, "a chunk norm at or above this quantile of its transfer's is important", ge=0, le=1)
+    important_layer_classes: int = option(1, "layer classes below this are important whatever their norms", ge=0)
+    probe_delay_s: float = option(20e-6, "PROBE this long after the last packet was sent", ge=0)
+    probe_timeout_s: float = option(500e-6, "PROBE again after this long unanswered", gt=0)
+    ack_every: int = option(0, "ACK every n datagrams (0: one per 48 KiB, as the link)", ge=0)
+    ack_interval_s: float = option(50e-6, "longest a received datagram waits for its ACK", gt=0)
+    initial_gbps: float = option(10.0, "rate a sender starts at", gt=0)
+    min_gbps: float = option(0.5, "lowest rate (a floor the recovery can climb from in a few round trips)", gt=0)
+    increase_gbps: float = option(1.0, "additive increase per clean period in recovery", ge=0)
+    gain: float = option(1 / 16, "EWMA gain of the congestion estimate alpha", gt=0, le=1)
+    interval_s: float = option(20e-6, "shortest period between rate increases", gt=0)
+    burst_bytes: int = option(18_000, "pacing burst", ge=1)
+    feedback_timeout_s: float = option(200e-6, "halve the rate after this long without feedback while sending", gt=0)
+    spray: bool = option(True, "round-robin datagrams over the equal-cost paths (false: load_balancing)")
+
+    def __post_init__(self) -> None:
+        _check_fields(self, "dlcp.")
+
+
+@dataclass(frozen=True)
 class PacketConfig:
     """The packet-level network of one simulation.
 
@@ -178,7 +221,8 @@ class PacketConfig:
     timers: docs/simulator.md).
     ``load_balancing``: ``ecmp`` hashes each connection onto one of the equal
     paths, ``spray`` picks a path per packet. ``transport``: a name in
-    :data:`~commsched.sim.packet.transport.TRANSPORTS`. ``seed`` drives
+    :data:`~commsched.sim.packet.transport.TRANSPORTS`, for lossless tasks
+    (tasks the plan puts on DLCP run on ``dlcp``, with ``dlcp.*``). ``seed`` drives
     ECMP hashing, spraying and RED's coin, nothing else.
     ``record_queues``: keep per-port queue-depth samples (for the Chrome
     counter tracks; costs memory).
@@ -196,8 +240,12 @@ class PacketConfig:
     load_balancing: LoadBalancing = option("ecmp", "ecmp (a path per connection) or spray (a path per packet)")  # noqa: RUF009 (an immutable default)
     transport: str = option("tcp", "tcp (NewReno), dctcp, pfabric, or a registered transport")
     tcp: TcpParams = field(default_factory=TcpParams, metadata={"doc": "transport parameters (tcp.*)"})
+    dlcp: DlcpParams = field(default_factory=DlcpParams, metadata={"doc": "DLCP's parameters (dlcp.*)"})
     acks_first: bool = option(True, "host-side ports send pure ACKs before queued data (false: one FIFO)")
-    seed: int = option(0, "drives ECMP hashing, spraying and RED's coin")
+    background_load: float = option(0.0, "offered load of background flows per host link (0: none)", ge=0, le=1)
+    background: Background = option("web_search", "background flow sizes: web_search (DCTCP) or data_mining (VL2)")  # noqa: RUF009 (an immutable default)
+    background_duration_s: float = option(1.0, "background flows arrive over [0, this)", ge=0)
+    seed: int = option(0, "drives ECMP hashing, spraying, RED's coin, background flows, DLCP's magnitudes")
     record_queues: bool = option(False, "keep queue-depth samples for the Chrome counters")
 
     def __post_init__(self) -> None:

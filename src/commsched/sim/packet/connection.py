@@ -7,7 +7,8 @@ timer is lazy: one event is pending per side at a time; when it fires early
 deadline forward on every ACK costs nothing.
 
 Messages: :meth:`Connection.message` appends ``nbytes`` to the stream and
-calls ``done()`` once the receiver has every segment of it in order.
+calls ``done()`` once the receiver has every segment of it in order (or, for
+a transport whose messages end out of order, once the receiver says so).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections import deque
 from collections.abc import Callable
 
 from commsched.sim.packet.fabric import Fabric, Packet
-from commsched.sim.packet.transport import Receiver, Sender
+from commsched.sim.packet.transport import MessageSpec, Receiver, Sender
 
 INF = math.inf
 
@@ -60,13 +61,14 @@ class Connection:
         self._tx_timer = INF
         self._rx_timer = INF
 
-    def message(self, nbytes: int, done: Callable[[], None]) -> None:
-        """Send ``nbytes`` now; ``done()`` when all of it has arrived (at once for an empty message)."""
+    def message(self, nbytes: int, done: Callable[[], None], spec: MessageSpec | None = None) -> None:
+        """Send ``nbytes`` now; ``done()`` when all of it has arrived (at once for an empty message), or for
+        a bounded-loss transport when the receiver has given up on the rest (``spec.loss_bound``)."""
         if nbytes <= 0:
             self.fabric.schedule(self.fabric.now, lambda _: done(), None)
             return
         out = self._out
-        end = self.sender.push(nbytes, self.fabric.now, out)
+        end = self.sender.push(nbytes, self.fabric.now, out, spec)
         self._messages.append((end, done))
         self._flush_tx()
 
@@ -121,5 +123,13 @@ class Connection:
         receiver.on_data(pkt, now, self._out)
         self._flush_rx()
         messages = self._messages
+        if receiver.completed:  # out of order (bounded-loss datagrams)
+            for end in receiver.completed:
+                for i, (e, done) in enumerate(messages):
+                    if e == end:
+                        del messages[i]
+                        done()
+                        break
+            receiver.completed.clear()
         while messages and receiver.rcv_nxt >= messages[0][0]:
             messages.popleft()[1]()

@@ -34,7 +34,12 @@ from commsched.sim.packet.config import PacketConfig, RedParams
 
 
 class Packet:
-    """One packet on the wire. ``size_bytes`` is what serialises; ``payload_bytes`` what the stream carries."""
+    """One packet on the wire. ``size_bytes`` is what serialises; ``payload_bytes`` what the stream carries.
+
+    ``path``: the equal-cost path the sender picked for this packet (its index modulo the number of
+    paths; -1: the fabric picks, by ECMP or spraying). ``info``: what a datagram transport's packet
+    carries for its own state machines (DLCP: the transfer and the action), None for TCP.
+    """
 
     __slots__ = (
         "ack",
@@ -44,7 +49,9 @@ class Packet:
         "ece",
         "ect",
         "hop",
+        "info",
         "is_ack",
+        "path",
         "payload_bytes",
         "prio",
         "route",
@@ -87,6 +94,8 @@ class Packet:
         self.conn: Any = None
         self.route: tuple[Port, ...] = ()
         self.hop = 0
+        self.path = -1
+        self.info: Any = None
 
 
 class Port:
@@ -365,7 +374,11 @@ class Fabric:
     def send(self, conn: Any, pkt: Packet, src: int, dst: int) -> None:
         """Put ``pkt`` on ``src``'s NIC towards ``dst``."""
         pkt.conn = conn
-        pkt.route = self.route(conn, src, dst)
+        if pkt.path < 0:
+            pkt.route = self.route(conn, src, dst)
+        else:  # the sender chose (source routing)
+            paths = self.paths[(src, dst)]
+            pkt.route = paths[pkt.path % len(paths)]
         pkt.hop = 0
         self.injected_bytes += pkt.size_bytes
         pkt.route[0].enqueue(pkt)

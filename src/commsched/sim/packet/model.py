@@ -19,6 +19,22 @@ A collective becomes the traffic of its algorithm (``SimOptions.algorithm``):
   push, then each server's pull once it has every push. A cluster that lists
   no servers has one on every worker (its own slice stays on the host).
 
+* ``dlcp`` and ``dlcp_ps`` (tasks the plan puts on DLCP, whatever the
+  algorithm): the slices the real exchange moves
+  (:func:`~commsched.transport.slices.owner_slices`: a shard on every rank,
+  or rank 0 the one server), each a DLCP message with the task's loss bound
+  (a pull's own bound; an all-reduce's pull reliable), its layer class, and
+  per-packet magnitudes from the workload's histograms
+  (:mod:`~commsched.sim.packet.magnitudes`): rank ``r`` sends slice ``q`` to
+  owner ``q`` (push), owner ``q`` sends its slice to every rank (pull).
+  DLCP messages go over one connection per host pair, whatever the class:
+  the class of each packet is its own (importance and layer).
+
+With ``background_load > 0``, flows from ``background`` (a published
+flow-size distribution, :mod:`~commsched.sim.packet.background`) arrive
+between all hosts over ``[0, background_duration_s)``, in the last band, on
+``transport``; their completion times are in :attr:`PacketNetwork.background_fcts`.
+
 Each message waits its host's per-message overhead, then goes over a
 persistent connection ``(src, dst, traffic class)`` of the configured
 transport, so congestion windows carry over from one step to the next (as
@@ -42,10 +58,13 @@ from typing import TYPE_CHECKING, Any
 
 from commsched.errors import ScheduleError
 from commsched.schedule.base import PS_TRANSPORT
+from commsched.schedule.dlcp import DLCP_PS_TRANSPORT, DLCP_TRANSPORT
 from commsched.sim.engine import COMM
 from commsched.sim.packet.config import PacketConfig
 from commsched.sim.packet.connection import Connection
+from commsched.sim.packet.extra import ExtraTraffic
 from commsched.sim.packet.fabric import Port
+from commsched.sim.packet.scenario import Flow
 from commsched.sim.packet.topology import build
 from commsched.sim.packet.transport import TRANSPORTS
 
@@ -54,7 +73,7 @@ if TYPE_CHECKING:
     from commsched.trace import Trace
 
 
-class PacketNetwork:
+class PacketNetwork(ExtraTraffic):
     """The packet-level model of one simulation (module docstring)."""
 
     def __init__(self, context: NetworkContext, config: PacketConfig | None = None) -> None:
@@ -82,6 +101,12 @@ class PacketNetwork:
         self._finished: list[Collective] = []
         self._wake_at = math.inf
         self._gen = 0
+        self._workload = context.workload
+        self._launches = [0] * len(self._tasks)
+        self.dlcp_connections: dict[tuple[int, int], Connection] = {}
+        #: ``(flow, completion time s)`` of every background flow that finished.
+        self.background_fcts: list[tuple[Flow, float]] = []
+        self._start_background()
 
     @property
     def links(self) -> Mapping[str, Port]:
@@ -108,8 +133,11 @@ class PacketNetwork:
             self._launch(coll)
 
     def _sync(self) -> None:
-        """Make sure the loop wakes the fabric at its next event."""
+        """Make sure the loop wakes the fabric at its next event (background flows alone do not keep a finished
+        simulation going)."""
         t = self.fabric.peek()
+        if not self.running and not self._queue and self._loop.peek() == math.inf:
+            return
         if t < self._wake_at:
             self._wake_at = t
             self._gen += 1
@@ -139,7 +167,7 @@ class PacketNetwork:
         key = (src, dst, cls)
         conn = self.connections.get(key)
         if conn is None:
-            sender, receiver = self._transport(self.config.tcp, cls)
+            sender, receiver = self._transport(self.config, cls)
             conn = Connection(self.fabric, src, dst, cls, sender, receiver, self.fabric.rng.getrandbits(32))
             self.connections[key] = conn
         return conn
@@ -165,7 +193,9 @@ class PacketNetwork:
         if p <= 1 or task.bytes <= 0 or not coll.phases:
             self.fabric.schedule(self.fabric.now, lambda _: finished.append(coll), None)
             return
-        if self._algorithm == "ps" or task.transport == PS_TRANSPORT:
+        if task.transport in (DLCP_TRANSPORT, DLCP_PS_TRANSPORT):
+            self._dlcp(coll, task)
+        elif self._algorithm == "ps" or task.transport == PS_TRANSPORT:
             self._ps(coll, task.kind, task.bytes, cls)
         else:
             self._ring(coll, task.kind, task.bytes, cls)
@@ -224,13 +254,13 @@ class PacketNetwork:
             for w in workers:
                 self._message(w, s, cls, part, pushed)
 
-    # ---- outputs ----
+    # ---- outputs (all transports) ----
 
     def flow_stats(self) -> list[dict[str, Any]]:
         """Per connection: drops and ECN marks of its packets; retransmissions, timeouts and fast recoveries
         of its sender."""
         out = []
-        for conn in self.connections.values():
+        for conn in [*self.connections.values(), *self.dlcp_connections.values()]:
             sender = conn.sender
             out.append(
                 {

@@ -27,11 +27,11 @@ from dataclasses import asdict, fields, replace
 from typing import Any, Literal, NamedTuple
 
 from commsched.errors import ScheduleError
-from commsched.sim.packet.config import PacketConfig, RedParams, TcpParams, accepted, problem
+from commsched.sim.packet.config import DlcpParams, PacketConfig, RedParams, TcpParams, accepted, problem
 from commsched.sim.packet.transport import TRANSPORTS
 
 #: The groups of dotted keys: the PacketConfig field (and key prefix) -> its class.
-GROUPS: dict[str, type[Any]] = {"red": RedParams, "tcp": TcpParams}
+GROUPS: dict[str, type[Any]] = {"red": RedParams, "tcp": TcpParams, "dlcp": DlcpParams}
 
 #: Unit of a field, from the suffix of its name.
 UNITS = {"_bytes": "bytes", "_s": "s", "_us": "µs", "_gbps": "Gbit/s", "_segments": "segments"}
@@ -78,7 +78,7 @@ def options() -> list[PacketOption]:
     out = []
     for cls, prefix in [(PacketConfig, ""), *((cls, f"{name}.") for name, cls in GROUPS.items())]:
         for f in fields(cls):
-            if prefix == "" and f.name == "tcp":
+            if prefix == "" and f.name in ("tcp", "dlcp"):
                 continue  # a group, not a value: set its fields (tcp.*)
             kind = typing.get_type_hints(cls)[f.name]
             default = f.default if f.default is not dataclasses.MISSING else None
@@ -100,7 +100,7 @@ def keys() -> list[str]:
 
 
 def _unknown(key: str) -> ScheduleError:
-    hint = " (a group: set its fields, e.g. tcp.min_rto_s=0.0002)" if key == "tcp" else ""
+    hint = " (a group: set its fields, e.g. tcp.min_rto_s=0.0002)" if key in ("tcp", "dlcp") else ""
     return ScheduleError(f"packet option {key!r}: unknown key{hint}; known: {', '.join(keys())}")
 
 

@@ -8,23 +8,29 @@ the start until the receiver holds every byte in order.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from commsched.sim.packet.config import PacketConfig
 from commsched.sim.packet.connection import Connection
 from commsched.sim.packet.fabric import Fabric
-from commsched.sim.packet.transport import TRANSPORTS
+from commsched.sim.packet.transport import TRANSPORTS, MessageSpec
 
 
 @dataclass(frozen=True)
 class Flow:
-    """``nbytes`` from host ``src`` to host ``dst``, starting at ``start_s``, in traffic class ``cls``."""
+    """``nbytes`` from host ``src`` to host ``dst``, starting at ``start_s``, in traffic class ``cls``.
+
+    ``loss_bound``: the share of its (4-byte) elements a bounded-loss transport may give up on (DLCP; TCP
+    delivers everything whatever it says); ``cls`` is also its layer class there.
+    """
 
     src: int
     dst: int
     nbytes: int
     start_s: float = 0.0
     cls: int = 0
+    loss_bound: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,8 @@ class FlowResult:
     retransmits: int
     timeouts: int = 0
     recoveries: int = 0
+    sender: Any = field(default=None, repr=False, compare=False)
+    receiver: Any = field(default=None, repr=False, compare=False)
 
 
 def run_flows(fabric: Fabric, flows: list[Flow], config: PacketConfig) -> list[FlowResult]:
@@ -44,7 +52,7 @@ def run_flows(fabric: Fabric, flows: list[Flow], config: PacketConfig) -> list[F
     conns: list[Connection] = []
     end_s = [-1.0] * len(flows)
     for i, flow in enumerate(flows):
-        sender, receiver = factory(config.tcp, flow.cls)
+        sender, receiver = factory(config, flow.cls)
         conn = Connection(fabric, flow.src, flow.dst, flow.cls, sender, receiver, fabric.rng.getrandbits(32))
         conns.append(conn)
 
@@ -52,7 +60,7 @@ def run_flows(fabric: Fabric, flows: list[Flow], config: PacketConfig) -> list[F
             end_s[i] = fabric.now
 
         def start(_: None, conn: Connection = conn, flow: Flow = flow, done: Callable[[], None] = done) -> None:
-            conn.message(flow.nbytes, done)
+            conn.message(flow.nbytes, done, MessageSpec(flow.loss_bound, flow.cls))
 
         fabric.schedule(flow.start_s, start, None)
     fabric.run()
@@ -62,5 +70,6 @@ def run_flows(fabric: Fabric, flows: list[Flow], config: PacketConfig) -> list[F
             raise RuntimeError(f"packet: flow {flow} never completed")
         sender = conn.sender
         counts = [getattr(sender, name, 0) for name in ("retransmits", "timeouts", "recoveries")]
-        out.append(FlowResult(flow, end - flow.start_s, conn.drops, conn.marks, *counts))
+        result = FlowResult(flow, end - flow.start_s, conn.drops, conn.marks, *counts)
+        out.append(replace(result, sender=conn.sender, receiver=conn.receiver))
     return out

@@ -11,28 +11,50 @@ delivers packets and fires timers. A stream is cut into segments of
 messages have arrived.
 
 :data:`TRANSPORTS` names the factories ``PacketConfig.transport`` selects:
-``tcp`` (NewReno), ``dctcp``, ``pfabric``. A new transport (DLCP's
-bounded-loss datagrams) is one :func:`register_transport` call with a
-factory returning its sender and receiver.
+``tcp`` (NewReno), ``dctcp``, ``pfabric``, and ``dlcp``
+(:mod:`commsched.sim.packet.dlcp`: DLCP's bounded-loss datagrams, driving
+the state machines of :mod:`commsched.transport.dlcp`). A new transport is
+one :func:`register_transport` call with a factory returning its sender and
+receiver.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from commsched.sim.packet.config import TcpParams
+from commsched.sim.packet.config import PacketConfig, TcpParams
 from commsched.sim.packet.fabric import Packet
 
 INF = math.inf
 
 
+@dataclass(frozen=True)
+class MessageSpec:
+    """What a message is beyond its bytes, for a transport that uses it (TCP ignores it).
+
+    ``loss_bound``: the fraction of its elements the receiver may give up on
+    (0: every one arrives); ``priority``: its layer priority class (0: the
+    layer nearest the input); ``itemsize``: bytes per element; ``norms``:
+    ``norms(stride, numel)`` gives the L2 norm of each packet's chunk when the
+    message is cut into packets of ``stride`` elements (None: the transport's
+    default).
+    """
+
+    loss_bound: float = 0.0
+    priority: int = 0
+    itemsize: int = 4
+    norms: Callable[[int, int], Any] | None = None
+
+
 class Sender(Protocol):
     timer_s: float
 
-    def push(self, nbytes: int, now_s: float, out: list[Packet]) -> int:
-        """Append a message of ``nbytes`` to the stream; return the segment index it ends at (exclusive)."""
+    def push(self, nbytes: int, now_s: float, out: list[Packet], spec: MessageSpec | None = None) -> int:
+        """Append a message of ``nbytes`` to the stream; return the index it ends at (exclusive), the key
+        under which the receiver reports it complete."""
         ...
 
     def on_ack(self, pkt: Packet, now_s: float, out: list[Packet]) -> None: ...
@@ -43,21 +65,25 @@ class Sender(Protocol):
 class Receiver(Protocol):
     """``rcv_nxt``: the stream is complete, for the application, up to this segment (exclusive).
 
-    TCP advances it over segments received in order; a bounded-loss
-    transport may advance it over holes it decides to give up on. The driver
-    completes a message once ``rcv_nxt`` reaches the message's end.
+    TCP advances it over segments received in order. A transport whose
+    messages finish out of order (DLCP's datagrams, each message a transfer
+    of its own that may end at its loss bound) appends the end index of each
+    finished message to ``completed`` instead. The driver completes a message
+    once ``rcv_nxt`` reaches the message's end or its end is in ``completed``
+    (and clears ``completed``).
     """
 
     timer_s: float
     rcv_nxt: int
+    completed: list[int]
 
     def on_data(self, pkt: Packet, now_s: float, out: list[Packet]) -> None: ...
 
     def on_timer(self, now_s: float, out: list[Packet]) -> None: ...
 
 
-#: Builds the sender and receiver of one connection: ``(params, traffic class) -> (sender, receiver)``.
-TransportFactory = Callable[[TcpParams, int], tuple[Sender, Receiver]]
+#: Builds the sender and receiver of one connection: ``(config, traffic class) -> (sender, receiver)``.
+TransportFactory = Callable[[PacketConfig, int], tuple[Sender, Receiver]]
 
 
 # ---- TCP NewReno ----
@@ -109,7 +135,7 @@ class TcpSender:
 
     # ---- the stream ----
 
-    def push(self, nbytes: int, now_s: float, out: list[Packet]) -> int:
+    def push(self, nbytes: int, now_s: float, out: list[Packet], spec: MessageSpec | None = None) -> int:
         full, rest = divmod(nbytes, self.mss)
         self.end += full
         if rest:
@@ -257,6 +283,7 @@ class TcpReceiver:
         self.ect = ect
         self.hdr = params.header_bytes
         self.rcv_nxt = 0
+        self.completed: list[int] = []  # never used: messages complete in order
         self.ooo: set[int] = set()
         self.timer_s = INF
         self._unacked = 0
@@ -390,16 +417,16 @@ class PfabricSender(TcpSender):
         self.rto = self.p.pfabric_rto_s
 
 
-def _tcp(params: TcpParams, cls: int) -> tuple[Sender, Receiver]:
-    return TcpSender(params, cls), TcpReceiver(params, cls)
+def _tcp(config: PacketConfig, cls: int) -> tuple[Sender, Receiver]:
+    return TcpSender(config.tcp, cls), TcpReceiver(config.tcp, cls)
 
 
-def _dctcp(params: TcpParams, cls: int) -> tuple[Sender, Receiver]:
-    return DctcpSender(params, cls), TcpReceiver(params, cls, ect=True)
+def _dctcp(config: PacketConfig, cls: int) -> tuple[Sender, Receiver]:
+    return DctcpSender(config.tcp, cls), TcpReceiver(config.tcp, cls, ect=True)
 
 
-def _pfabric(params: TcpParams, cls: int) -> tuple[Sender, Receiver]:
-    return PfabricSender(params, cls), TcpReceiver(params, cls)
+def _pfabric(config: PacketConfig, cls: int) -> tuple[Sender, Receiver]:
+    return PfabricSender(config.tcp, cls), TcpReceiver(config.tcp, cls)
 
 
 #: Transports by the name ``PacketConfig.transport`` accepts.

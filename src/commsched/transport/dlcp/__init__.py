@@ -18,12 +18,47 @@ urgent layers) go first, ECN-capable, at a higher DSCP class.
   and :func:`open_dlcp_link` over a gloo group.
 """
 
-from commsched.transport.dlcp.link import DlcpLink, DlcpTransfer, open_dlcp_link
-from commsched.transport.dlcp.protocol import ReceiverState, SenderState, classify, tos_byte
-from commsched.transport.dlcp.rate import RateControl, RateParams
-from commsched.transport.dlcp.slots import LinkStats, TransferRecord
-from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
-from commsched.transport.dlcp.wire import Codec, Datagram, Kind
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from commsched.transport.dlcp.link import DlcpLink, DlcpTransfer, open_dlcp_link
+    from commsched.transport.dlcp.protocol import ReceiverState, SenderState, classify, tos_byte
+    from commsched.transport.dlcp.rate import RateControl, RateParams
+    from commsched.transport.dlcp.slots import LinkStats, TransferRecord
+    from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
+    from commsched.transport.dlcp.wire import Codec, Datagram, Kind
+
+#: Where each public name lives, imported on first use (PEP 562): ``protocol`` and ``rate`` need
+#: neither torch nor sockets, and the packet-level simulator imports them alone.
+_HOMES = {
+    "DlcpLink": "link",
+    "DlcpTransfer": "link",
+    "open_dlcp_link": "link",
+    "ReceiverState": "protocol",
+    "SenderState": "protocol",
+    "classify": "protocol",
+    "tos_byte": "protocol",
+    "RateControl": "rate",
+    "RateParams": "rate",
+    "LinkStats": "slots",
+    "TransferRecord": "slots",
+    "Endpoints": "sockets",
+    "LinkSockets": "sockets",
+    "Codec": "wire",
+    "Datagram": "wire",
+    "Kind": "wire",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "Codec",

@@ -64,7 +64,7 @@ import torch.distributed as dist
 from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.transport.base import TransportOptions
 from commsched.transport.dlcp.engine import Engine
-from commsched.transport.dlcp.protocol import classify
+from commsched.transport.dlcp.protocol import classify, datagrams_per_ack
 from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
 from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
@@ -73,7 +73,6 @@ from commsched.transport.links import COMPLETE, Received, TransferKey
 from commsched.transport.wire import default_bind_address
 
 log = logging.getLogger("commsched")
-ACK_EVERY_BYTES = 48 * 1024
 _warned_rcvbuf = False  # the kernel's cap is reported once per process
 
 
@@ -158,7 +157,7 @@ class DlcpLink:
                 sockets.rcvbuf_granted_bytes, sockets.rcvbuf_requested_bytes, sockets.rmem_max_bytes,
             )  # fmt: skip
         # acknowledge about every 48 KiB, and let the window hold what a receiver holds unacknowledged
-        ack_every = max(4, ACK_EVERY_BYTES // mtu_bytes)
+        ack_every = datagrams_per_ack(mtu_bytes)
         rate = rate if rate is not None else RateParams(ack_slack=ack_every)
         self._engine = Engine(
             rank, world, sockets, peers, key, self.stats, timeout_s=timeout_s, rate=rate, ack_every=ack_every,

@@ -238,6 +238,15 @@ def _runs(got: np.ndarray, stride: int, numel: int) -> tuple[tuple[int, int], ..
     return tuple((int(a) * stride, min(int(b) * stride, numel)) for a, b in zip(starts, ends, strict=True))
 
 
+#: A receiver acknowledges about every this many bytes of datagrams (:func:`datagrams_per_ack`).
+ACK_EVERY_BYTES = 48 * 1024
+
+
+def datagrams_per_ack(mtu_bytes: int) -> int:
+    """How many datagrams a receiver takes before it ACKs: about 48 KiB of them, at least 4."""
+    return max(4, ACK_EVERY_BYTES // mtu_bytes)
+
+
 class PeerFeedback:
     """Receiver side, per sending peer: counts DATA datagrams by sequence number and CE mark for rate control.
 
@@ -270,8 +279,13 @@ class PeerFeedback:
         if self._unacked >= self.every:
             self._ack(now_s, seq, out)
 
+    @property
+    def timer_s(self) -> float:
+        """When :meth:`on_timer` next has an Ack to send (INF: nothing is unacknowledged)."""
+        return self._last_ack_s + self.interval_s if self._unacked else INF
+
     def on_timer(self, now_s: float, out: list[Action]) -> None:
-        if self._unacked and now_s - self._last_ack_s >= self.interval_s:
+        if self._unacked and now_s >= self._last_ack_s + self.interval_s:  # as timer_s says, to the last bit
             self._ack(now_s, NO_ECHO, out)
 
     def _ack(self, now_s: float, echo: int, out: list[Action]) -> None:

@@ -189,9 +189,17 @@ class RateControl:
         self._recover_seq = self.seq
         self._set(self.rate_bytes_per_s * (1 - cut / 2), now_s)
 
+    @property
+    def timer_s(self) -> float:
+        """When :meth:`on_timer` would back off for want of feedback (INF: nothing sent since the last Ack).
+
+        Increases need no timer of their own: they come with Acks (:meth:`on_ack` calls :meth:`on_timer`).
+        """
+        return self._feedback_s + self.p.feedback_timeout_s if self._sent_since_feedback else math.inf
+
     def on_timer(self, now_s: float) -> None:
         """Increase after a clean period; back off when feedback has stopped."""
-        if self._sent_since_feedback and now_s - self._feedback_s >= self.p.feedback_timeout_s:
+        if self._sent_since_feedback and now_s >= self._feedback_s + self.p.feedback_timeout_s:  # as timer_s
             self.slow_start = False
             self._feedback_s = now_s
             self._recover_seq = self.seq
