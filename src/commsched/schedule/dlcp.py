@@ -31,7 +31,8 @@ result equals synchronous SGD (DDP's parameters up to float association).
 ``auto`` and ``advise`` leave it out: the flow-level simulator prices its
 tasks as a lossless parameter server (the bytes not waited for are not what
 DLCP gains; its gain is the tail of retransmissions and incast, which only
-the packet-level network shows), so its predictions there are unvalidated.
+the packet-level network shows), so its predictions there are unvalidated;
+with ``network=packet`` its tasks run on DLCP's own state machines and are not.
 
 Knobs: ``partition_mb`` (4) and ``credit_mb`` (16) as the parameter
 server's, ``loss_bound`` (0.01), ``pull_loss_bound`` (0), ``mode``

@@ -22,7 +22,8 @@ class Flow:
     """``nbytes`` from host ``src`` to host ``dst``, starting at ``start_s``, in traffic class ``cls``.
 
     ``loss_bound``: the share of its (4-byte) elements a bounded-loss transport may give up on (DLCP; TCP
-    delivers everything whatever it says); ``cls`` is also its layer class there.
+    delivers everything whatever it says); ``cls`` is also its layer class there. ``transport``: a
+    name in TRANSPORTS for this flow ('': ``config.transport``).
     """
 
     src: int
@@ -31,6 +32,7 @@ class Flow:
     start_s: float = 0.0
     cls: int = 0
     loss_bound: float = 0.0
+    transport: str = ""  # "": the config's
 
 
 @dataclass(frozen=True)
@@ -48,11 +50,10 @@ class FlowResult:
 
 def run_flows(fabric: Fabric, flows: list[Flow], config: PacketConfig) -> list[FlowResult]:
     """Run ``flows`` to completion on ``fabric``, one connection each; results in the order given."""
-    factory = TRANSPORTS[config.transport]
     conns: list[Connection] = []
     end_s = [-1.0] * len(flows)
     for i, flow in enumerate(flows):
-        sender, receiver = factory(config, flow.cls)
+        sender, receiver = TRANSPORTS[flow.transport or config.transport](config, flow.cls)
         conn = Connection(fabric, flow.src, flow.dst, flow.cls, sender, receiver, fabric.rng.getrandbits(32))
         conns.append(conn)
 
