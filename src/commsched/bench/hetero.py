@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from commsched.bench.baselines import DEFAULT_DDP
-from commsched.bench.hetero_spec import MeasuredSpec, measured_spec, plan_command
+from commsched.bench.hetero_spec import MeasuredSpec, measured_spec, plan_command, runnable_policies
 from commsched.bench.hetero_worker import CONFIGS
 from commsched.bench.run import machine_info, source_info
 from commsched.bench.worker import calibration_sizes
@@ -277,6 +277,7 @@ def run_hetero_bench(
             chosen = plan_heterogeneous(
                 spec.workload,
                 spec.cluster,
+                policies=runnable_policies(),
                 global_batch=config.global_batch,
                 budget_s=config.budget_s,
                 sim_options=spec.options(),

@@ -35,12 +35,13 @@ from commsched.cluster import Cluster
 from commsched.errors import SpecError
 from commsched.plan.search import simulate_candidate
 from commsched.profile.network import CpuFit, ProbeSample, fit_alpha_beta, fit_cpu
-from commsched.schedule import CommPlan
+from commsched.schedule import LOSSLESS, CommPlan, make_knobs, policy_class
 from commsched.sim.simulator import SimOptions, simulate_plan
 from commsched.testbed.linkrate import LinkRate
+from commsched.transport import TRANSPORTS
 from commsched.workload import Workload
 
-__all__ = ["MeasuredSpec", "measured_spec", "plan_command"]
+__all__ = ["MeasuredSpec", "measured_spec", "plan_command", "runnable_policies"]
 
 
 @dataclass(frozen=True)
@@ -152,10 +153,15 @@ def measured_spec(
     )
 
 
+def runnable_policies() -> list[str]:
+    """The lossless policies whose every transport the runtime has (a plan of another could not run here)."""
+    return [p for p in sorted(LOSSLESS) if set(policy_class(p).transports(make_knobs(p, {}))) <= set(TRANSPORTS)]
+
+
 def plan_command(spec: MeasuredSpec, workload_path: str, cluster_path: str, global_batch: int, budget_s: float) -> str:
     """The ``commsched plan`` command that makes the plan ``--plan auto`` makes (same search, same inputs)."""
     sims = " ".join(f"--sim {p}" for p in spec.sim_pairs())
     return (
         f"commsched plan -m {workload_path} -c {cluster_path} --global-batch {global_batch} "
-        f"--budget-s {budget_s:g} {sims} -o plan.json"
+        f"--budget-s {budget_s:g} --policies {','.join(runnable_policies())} {sims} -o plan.json"
     )

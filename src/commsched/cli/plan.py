@@ -15,6 +15,7 @@ from commsched.cli.simulate import format_bytes
 from commsched.cluster import load_cluster
 from commsched.plan.hetero import HeteroPlan, plan_heterogeneous
 from commsched.plan.memory import MemoryModel
+from commsched.schedule import LOSSLESS
 from commsched.units import MiB
 
 
@@ -104,6 +105,12 @@ def buckets_table(plan: HeteroPlan) -> Table:
     "--optimizer-states", default=2.0, show_default=True, type=click.FloatRange(min=0), help="Adam 2, SGD+momentum 1."
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the knob search.")
+@click.option(
+    "--policies",
+    "policy_list",
+    metavar="P1,P2,...",
+    help="Search only these lossless policies (comma list) [every lossless policy].",
+)
 @click.option("--sim", "sim_pairs", multiple=True, metavar="KEY=VALUE", help=SIM_HELP)
 @click.option(
     "--out",
@@ -122,6 +129,7 @@ def command(
     activation_mb_per_sample: float | None,
     optimizer_states: float,
     seed: int,
+    policy_list: str | None,
     sim_pairs: tuple[str, ...],
     out_path: Path | None,
     as_json: bool,
@@ -135,6 +143,15 @@ def command(
       commsched plan -m bert_large -c hetero-8 --activation-mb-per-sample 300 -o plan.json
     """
     sim_options = parse_sim_options(sim_pairs)
+    policies = None
+    if policy_list:
+        policies = [p.strip() for p in policy_list.split(",") if p.strip()]
+        unknown = [p for p in policies if p not in LOSSLESS]
+        if unknown or not policies:
+            raise click.BadParameter(
+                f"not lossless policies: {', '.join(unknown) or '(none given)'}; known: {', '.join(sorted(LOSSLESS))}",
+                param_hint="'--policies'",
+            )
     workload = load_workload(model)
     spec = load_cluster(cluster)
     activation = None if activation_mb_per_sample is None else activation_mb_per_sample * MiB
@@ -150,6 +167,7 @@ def command(
             memory=memory,
             sim_options=sim_options,
             seed=seed,
+            policies=policies,
             progress=lambda what, done: bar.update(task, completed=done),
         )
     written = result.save(out_path) if out_path else None
