@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -20,18 +21,30 @@ from commsched.units import MiB
 
 
 def _batches(batch_sizes: tuple[int, ...]) -> str:
-    return " ".join(str(b) for b in batch_sizes)
+    """``84×2 61×4 50×2``: runs of equal batches in rank order (``--json`` lists each rank)."""
+    runs: list[list[int]] = []
+    for b in batch_sizes:
+        if runs and runs[-1][0] == b:
+            runs[-1][1] += 1
+        else:
+            runs.append([b, 1])
+    return " ".join(f"{b}×{k}" if k > 1 else str(b) for b, k in runs)
+
+
+def _transports(plan: HeteroPlan) -> str:
+    """What the plan's tasks are sent by: ``collective``, ``ps`` or ``collective+ps``."""
+    return "+".join(sorted(set(plan.transports)))
 
 
 def plans_table(plan: HeteroPlan) -> Table:
     table = Table(title=f"plan · {plan.model} · {plan.cluster} · global batch {plan.global_batch}")
-    for column in ("plan", "policy", "sync", "iter ms", "samples/s", "speed-up", "fits", "per-rank batch"):
+    for column in ("plan", "policy", "sent by", "iter ms", "samples/s", "speed-up", "fits", "per-rank batch"):
         table.add_column(column, justify="right" if column in ("iter ms", "samples/s", "speed-up") else "left")
     even = plan.baseline("even_allreduce").iteration_ms
     table.add_row(
         f"[bold]chosen ({plan.chosen})[/bold]",
         plan.policy,
-        plan.sync,
+        _transports(plan),
         f"{plan.iteration_ms:.2f}",
         f"{plan.samples_per_s:,.0f}",
         f"{even / plan.iteration_ms:.2f}x",
@@ -177,15 +190,16 @@ def command(
             data["written"] = {"plan": str(written)}
         click.echo(json.dumps(data, indent=1, default=str))
         return
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 150)  # piped: whole rows, not 80 columns
     console.print(plans_table(result))
     console.print(ranks_table(result))
     console.print(buckets_table(result))
     knobs = ", ".join(f"{k}={v}" for k, v in result.knobs.items()) or "-"
     console.print(f"policy {result.policy}, knobs {knobs}")
+    reached = "; the budget cut the search short" if result.budget_exhausted else ""
     console.print(
         f"search: {result.splits_screened} splits screened, {result.splits_searched} searched, "
-        f"{result.simulations} simulations in {result.search_s:.2f} s (budget {budget_s:g} s)"
+        f"{result.simulations} simulations in {result.search_s:.2f} s (budget {budget_s:g} s{reached})"
     )
     for note in result.notes:
         console.print(f"note: {note}", markup=False)

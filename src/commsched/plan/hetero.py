@@ -285,6 +285,7 @@ def plan_heterogeneous(
         ("proportional_allreduce", proportional, "collective"),
     ):
         if sync == "ps" and not has_servers:
+            notes.append(f"baseline {name} not simulated: {cluster.name} lists no parameter servers")
             continue
         result = budget.run(
             BASELINE_POLICY,
@@ -368,8 +369,10 @@ def plan_heterogeneous(
         policy, knobs, sync, result = BASELINE_POLICY, policy_knobs(BASELINE_POLICY), fallback.sync, fallback.result
         split, chosen = fallback.batch_sizes, f"baseline:{fallback.name}"
         notes.append(f"no searched plan beat the {fallback.name} baseline under the simulator: it is the plan")
-    if any(t == "ps" for t in (task.transport for task in (result.plan.tasks if result.plan else ()))):
-        notes.append("buckets sent by parameter server need a 'ps' transport, which the runtime does not have yet")
+    tasks = result.plan.tasks if result.plan is not None else ()
+    if sync != "collective" and any(t.transport == "ps" for t in tasks):
+        by_ps = sum(t.transport == "ps" for t in tasks)
+        notes.append(f"sync {sync}: {by_ps} of the {policy} plan's {len(tasks)} tasks go by parameter server")
     return HeteroPlan(
         model=workload.model,
         cluster=cluster.name,
