@@ -11,7 +11,8 @@ import yaml
 from click.testing import CliRunner
 
 from commsched.cli import cli
-from commsched.sim.packet.options import keys
+from commsched.cli.knobs import packet_table_width
+from commsched.sim.packet.options import keys, options
 
 
 def _invoke(*args: str) -> tuple[int, str]:
@@ -131,6 +132,21 @@ def test_knobs_packet_lists_every_key_with_its_default_and_unit() -> None:
     assert "tcp" in rows["transport"] and "dctcp" in out
     code, out = _invoke("knobs", "dear", "--packet")
     assert code == 2 and "not both" in out
+
+
+@pytest.mark.parametrize("width", [200, 80, 40])
+def test_knobs_packet_never_cuts_a_default_at_any_width(width: int) -> None:
+    result = CliRunner().invoke(cli, ["knobs", "--packet"], terminal_width=width)
+    assert result.exit_code == 0, result.output
+    assert "…" not in result.output
+    if width >= packet_table_width():
+        rows = {line.split("│")[1].strip(): line.split("│")[3].strip() for line in result.output.splitlines()
+                if line.startswith("│") and line.split("│")[1].strip()}  # fmt: skip
+        assert all(rows[o.key] == o.default for o in options()), rows
+    else:  # one key per line: KEY=DEFAULT [unit]
+        lines = result.output.splitlines()
+        for o in options():
+            assert any(line.startswith(f"{o.key}={o.default}") for line in lines), o.key
 
 
 def test_simulate_and_compare_help_name_the_packet_option() -> None:
