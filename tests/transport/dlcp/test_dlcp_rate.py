@@ -127,7 +127,7 @@ CAPACITY = 100e6  # bytes/s at the bottleneck
 PARAMS = RateParams(ack_slack=16)  # the receivers here acknowledge every 16 datagrams
 
 
-@pytest.mark.parametrize("flows", [1, 2, 4])
+@pytest.mark.parametrize("flows", [1, 2, 4, 8])
 def test_with_ecn_senders_fill_the_bottleneck_fairly_without_loss(flows: int) -> None:
     out = bottleneck(flows, CAPACITY, ecn_bytes=60_000, buffer_bytes=300_000, params=PARAMS)
     assert sum(out.delivered_bytes) / 0.2 >= 0.9 * CAPACITY
@@ -174,21 +174,21 @@ def test_the_rate_starts_at_the_initial_rate_and_backs_off_without_feedback() ->
 def test_a_full_window_holds_the_sender_until_an_ack_or_the_timeout() -> None:
     rc = RateControl(RateParams(initial_rate_bytes_per_s=15e6, ack_slack=4, feedback_timeout_s=0.05), 0.0)
     rc.on_send(PACKET_BYTES, 0.0)
-    rc.on_ack(1, 1, 0, 0, 0.0001)  # one round trip of 100 µs: window 2 · 15e6 · 1e-4 / 1500 + 4 = 6
-    assert rc.window == pytest.approx(6)
-    for i in range(6):
-        now = 0.001 * (i + 1)
-        assert rc.delay_s(now) == 0
+    rc.on_ack(1, 1, 0, 0, 0.0001)  # one round trip of 100 µs: window 2 · rate · 1e-4 / 1500 + 4
+    window = 2 * rc.rate_bytes_per_s * 1e-4 / PACKET_BYTES + 4
+    assert rc.window == pytest.approx(window)
+    now = 0.001
+    while rc.delay_s(now) == 0:
         rc.on_send(PACKET_BYTES, now)
-    assert rc.inflight == 6 and rc.delay_s(0.007) == math.inf
-    rc.on_ack(4, 4, 0, 3, 0.0071)  # the receiver saw up to sequence 3
-    assert rc.inflight == 3 and rc.delay_s(0.0072) == 0
-    rc.on_send(PACKET_BYTES, 0.0072)
-    rc.on_send(PACKET_BYTES, 0.0072)
-    rc.on_send(PACKET_BYTES, 0.0072)
-    assert rc.delay_s(0.01) == math.inf
-    rc.on_timer(0.0072 + 0.05)  # no feedback: give up on what is in flight, halve the rate
-    assert rc.inflight == 0 and rc.rate_bytes_per_s == 7.5e6
+        now += 0.001
+    assert rc.inflight == math.ceil(window) and rc.delay_s(now) == math.inf
+    rc.on_ack(4, 4, 0, 3, now)  # the receiver saw up to sequence 3
+    assert rc.inflight == math.ceil(window) - 3 and rc.delay_s(now) == 0
+    while rc.delay_s(now) == 0:
+        rc.on_send(PACKET_BYTES, now)
+    rate = rc.rate_bytes_per_s
+    rc.on_timer(now + 0.05)  # no feedback: give up on what is in flight, halve the rate
+    assert rc.inflight == 0 and rc.rate_bytes_per_s == rate / 2
 
 
 def test_an_application_limited_sender_does_not_inflate_its_rate() -> None:

@@ -163,29 +163,44 @@ class DlcpParams:
     PROBE ``probe_delay_s`` after the last packet, again every
     ``probe_timeout_s`` unanswered. The receiver ACKs every ``ack_every``
     datagrams (0: as the link does, one per 48 KiB), at the latest after
-    ``ack_interval_s``. Rate control (:class:`~commsched.transport.dlcp.rate.RateParams`):
-    starts at ``initial_gbps``, doubles per clean period of
-    ``max(interval_s, srtt)`` until the first ECN mark or loss, then DCTCP's
-    cut with gain ``gain`` and DCQCN's recovery with ``increase_gbps``;
-    ``burst_bytes`` of pacing burst; backs off after ``feedback_timeout_s``
-    without feedback. ``spray``: datagrams go round-robin over the equal-cost
+    ``ack_interval_s``. Rate control (:class:`~commsched.transport.dlcp.rate.RateParams`,
+    whose docstring justifies each default): starts at ``initial_gbps`` and
+    doubles per round trip until the first congestion signal, then DCTCP's
+    cut with gain ``gain`` from ``alpha_init`` and one more datagram per
+    round trip; a floor of ``min_gbps``; ``burst_bytes`` of pacing burst;
+    gives up on what is in flight after ``max(feedback_timeout_s, srtt +
+    4·rttvar)`` without feedback. ``spray``: datagrams go round-robin over the equal-cost
     paths by their sequence number, as the link round-robins over its path
     sockets (false: the fabric's ``load_balancing``).
     """
 
+    # Why these defaults (none was chosen on a benchmark's outcome):
+    # - quantile, important_layer_classes: classify()'s own defaults, as the link uses them.
+    # - probe_delay_s: a floor only; the sender PROBEs max(probe_delay_s, 2·srtt) after its last datagram.
+    # - probe_timeout_s: control packets travel in the top band, so a PROBE's answer waits behind no data
+    #   queue; 500 µs is over 10 base round trips of the fabrics simulated here (µs links, 10-100 Gbit/s),
+    #   so it fires only for a lost control packet.
+    # - ack_every 0: the link's rule (one Ack per 48 KiB); ack_interval_s: a few base round trips, so a
+    #   sender too slow to trigger Acks still hears within its round trip's order of magnitude.
+    # - initial_gbps: a fixed start, not the NIC's rate; slow start doubles it each round trip (at
+    #   100 Gbit/s the line rate is reached in four round trips).
+    # - min_gbps: the link's floor (RateParams.min_rate_bytes_per_s, 8 Mbit/s).
+    # - gain, alpha_init: DCTCP's g and Linux DCTCP's initial α, as RateParams.
+    # - burst_bytes: two jumbo datagrams, so a paced sender may follow one datagram by the next back to back.
+    # - feedback_timeout_s: the TCP baselines' minimum RTO here (TcpParams.min_rto_s), so no transport
+    #   gets a shorter timer than another; above it the timer is srtt + 4·rttvar.
     quantile: float = option(0.5, "a chunk norm at or above this quantile of its transfer's is important", ge=0, le=1)
     important_layer_classes: int = option(1, "layer classes below this are important whatever their norms", ge=0)
     probe_delay_s: float = option(20e-6, "PROBE this long after the last packet was sent", ge=0)
     probe_timeout_s: float = option(500e-6, "PROBE again after this long unanswered", gt=0)
     ack_every: int = option(0, "ACK every n datagrams (0: one per 48 KiB, as the link)", ge=0)
     ack_interval_s: float = option(50e-6, "longest a received datagram waits for its ACK", gt=0)
-    initial_gbps: float = option(10.0, "rate a sender starts at", gt=0)
-    min_gbps: float = option(0.5, "lowest rate (a floor the recovery can climb from in a few round trips)", gt=0)
-    increase_gbps: float = option(1.0, "additive increase per clean period in recovery", ge=0)
-    gain: float = option(1 / 16, "EWMA gain of the congestion estimate alpha", gt=0, le=1)
-    interval_s: float = option(20e-6, "shortest period between rate increases", gt=0)
-    burst_bytes: int = option(18_000, "pacing burst", ge=1)
-    feedback_timeout_s: float = option(200e-6, "halve the rate after this long without feedback while sending", gt=0)
+    initial_gbps: float = option(10.0, "rate a sender starts at (slow start doubles it per round trip)", gt=0)
+    min_gbps: float = option(0.008, "lowest rate (a floor below any fair share; recovery does not depend on it)", gt=0)
+    gain: float = option(1 / 16, "EWMA gain of the congestion estimate alpha (DCTCP's g)", gt=0, le=1)
+    alpha_init: float = option(1.0, "alpha before any round trip (Linux DCTCP's)", ge=0, le=1)
+    burst_bytes: int = option(18_000, "pacing burst (two jumbo datagrams)", ge=1)
+    feedback_timeout_s: float = option(1e-3, "least time without feedback before giving up what is in flight", gt=0)
     spray: bool = option(True, "round-robin datagrams over the equal-cost paths (false: load_balancing)")
 
     def __post_init__(self) -> None:

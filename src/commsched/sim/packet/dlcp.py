@@ -148,9 +148,8 @@ class DlcpSender:
             RateParams(
                 initial_rate_bytes_per_s=p.initial_gbps * gbps,
                 min_rate_bytes_per_s=p.min_gbps * gbps,
-                increase_bytes_per_s=p.increase_gbps * gbps,
                 gain=p.gain,
-                interval_s=p.interval_s,
+                alpha_init=p.alpha_init,
                 burst_bytes=float(p.burst_bytes),
                 feedback_timeout_s=p.feedback_timeout_s,
                 ack_slack=p.ack_every or datagrams_per_ack(self.mtu_bytes),

@@ -1,43 +1,82 @@
-"""DLCP's sender rate control: DCTCP's ECN estimate on a paced rate (as DCQCN does), clock-free.
+"""DLCP's sender rate control: DCTCP's reaction to congestion (Alizadeh et al., SIGCOMM'10) on a paced rate.
 
-One :class:`RateControl` per destination. It never reads the configured link
-rate: it starts at ``initial_rate_bytes_per_s`` and learns from the
-receiver's :class:`~commsched.transport.dlcp.protocol.Ack` feedback, which
-counts DATA datagrams sent (by sequence number), received and CE-marked.
+One :class:`RateControl` per destination, clock-free (every method takes
+``now_s``). It never reads the configured link rate: it starts at
+``initial_rate_bytes_per_s`` and learns from the receiver's cumulative
+:class:`~commsched.transport.dlcp.protocol.Ack` counts — DATA datagrams
+sent (the highest sequence number the receiver saw, + 1), received, and
+received CE-marked — and from round-trip samples.
 
-Decrease, at once, on a *fresh* signal: an Ack that reports CE marks or
-losses among datagrams sent after the last cut (the recovery point, as in
-TCP: one cut per round of data, never two for the same congestion). With
-``F = (ce + lost) / (received + lost)`` since the last change:
+**Rounds.** A round starts with the next datagram's sequence number ``S``
+and ends with the first Ack showing that the receiver saw ``S`` or a later
+datagram: about one round trip, queueing included, at any rate. At its end
 
-- DCTCP's estimate ``α ← (1 − g)·α + g·F``; ``target ← rate``;
-- CE marks only: ``rate ← rate · (1 − α/2)`` (DCTCP's cut);
-- losses: the same with ``max(α, F)`` for ``α``: a queue that overflows (F
-  large) is cut at once, up to half, while a rare random loss (a gray link,
-  F small) costs little — a bounded-loss transport tolerates it anyway.
+    F = (ce + lost) / (received + lost),     α ← (1 − g)·α + g·F
 
-Increase, once per period ``max(interval_s, srtt)`` in which datagrams were
-delivered and nothing was marked or lost: before the first signal (slow
-start) the rate doubles; after it, DCQCN's recovery ``rate ← (rate +
-target)/2``, from the sixth clean period on with ``target +=
-increase_bytes_per_s`` first. An application-limited sender (it used less
-than half its allowance) holds its rate instead. ``srtt`` is smoothed (gain
-1/8) from Acks that echo a datagram's sequence number, so it includes
-queueing delay.
+over the round's counts (DCTCP's estimate, ``g`` = ``gain``; a lost
+datagram counts as a mark: a RED port drops a datagram that is not
+ECN-capable exactly where it marks an ECN-capable one, which is how DLCP
+uses it for unimportant gradients).
 
-A window caps what is in flight, as BBR caps it at twice the path's
-bandwidth-delay product: datagrams sent after the highest one the receiver
-has seen may number at most ``2 · rate · max(min_rtt, rtt_floor_s) /
-datagram + ack_slack``
-(``ack_slack``: the datagrams a receiver may hold before it acknowledges).
-A rate alone keeps sending into a standing queue until feedback catches up;
-the window makes the sender self-clocked, so a queue stays bounded with or
-without ECN. If no feedback arrives for ``feedback_timeout_s`` while
-sending, what is in flight is given up on and the rate halves (everything
-is being lost: back off rather than keep flooding). The rate stays within
-``[min_rate_bytes_per_s, max_rate_bytes_per_s]``.
+**Decrease**, at once, on the first Ack that reports a CE mark or confirms
+a loss of a datagram sent after the recovery point (the sequence number of
+the next datagram when the rate was last cut: at most one cut per round
+trip, never two for the same congestion, as TCP's recovery):
 
-Pacing is a token bucket of ``burst_bytes``: a packet may go while the
+- ``rate ← rate·(1 − α/2)`` (DCTCP's cut) for a mark, and for a loss on a
+  path that has marked before (its losses are an AQM's early drops);
+- ``rate ← rate/2`` for a loss on a path that has never marked: there a loss
+  means a buffer overflowed, and a proportional cut would settle at a loss
+  rate of about 2/window per round trip, as DCTCP settles at that marking
+  rate; halving is TCP's answer, and Linux DCTCP's on loss.
+
+**Loss is not reordering.** DLCP's datagrams are written at their offsets
+and sprayed over paths and priority bands, so one overtaken by a later one
+is not lost. ``missing = sent − received`` is the losses so far plus the
+datagrams still overtaken, which arrive later. As RACK (RFC 8985) does with
+each segment, a datagram counts as lost only once it has stayed missing for
+a reordering window ``reo_wnd = min(k·min_rtt/4, srtt)``: the losses
+confirmed are the largest ``m`` such that ``missing ≥ m`` held for all of
+the last ``reo_wnd`` (between Acks, ``missing`` is what the last one said).
+When ``missing`` falls below the losses confirmed, datagrams counted lost
+arrived after all (RACK's DSACK): the count is corrected and ``k`` (from 1)
+grows by one, so a path that reorders more than the window widens it.
+
+**Increase**, at the end of a clean round (no mark, no loss, no cut): in
+slow start (before the first cut) the rate doubles; after it, one more
+datagram per round, ``rate += datagram / round duration`` (TCP's congestion
+avoidance, one segment per round trip, in rate terms: no step size to
+choose; at a rate below one datagram per round trip the round is the gap
+between datagrams, and the rate about doubles). A sender that did not test
+its rate in the round holds it instead: one that used less than half its
+allowance (application-limited, as RFC 7661 validates a window) or that the
+window stopped.
+
+**Window.** Datagrams sent after the highest one the receiver saw number at
+most ``2·rate·max(min_rtt, rtt_floor_s)/datagram + ack_slack`` (``ack_slack``:
+what a receiver may hold before it acknowledges), as BBR caps what is in
+flight at twice the bandwidth-delay product: a rate alone keeps sending into
+a standing queue until feedback catches up; the window makes the sender
+self-clocked.
+
+**Feedback timeout.** While datagrams are in flight, if no Ack made progress
+for ``rto = max(feedback_timeout_s, srtt + 4·rttvar)`` (RFC 6298's timer,
+started by the first datagram in flight and restarted by each Ack that makes
+progress), what is in flight is given up on, so the window reopens. If
+datagrams were sent since the last Ack that made progress (the sender kept
+sending into silence), the rate also halves and the timer doubles until an
+Ack makes progress; if not (the last datagrams of a burst were lost), the
+rate stays. Either way the timer re-arms only with a new send, so a sender
+that its window blocks is cut at most once per timeout period.
+
+**Round trips** come from Acks: one that echoes the datagram that triggered
+it gives an exact sample; one a receiver's timer sent gives, when it reports
+a new highest datagram, the time since that datagram was sent (longer by at
+most the receiver's Ack interval), so a sender too slow to trigger Acks
+still measures its path. ``srtt`` and ``rttvar`` are RFC 6298's.
+
+The rate stays within ``[min_rate_bytes_per_s, max_rate_bytes_per_s]``.
+Pacing is a token bucket of ``burst_bytes``: a datagram may go while the
 bucket is positive (:meth:`RateControl.delay_s` is 0) and its bytes are
 taken when it goes (:meth:`RateControl.on_send`, which also numbers the
 datagrams toward this destination). Re-sends pay like first sends, so
@@ -47,29 +86,47 @@ retransmissions never add load beyond the rate.
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass
 
 from commsched.transport.dlcp.wire import NO_ECHO, U32
 
 _RING = 4096  # send times kept for round-trip samples
+_HALF = 2**31
 
 
 @dataclass(frozen=True, slots=True)
 class RateParams:
-    """Knobs of :class:`RateControl`; defaults suit a host whose loop wakes every ~0.1-1 ms.
+    """Knobs of :class:`RateControl`; the defaults suit a host whose loop wakes every ~0.1-1 ms.
 
-    ``ack_slack`` is at least the receivers' :class:`~commsched.transport.dlcp.protocol.PeerFeedback` ``every``.
-    ``rtt_floor_s``: the least round trip the window assumes, for receivers
-    whose answer time varies well above the fastest one measured (a Python
-    receiver loop: about a millisecond).
+    - ``initial_rate_bytes_per_s``: where a sender starts, before slow start
+      finds the path's rate (100 Mbit/s: a small share of any data-centre
+      link; doubled every round trip).
+    - ``min_rate_bytes_per_s``: a floor, so that the rate never reaches 0;
+      below any fair share expected (8 Mbit/s: 1/1250 of 10 Gbit/s). It does
+      not set how fast a sender recovers: from a rate below one datagram per
+      round trip the increase about doubles the rate each round.
+    - ``gain``: DCTCP's ``g`` (1/16, the DCTCP paper's and Linux's).
+    - ``alpha_init``: α before any round (1, Linux DCTCP's
+      ``dctcp_alpha_on_init``): nothing is known of the path, so the first
+      mark halves the rate, as TCP leaves slow start.
+    - ``burst_bytes``: the pacer's bucket; at least one datagram.
+    - ``feedback_timeout_s``: the least time without feedback before giving
+      up on what is in flight (RFC 6298's minimum RTO). 50 ms: a Python
+      receiver stalls for garbage collection or the GIL for tens of
+      milliseconds, and a shorter timer would cut the rate for a silence that
+      is the receiver's, not the network's.
+    - ``ack_slack``: at least the receivers' :class:`~commsched.transport.dlcp.protocol.PeerFeedback` ``every``.
+    - ``rtt_floor_s``: the least round trip the window assumes, for receivers
+      whose answer time varies well above the fastest one measured (a Python
+      receiver loop: about a millisecond).
     """
 
     initial_rate_bytes_per_s: float = 12.5e6
     min_rate_bytes_per_s: float = 1e6
     max_rate_bytes_per_s: float = float("inf")
-    increase_bytes_per_s: float = 10e6
     gain: float = 1 / 16
-    interval_s: float = 0.002
+    alpha_init: float = 1.0
     burst_bytes: float = 8 * 1024
     feedback_timeout_s: float = 0.05
     ack_slack: int = 32
@@ -78,40 +135,63 @@ class RateParams:
 
 def _after(a: int, b: int) -> bool:
     """Sequence number ``a`` is ``b`` or later (32-bit serial arithmetic)."""
-    return (a - b) % U32 < 2**31
+    return (a - b) % U32 < _HALF
 
 
 class RateControl:
-    """The allowed sending rate toward one destination (bytes/s), from feedback events and ``now_s``."""
+    """The allowed sending rate toward one destination (bytes/s), from feedback events and ``now_s``.
+
+    Counters: ``decreases`` (cuts), ``timeouts``, ``rounds``, ``lost``
+    (datagrams confirmed lost, net of those found reordered), ``reordered``
+    (times datagrams counted lost arrived after all); ``marking_path``: a
+    CE mark came back from this destination.
+    """
 
     __slots__ = (
-        "_acked", "_avg_bytes", "_ce", "_changed_s", "_clean", "_feedback_s", "_highest", "_lost",
-        "_received", "_recover_seq", "_sent_at", "_sent_since_feedback", "_stamp_s", "_tokens", "_used_bytes",
-        "alpha", "decreases", "min_rtt_s", "p", "rate_bytes_per_s", "seq", "slow_start", "srtt_s",
-        "target_bytes_per_s",
+        "_acked", "_avg_bytes", "_backoff", "_cut_in_round", "_feedback_s", "_highest", "_missing_since",
+        "_recover_seq", "_reo_mult", "_round_ce", "_round_lost", "_round_received", "_round_sent_bytes",
+        "_round_seq", "_round_start_s", "_sent_at", "_sent_since_feedback", "_stamp_s", "_tokens",
+        "_window_limited", "alpha", "decreases", "lost", "marking_path", "min_rtt_s", "p", "rate_bytes_per_s",
+        "reordered", "rounds", "rttvar_s", "seq", "slow_start", "srtt_s", "timeouts",
     )  # fmt: skip
 
     def __init__(self, params: RateParams | None = None, now_s: float = 0.0) -> None:
         self.p = params if params is not None else RateParams()
-        self.rate_bytes_per_s = self.p.initial_rate_bytes_per_s
-        self.target_bytes_per_s = self.rate_bytes_per_s
-        self.alpha = 0.0
+        self.rate_bytes_per_s = min(self.p.max_rate_bytes_per_s, self.p.initial_rate_bytes_per_s)
+        self.alpha = self.p.alpha_init
         self.slow_start = True
+        self.marking_path = False
         self.decreases = 0
+        self.timeouts = 0
+        self.rounds = 0
+        self.lost = 0
+        self.reordered = 0
         self.seq = 0  # the next datagram's sequence number
         self.srtt_s = 0.0
+        self.rttvar_s = 0.0
         self.min_rtt_s = 0.0
         self._highest = U32 - 1  # the highest sequence number the receiver has seen (none yet)
         self._avg_bytes = 0.0
         self._recover_seq = 0
-        self._clean = 0  # clean periods since the last cut
         self._tokens = self.p.burst_bytes
-        self._stamp_s = self._changed_s = self._feedback_s = now_s
-        self._used_bytes = 0.0
+        self._stamp_s = now_s
+        self._feedback_s = now_s
         self._sent_since_feedback = False
+        self._backoff = 0  # feedback timeouts in a row
         self._sent_at: list[tuple[int, float]] = [(-1, 0.0)] * _RING
         self._acked = (0, 0, 0)  # cumulative (sent, received, ce) of the last Ack
-        self._ce = self._lost = self._received = 0  # since the last change
+        #: ``(since_s, m, h)``, each increasing: ``missing ≥ m`` has held since ``since_s``, and then those
+        #: ``m`` datagrams were all numbered below ``h``
+        self._missing_since: deque[tuple[float, int, int]] = deque()
+        self._reo_mult = 1
+        self._round_seq = 0
+        self._round_start_s = now_s
+        self._round_sent_bytes = 0.0
+        self._round_received = 0
+        self._round_ce = 0
+        self._round_lost = 0
+        self._cut_in_round = False
+        self._window_limited = False
 
     # ---- pacing ----
 
@@ -133,8 +213,9 @@ class RateControl:
         return 2 * self.rate_bytes_per_s * max(self.min_rtt_s, self.p.rtt_floor_s) / self._avg_bytes + self.p.ack_slack
 
     def delay_s(self, now_s: float) -> float:
-        """How long until a packet may go: 0 now, INF while the window is full (an Ack or a timer opens it)."""
+        """How long until a datagram may go: 0 now, INF while the window is full (an Ack or a timer opens it)."""
         if self.inflight >= self.window:
+            self._window_limited = True
             return math.inf
         self._refill(now_s)
         return 0.0 if self._tokens > 0 else -self._tokens / self.rate_bytes_per_s + 1e-6
@@ -143,7 +224,9 @@ class RateControl:
         """A datagram of ``nbytes`` (on the wire) goes out now; returns its sequence number (32 bits, from 0)."""
         self._refill(now_s)
         self._tokens -= nbytes
-        self._used_bytes += nbytes
+        self._round_sent_bytes += nbytes
+        if self.inflight == 0:
+            self._feedback_s = now_s  # the timer starts with the first datagram in flight (RFC 6298, 5.1)
         self._sent_since_feedback = True
         self._avg_bytes = nbytes if not self._avg_bytes else 0.9 * self._avg_bytes + 0.1 * nbytes
         seq = self.seq
@@ -154,84 +237,133 @@ class RateControl:
     # ---- feedback ----
 
     def on_ack(self, sent: int, received: int, ce: int, echo: int, now_s: float) -> None:
-        """The receiver's cumulative counts (an Ack); out-of-date counts are ignored."""
-        if echo != NO_ECHO:
-            seq, sent_s = self._sent_at[echo % _RING]
-            if seq == echo:
-                sample_s = now_s - sent_s
-                self.srtt_s = sample_s if self.srtt_s == 0 else 0.875 * self.srtt_s + 0.125 * sample_s
-                self.min_rtt_s = sample_s if self.min_rtt_s == 0 else min(self.min_rtt_s, sample_s)
+        """The receiver's cumulative counts (an Ack); out-of-date or repeated counts are ignored."""
         last_sent, last_received, last_ce = self._acked
-        if sent < last_sent or received < last_received or (sent, received) == (last_sent, last_received):
-            return
-        lost = max(0, (sent - received) - (last_sent - last_received))
-        marked = max(0, ce - last_ce)
-        self._lost += lost
-        self._received += received - last_received
-        self._ce += marked
+        if echo != NO_ECHO:
+            self._sample(echo, now_s)
+        elif sent > last_sent:  # a timer's Ack: the newest datagram it reports arrived since the last Ack
+            self._sample((sent - 1) % U32, now_s)
+        if sent < last_sent or received < last_received or ce < last_ce:
+            return  # out of date
+        if sent == last_sent and received == last_received:
+            return  # repeated
         self._acked = (sent, received, ce)
-        if _after((sent - 1) % U32, self._highest) and _after(self.seq, sent % U32):
-            self._highest = (sent - 1) % U32
+        self._round_received += received - last_received
+        marked = ce - last_ce
+        self._round_ce += marked
+        if marked:
+            self.marking_path = True
+        top = (sent - 1) % U32
+        if _after(top, self._highest) and _after(self.seq, sent % U32):
+            self._highest = top
         self._feedback_s = now_s
         self._sent_since_feedback = False
-        if (lost or marked) and _after((sent - 1) % U32, self._recover_seq):
-            self._cut(now_s)
-        else:
-            self.on_timer(now_s)
+        self._backoff = 0
+        lost_below = self._confirm_losses(sent - received, sent % U32, now_s)
+        if marked and _after(top, self._recover_seq):
+            self._cut(self.alpha, now_s)
+        elif lost_below >= 0 and _after((lost_below - 1) % U32, self._recover_seq):
+            self._cut(self.alpha if self.marking_path else 1.0, now_s)
+        if _after(top, self._round_seq):
+            self._end_round(now_s)
 
-    def _cut(self, now_s: float) -> None:
-        fraction = min(1.0, (self._ce + self._lost) / max(1, self._received + self._lost))
-        self.alpha = (1 - self.p.gain) * self.alpha + self.p.gain * fraction
-        cut = max(self.alpha, fraction) if self._lost else self.alpha
+    def _sample(self, seq: int, now_s: float) -> None:
+        """A round-trip sample from datagram ``seq`` (RFC 6298's smoothing)."""
+        sent_seq, sent_s = self._sent_at[seq % _RING]
+        if sent_seq != seq:
+            return
+        sample_s = now_s - sent_s
+        if self.srtt_s == 0:
+            self.srtt_s, self.rttvar_s = sample_s, sample_s / 2
+        else:
+            self.rttvar_s = 0.75 * self.rttvar_s + 0.25 * abs(self.srtt_s - sample_s)
+            self.srtt_s = 0.875 * self.srtt_s + 0.125 * sample_s
+        self.min_rtt_s = sample_s if self.min_rtt_s == 0 else min(self.min_rtt_s, sample_s)
+
+    @property
+    def reorder_window_s(self) -> float:
+        """RACK's ``reo_wnd``: how long a datagram must stay missing to count as lost (INF before any sample)."""
+        if self.min_rtt_s == 0:
+            return math.inf
+        return min(self._reo_mult * self.min_rtt_s / 4, self.srtt_s)
+
+    def _confirm_losses(self, missing: int, sent: int, now_s: float) -> int:
+        """Count as lost what has stayed missing for the reordering window (module docstring).
+
+        Returns -1, or when losses were confirmed now, a sequence number they all lie below.
+        """
+        since = self._missing_since
+        if missing < self.lost:  # datagrams counted lost arrived: reordered, not lost
+            self.reordered += 1
+            self._round_lost = max(0, self._round_lost - (self.lost - missing))
+            self.lost = missing
+            self._reo_mult += 1
+        start_s, below = now_s, sent
+        while since and since[-1][1] >= missing:
+            start_s, _, below = since.pop()  # missing ≥ this value held since then too
+        since.append((start_s, missing, below))
+        horizon_s = now_s - self.reorder_window_s
+        while len(since) > 1 and since[1][0] <= horizon_s:
+            since.popleft()
+        held_s, held, held_below = since[0]
+        if held_s > horizon_s or held <= self.lost:
+            return -1
+        self._round_lost += held - self.lost
+        self.lost = held
+        return held_below
+
+    def _end_round(self, now_s: float) -> None:
+        """The receiver saw the round's first datagram: learn α from the round; increase after a clean one."""
+        self.rounds += 1
+        ce, received, lost = self._round_ce, self._round_received, self._round_lost
+        if received + lost:
+            self.alpha = (1 - self.p.gain) * self.alpha + self.p.gain * (ce + lost) / (received + lost)
+        elapsed_s = now_s - self._round_start_s
+        rate = self.rate_bytes_per_s
+        untested = self._window_limited or self._round_sent_bytes < 0.5 * rate * elapsed_s
+        if received and not (ce or lost or self._cut_in_round or untested):
+            self._set(2 * rate if self.slow_start else rate + self._avg_bytes / max(elapsed_s, 1e-9), now_s)
+        self._start_round(now_s)
+
+    def _start_round(self, now_s: float) -> None:
+        self._round_seq = self.seq
+        self._round_start_s = now_s
+        self._round_sent_bytes = 0.0
+        self._round_received = self._round_ce = self._round_lost = 0
+        self._cut_in_round = self._window_limited = False
+
+    def _cut(self, fraction: float, now_s: float) -> None:
+        """``rate ← rate·(1 − fraction/2)``; leave slow start; no cut again before the recovery point."""
         self.slow_start = False
-        self.target_bytes_per_s = self.rate_bytes_per_s
-        self._clean = 0
         self._recover_seq = self.seq
-        self._set(self.rate_bytes_per_s * (1 - cut / 2), now_s)
+        self._cut_in_round = True
+        self._set(self.rate_bytes_per_s * (1 - min(1.0, fraction) / 2), now_s)
+
+    @property
+    def timeout_s(self) -> float:
+        """The feedback timeout now: ``max(feedback_timeout_s, srtt + 4·rttvar)``, doubled per timeout in a row."""
+        return max(self.p.feedback_timeout_s, self.srtt_s + 4 * self.rttvar_s) * (1 << min(self._backoff, 16))
 
     @property
     def timer_s(self) -> float:
-        """When :meth:`on_timer` would back off for want of feedback (INF: nothing sent since the last Ack).
-
-        Increases need no timer of their own: they come with Acks (:meth:`on_ack` calls :meth:`on_timer`).
-        """
-        return self._feedback_s + self.p.feedback_timeout_s if self._sent_since_feedback else math.inf
+        """When :meth:`on_timer` would give up on what is in flight (INF: nothing is)."""
+        return self._feedback_s + self.timeout_s if self.inflight else math.inf
 
     def on_timer(self, now_s: float) -> None:
-        """Increase after a clean period; back off when feedback has stopped."""
-        if self._sent_since_feedback and now_s >= self._feedback_s + self.p.feedback_timeout_s:  # as timer_s
-            self.slow_start = False
-            self._feedback_s = now_s
-            self._recover_seq = self.seq
-            self._highest = (self.seq - 1) % U32  # give up on what is in flight
-            self._set(self.rate_bytes_per_s / 2, now_s)
+        """At ``timer_s``: give up on what is in flight; halve the rate if it was sent after the last feedback."""
+        if not self.inflight or now_s < self._feedback_s + self.timeout_s:  # as timer_s says
             return
-        elapsed_s = now_s - self._changed_s
-        if elapsed_s < max(self.p.interval_s, self.srtt_s) or not self._received:
-            return
-        rate = self.rate_bytes_per_s
-        if self._ce or self._lost:  # signals from before the last cut: they only teach α
-            fraction = (self._ce + self._lost) / (self._received + self._lost)
-            self.alpha = (1 - self.p.gain) * self.alpha + self.p.gain * fraction
-            self._set(rate, now_s)
-            return
-        self.alpha = (1 - self.p.gain) * self.alpha
-        if self._used_bytes < 0.5 * rate * elapsed_s:  # application-limited: hold
-            self._set(rate, now_s)
-        elif self.slow_start:
-            self._set(2 * rate, now_s)
-        else:
-            self._clean += 1
-            if self._clean > 5:
-                self.target_bytes_per_s += self.p.increase_bytes_per_s
-            self._set((rate + self.target_bytes_per_s) / 2, now_s)
+        self.timeouts += 1
+        self._highest = (self.seq - 1) % U32  # give up on what is in flight: the window reopens
+        if self._sent_since_feedback:  # sending on into silence: back off, once per timeout period
+            self._backoff += 1
+            self._cut(1.0, now_s)
+        self._sent_since_feedback = False
+        self._feedback_s = now_s
+        self._start_round(now_s)
 
     def _set(self, rate: float, now_s: float) -> None:
         self._refill(now_s)
         if rate < self.rate_bytes_per_s:
             self.decreases += 1
         self.rate_bytes_per_s = min(self.p.max_rate_bytes_per_s, max(self.p.min_rate_bytes_per_s, rate))
-        self.target_bytes_per_s = min(self.target_bytes_per_s, self.p.max_rate_bytes_per_s)
-        self._changed_s = now_s
-        self._used_bytes = 0.0
-        self._ce = self._lost = self._received = 0
