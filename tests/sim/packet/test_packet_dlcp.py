@@ -220,3 +220,27 @@ def test_an_incast_never_loses_more_than_the_bound(bound: float) -> None:
             assert lost <= int(bound * numel)
             if bound == 0.0:
                 assert lost == 0
+
+
+def test_an_incast_through_red_ends_within_a_tenth_of_dctcp() -> None:
+    # 8 -> 1 at 10 Gbit/s, 2 MB each, K = 90 kB: the rate control neither collapses nor overflows the port
+    red = RedParams(min_bytes=90_000, max_bytes=90_000)
+    fcts = {}
+    for name in ("dctcp", "dlcp"):
+        config = PacketConfig(transport=name, red=red)
+        results = run_flows(fabric(9, config), [Flow(s, 8, 2_000_000, cls=1) for s in range(8)], config)
+        fcts[name] = max(r.fct_s for r in results)
+    assert fcts["dlcp"] <= 1.1 * fcts["dctcp"], fcts
+
+
+def test_reordering_across_bands_and_spines_is_not_counted_as_loss() -> None:
+    # no drops (deep buffers, no RED), but datagrams sprayed over two spines and five strict-priority bands
+    config = PacketConfig(
+        transport="dlcp", priority_classes=5, topology="leaf_spine", hosts_per_leaf=3, spines=2, buffer_bytes=20_000_000
+    )
+    flows = [Flow(s, 5, 1_000_000, start_s=2e-4 * k, cls=k % 4) for s in range(3) for k in range(3)]
+    results = run_flows(fabric(6, config), flows, config)
+    assert sum(r.drops for r in results) == 0
+    rates = [r.sender.rate for r in results]
+    assert sum(rc.reordered for rc in rates) > 0  # datagrams counted lost for a while, then found overtaken
+    assert all(rc.lost == 0 and rc.decreases == rc.timeouts for rc in rates)  # no loss stayed, no cut for one

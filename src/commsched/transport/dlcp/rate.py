@@ -40,7 +40,9 @@ confirmed are the largest ``m`` such that ``missing ≥ m`` held for all of
 the last ``reo_wnd`` (between Acks, ``missing`` is what the last one said).
 When ``missing`` falls below the losses confirmed, datagrams counted lost
 arrived after all (RACK's DSACK): the count is corrected and ``k`` (from 1)
-grows by one, so a path that reorders more than the window widens it.
+grows by one, at most once per round, so a path that reorders more than the
+window widens it (unlike RACK, it never narrows again: DLCP reorders by
+design, across priority bands and paths, for as long as it sends).
 
 **Increase**, at the end of a clean round (no mark, no loss, no cut): in
 slow start (before the first cut) the rate doubles; after it, one more
@@ -149,7 +151,7 @@ class RateControl:
 
     __slots__ = (
         "_acked", "_avg_bytes", "_backoff", "_cut_in_round", "_feedback_s", "_highest", "_missing_since",
-        "_recover_seq", "_reo_mult", "_round_ce", "_round_lost", "_round_received", "_round_sent_bytes",
+        "_recover_seq", "_reo_mult", "_reo_round", "_round_ce", "_round_lost", "_round_received", "_round_sent_bytes",
         "_round_seq", "_round_start_s", "_sent_at", "_sent_since_feedback", "_stamp_s", "_tokens",
         "_window_limited", "alpha", "decreases", "lost", "marking_path", "min_rtt_s", "p", "rate_bytes_per_s",
         "reordered", "rounds", "rttvar_s", "seq", "slow_start", "srtt_s", "timeouts",
@@ -184,6 +186,7 @@ class RateControl:
         #: ``m`` datagrams were all numbered below ``h``
         self._missing_since: deque[tuple[float, int, int]] = deque()
         self._reo_mult = 1
+        self._reo_round = -1  # the round the window last widened in
         self._round_seq = 0
         self._round_start_s = now_s
         self._round_sent_bytes = 0.0
@@ -297,7 +300,9 @@ class RateControl:
             self.reordered += 1
             self._round_lost = max(0, self._round_lost - (self.lost - missing))
             self.lost = missing
-            self._reo_mult += 1
+            if self.rounds > self._reo_round:  # RACK widens its window at most once per round trip
+                self._reo_round = self.rounds
+                self._reo_mult += 1
         start_s, below = now_s, sent
         while since and since[-1][1] >= missing:
             start_s, _, below = since.pop()  # missing ≥ this value held since then too
