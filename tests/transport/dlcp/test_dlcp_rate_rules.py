@@ -20,8 +20,9 @@ G = 1 / 16
 
 
 def sender(**params: float) -> RateControl:
-    """A sender with a measured round trip (100 µs), past slow start's first round."""
-    rc = RateControl(RateParams(**params), 0.0)  # type: ignore[arg-type]
+    """A sender with a measured round trip (100 µs), past slow start's first round, far above its floor
+    (two datagrams per round trip: 30 MB/s)."""
+    rc = RateControl(RateParams(**{"initial_rate_bytes_per_s": 1e9, **params}), 0.0)  # type: ignore[arg-type]
     rc.on_send(DATAGRAM, 0.0)
     rc.on_ack(1, 1, 0, 0, RTT_S)
     return rc
@@ -127,8 +128,10 @@ def test_a_datagram_counted_lost_that_arrives_widens_the_reordering_window() -> 
     rc.on_ack(11, 9, 0, 10, t0)
     rc.on_ack(12, 10, 0, 11, t0 + window)
     assert rc.lost == 2
+    rate = rc.rate_bytes_per_s  # halved for the two (no marks on this path)
     rc.on_ack(13, 13, 0, 12, t0 + 3 * window)  # they arrive after all
     assert rc.lost == 0 and rc.reordered == 1 and rc.reorder_window_s == pytest.approx(2 * window)
+    assert rc.undone == 1 and rc.rate_bytes_per_s == 2 * rate  # the cut is undone
 
 
 def test_the_feedback_timeout_cuts_once_per_period_and_doubles() -> None:
@@ -161,7 +164,7 @@ def test_a_lost_tail_is_given_up_without_a_cut() -> None:
     assert rc.timeouts == 1 and rc.inflight == 0 and rc.rate_bytes_per_s == rate
 
 
-def test_after_slow_start_a_clean_round_adds_one_datagram_per_round() -> None:
+def test_after_slow_start_a_clean_round_adds_one_datagram_per_round_trip() -> None:
     rc = sender(alpha_init=1.0)
     send(rc, 10, 0.001)
     rc.on_ack(11, 11, 1, 10, 0.001 + RTT_S)  # a mark ends slow start
@@ -181,3 +184,16 @@ def test_a_sender_its_window_stopped_holds_its_rate() -> None:
     sent = rc.seq
     rc.on_ack(sent, sent, 0, sent - 1, 0.001 + 10 * RTT_S)  # a clean round, but the window limited it
     assert rc.rate_bytes_per_s == rate
+
+
+def test_the_rate_never_falls_below_two_datagrams_per_round_trip() -> None:
+    rc = sender(min_rate_bytes_per_s=1.0)
+    now, seq, ce = 0.001, 1, 0
+    for _ in range(60):  # every datagram marked, round after round
+        send(rc, 4, now)
+        seq += 4
+        ce += 4
+        rc.on_ack(seq, seq, ce, seq - 1, now + RTT_S)
+        now += 0.001
+    assert rc.decreases > 10
+    assert rc.rate_bytes_per_s == pytest.approx(2 * DATAGRAM / rc.srtt_s) == rc.floor_bytes_per_s

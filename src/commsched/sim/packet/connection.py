@@ -2,9 +2,11 @@
 
 The connection is the only place where transports meet the clock: it hands
 them ``fabric.now``, sends what they return, and fires their timers. A
-timer is lazy: one event is pending per side at a time; when it fires early
-(the deadline moved later) it re-arms at the new deadline, so pushing a
-deadline forward on every ACK costs nothing.
+timer is lazy: when a deadline moves later, the pending event stays and,
+when it fires early, re-arms at the new deadline, so pushing a deadline
+forward on every ACK costs nothing; when it moves earlier, an event is
+scheduled for it and the later one, superseded, does nothing when it fires
+(each event carries the deadline it was armed for).
 
 Messages: :meth:`Connection.message` appends ``nbytes`` to the stream and
 calls ``done()`` once the receiver has every segment of it in order (or, for
@@ -84,7 +86,7 @@ class Connection:
         deadline = self.sender.timer_s
         if deadline < self._tx_timer:
             self._tx_timer = deadline
-            self.fabric.schedule(deadline, self._fire_tx, None)
+            self.fabric.schedule(deadline, self._fire_tx, deadline)
 
     def _flush_rx(self) -> None:
         out = self._out
@@ -96,16 +98,20 @@ class Connection:
         deadline = self.receiver.timer_s
         if deadline < self._rx_timer:
             self._rx_timer = deadline
-            self.fabric.schedule(deadline, self._fire_rx, None)
+            self.fabric.schedule(deadline, self._fire_rx, deadline)
 
-    def _fire_tx(self, _: None) -> None:
+    def _fire_tx(self, armed_s: float) -> None:
+        if armed_s != self._tx_timer:
+            return  # superseded by an earlier deadline, which fired and re-armed
         self._tx_timer = INF
         now = self.fabric.now
         if self.sender.timer_s <= now:
             self.sender.on_timer(now, self._out)
         self._flush_tx()
 
-    def _fire_rx(self, _: None) -> None:
+    def _fire_rx(self, armed_s: float) -> None:
+        if armed_s != self._rx_timer:
+            return
         self._rx_timer = INF
         now = self.fabric.now
         if self.receiver.timer_s <= now:

@@ -44,6 +44,7 @@ its path sockets).
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -76,6 +77,7 @@ INF = math.inf
 #: Bytes a datagram adds to its payload on the wire: IPv4 + UDP, DLCP's header, the MAC (as the engine counts).
 DATAGRAM_OVERHEAD_BYTES = IPV4_UDP_BYTES + HEADER.size + MAC_BYTES
 _PLAIN = MessageSpec()
+_CLASSES = len(LAYER_DSCP)  # layer classes with a DSCP of their own; later ones share the last
 
 
 def band_of(tos: int, bands: int) -> int:
@@ -126,6 +128,11 @@ class Transfer:
         return lost / total
 
 
+def _urgency(transfer: Transfer) -> tuple[int, int]:
+    """Most urgent first: the lowest layer class, then the first posted (as the link's engine picks)."""
+    return transfer.prio, transfer.end
+
+
 def _control(transfer: Transfer | None, act: Action, nbytes: int, now_s: float, *, ack: bool) -> Packet:
     pkt = Packet(0, 0, DATAGRAM_OVERHEAD_BYTES + nbytes, now_s, is_ack=ack, ect=True, cls=0)
     pkt.info = (transfer, act)
@@ -155,14 +162,19 @@ class DlcpSender:
                 ack_slack=p.ack_every or datagrams_per_ack(self.mtu_bytes),
             )
         )
-        self.transfers: list[Transfer] = []  # posted and not yet stopped, in posting order
+        self.transfers: list[Transfer] = []  # posted and not yet stopped, most urgent first (_urgency)
         self.count = 0
         self.timer_s = INF
         self.sent = 0
         self.retransmits = 0
         self.probes = 0
+        self.spray = p.spray
         self._acts: list[Action] = []
-        self._bands = {tos: band_of(tos, self.bands) for tos in {0, *(tos_byte(c, True) for c in range(8))}}
+        #: (ECN-capable, band) of a datagram by ``layer class * 2 + important`` (classes past the last alike)
+        self._marking = [
+            ((tos & 3) == ECT0, band_of(tos, self.bands))
+            for tos in (tos_byte(c, bool(important)) for c in range(_CLASSES) for important in (0, 1))
+        ]
 
     def push(self, nbytes: int, now_s: float, out: list[Packet], spec: MessageSpec | None = None) -> int:
         """Post a message of ``nbytes`` (a send and its receive); its end index is its number, from 1."""
@@ -179,7 +191,7 @@ class DlcpSender:
             norms, spec.priority, self.p.quantile, important_layer_classes=self.p.important_layer_classes
         )
         transfer = Transfer(self.count, numel, stride, spec, important, norms, self.p, now_s)
-        self.transfers.append(transfer)
+        bisect.insort(self.transfers, transfer, key=_urgency)
         self._pump(now_s, out)
         return transfer.end
 
@@ -198,35 +210,37 @@ class DlcpSender:
         self._pump(now_s, out)
 
     def on_timer(self, now_s: float, out: list[Packet]) -> None:
-        if self.transfers:
-            self.rate.on_timer(now_s)  # backs off when feedback stopped
+        self.rate.on_timer(now_s)  # gives up on what is in flight when feedback stopped
         self._pump(now_s, out)
 
     # ---- sending ----
 
     def _pump(self, now_s: float, out: list[Packet]) -> None:
-        """Send what the pacer and window allow, most urgent message first; PROBEs that are due; re-arm."""
+        """Send what the pacer and window allow, most urgent message first; PROBEs that are due; re-arm.
+
+        Datagrams go in batches of what :meth:`RateControl.allowance` lets through back to back (the same
+        datagrams, in the same order, as one :meth:`RateControl.delay_s` check each).
+        """
         rate = self.rate
-        transfers = self.transfers
+        transfers = self.transfers  # by (layer class, posting order): the most urgent first
         acts = self._acts
-        pending = True
-        while pending:
-            best: Transfer | None = None
-            for t in transfers:
-                if t.send.pending and (best is None or t.prio < best.prio):
-                    best = t
-            if best is None:
-                pending = False
-                break
-            if rate.delay_s(now_s) > 0:
-                break
-            acts.clear()
-            best.send.probe_delay_s = max(self.p.probe_delay_s, 2 * rate.srtt_s)
-            best.send.next_packets(now_s, 1, acts)
-            for act in acts:
-                self._emit(best, act, now_s, out)
-        wake = INF
         probe_delay_s = max(self.p.probe_delay_s, 2 * rate.srtt_s)  # past the queues the last datagrams wait in
+        first, count = 0, len(transfers)
+        while True:
+            while first < count and not transfers[first].send.pending:
+                first += 1
+            if first == count:
+                break
+            budget = rate.allowance(now_s, self.mtu_bytes)
+            if budget == 0:
+                break
+            t = transfers[first]
+            t.send.probe_delay_s = probe_delay_s
+            acts.clear()
+            t.send.next_packets(now_s, budget, acts)
+            for act in acts:
+                self._emit(t, act, now_s, out)
+        wake = INF
         for t in transfers:
             s = t.send
             if not s.pending and not s.done:
@@ -238,24 +252,21 @@ class DlcpSender:
                         self._emit(t, act, now_s, out)
                 if s.wake_s < wake:
                     wake = s.wake_s
-        if pending:
+        if first < count:  # datagrams wait for the pacer (or for the window: an Ack or the timer opens it)
             delay = rate.delay_s(now_s)
-            if delay < INF and now_s + delay < wake:
+            if now_s + delay < wake:
                 wake = now_s + delay
-        if transfers:
-            wake = min(wake, rate.timer_s)
-        self.timer_s = wake
+        self.timer_s = min(wake, rate.timer_s)  # the rate's timer runs while datagrams are in flight
 
     def _emit(self, transfer: Transfer, act: Action, now_s: float, out: list[Packet]) -> None:
         if type(act) is Data:
-            tos = tos_byte(transfer.prio, bool(act.important))
+            ect, band = self._marking[min(transfer.prio, _CLASSES - 1) * 2 + act.important]
             payload = act.numel * transfer.itemsize
-            pkt = Packet(
-                0, payload, payload + DATAGRAM_OVERHEAD_BYTES, now_s, ect=(tos & 3) == ECT0, cls=self._bands[tos]
-            )
-            pkt.seq = self.rate.on_send(pkt.size_bytes, now_s)
-            if self.p.spray:
-                pkt.path = pkt.seq
+            pkt = Packet(0, payload, payload + DATAGRAM_OVERHEAD_BYTES, now_s, ect=ect, cls=band)
+            seq = self.rate.on_send(pkt.size_bytes, now_s)
+            pkt.seq = seq
+            if self.spray:
+                pkt.path = seq
             pkt.info = (transfer, act)
             self.sent += 1
             self.retransmits += act.resend

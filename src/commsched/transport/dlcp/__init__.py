@@ -23,6 +23,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from commsched import _compiled
+
+_compiled.use_sources_if_stale()  # ``protocol`` and ``rate`` may run compiled: from source if out of date
+
 if TYPE_CHECKING:
     from commsched.transport.dlcp.link import DlcpLink, DlcpTransfer, open_dlcp_link
     from commsched.transport.dlcp.protocol import ReceiverState, SenderState, classify, tos_byte

@@ -42,24 +42,36 @@ When ``missing`` falls below the losses confirmed, datagrams counted lost
 arrived after all (RACK's DSACK): the count is corrected and ``k`` (from 1)
 grows by one, at most once per round, so a path that reorders more than the
 window widens it (unlike RACK, it never narrows again: DLCP reorders by
-design, across priority bands and paths, for as long as it sends).
+design, across priority bands and paths, for as long as it sends). If every
+loss the last cut answered proves to be reordering, the cut is undone: the
+rate from before it comes back (TCP's undo on a spurious retransmission,
+RFC 3522).
 
 **Increase**, at the end of a clean round (no mark, no loss, no cut): in
 slow start (before the first cut) the rate doubles; after it, one more
-datagram per round, ``rate += datagram / round duration`` (TCP's congestion
+datagram per round trip, ``rate += datagram / srtt`` (TCP's congestion
 avoidance, one segment per round trip, in rate terms: no step size to
-choose; at a rate below one datagram per round trip the round is the gap
-between datagrams, and the rate about doubles). A sender that did not test
+choose). A sender that did not test
 its rate in the round holds it instead: one that used less than half its
 allowance (application-limited, as RFC 7661 validates a window) or that the
 window stopped.
 
 **Window.** Datagrams sent after the highest one the receiver saw number at
-most ``2·rate·max(min_rtt, rtt_floor_s)/datagram + ack_slack`` (``ack_slack``:
+most ``2·r·max(min_rtt, rtt_floor_s)/datagram + ack_slack`` (``ack_slack``:
 what a receiver may hold before it acknowledges), as BBR caps what is in
-flight at twice the bandwidth-delay product: a rate alone keeps sending into
-a standing queue until feedback catches up; the window makes the sender
-self-clocked.
+flight at twice its bandwidth estimate times the round trip: a rate alone
+keeps sending into a standing queue until feedback catches up; the window
+makes the sender self-clocked. Before the first round trip is measured, the
+window is ``max(initial_window, ack_slack)`` datagrams (TCP's initial
+window). ``r`` is the rate, except in slow start,
+where it is at most twice the best delivery rate of the last 10 rounds (a
+round the application limited counting only if it beat it): the rate
+doubles every round, and a window on it would let in flight four times what
+the last round delivered, twice what TCP's slow start does (an incast of
+senders in slow start overflows a buffer the marks would have protected).
+After slow start the window follows the rate alone, which the cuts keep
+fair (a window on each sender's own delivery rate would keep a sender that
+got a small share small).
 
 **Feedback timeout.** While datagrams are in flight, if no Ack made progress
 for ``rto = max(feedback_timeout_s, srtt + 4·rttvar)`` (RFC 6298's timer,
@@ -77,7 +89,12 @@ a new highest datagram, the time since that datagram was sent (longer by at
 most the receiver's Ack interval), so a sender too slow to trigger Acks
 still measures its path. ``srtt`` and ``rttvar`` are RFC 6298's.
 
-The rate stays within ``[min_rate_bytes_per_s, max_rate_bytes_per_s]``.
+**Floor.** The rate never falls below two datagrams per smoothed round
+trip (TCP's least window, two segments), nor below ``min_rate_bytes_per_s``:
+a sender cut to less would take longer than a round trip between datagrams,
+so its rounds, and its increases, would slow down with its rate, and a
+sender that joined a queue the others had already filled would be cut round
+after round and starve. It stays below ``max_rate_bytes_per_s``.
 Pacing is a token bucket of ``burst_bytes``: a datagram may go while the
 bucket is positive (:meth:`RateControl.delay_s` is 0) and its bytes are
 taken when it goes (:meth:`RateControl.on_send`, which also numbers the
@@ -94,6 +111,7 @@ from dataclasses import dataclass
 from commsched.transport.dlcp.wire import NO_ECHO, U32
 
 _RING = 4096  # send times kept for round-trip samples
+_DELIVERY_ROUNDS = 10  # rounds the delivery-rate filter remembers (BBR's)
 _HALF = 2**31
 
 
@@ -122,6 +140,9 @@ class RateParams:
     - ``rtt_floor_s``: the least round trip the window assumes, for receivers
       whose answer time varies well above the fastest one measured (a Python
       receiver loop: about a millisecond).
+    - ``initial_window``: datagrams in flight before the first round trip is
+      measured (10: TCP's initial window, RFC 6928), or ``ack_slack`` if more,
+      so that the first Ack does not wait for the receiver's timer.
     """
 
     initial_rate_bytes_per_s: float = 12.5e6
@@ -133,6 +154,7 @@ class RateParams:
     feedback_timeout_s: float = 0.05
     ack_slack: int = 32
     rtt_floor_s: float = 0.0
+    initial_window: int = 10
 
 
 def _after(a: int, b: int) -> bool:
@@ -143,18 +165,19 @@ def _after(a: int, b: int) -> bool:
 class RateControl:
     """The allowed sending rate toward one destination (bytes/s), from feedback events and ``now_s``.
 
-    Counters: ``decreases`` (cuts), ``timeouts``, ``rounds``, ``lost``
+    Counters: ``decreases`` (cuts), ``undone`` (cuts undone), ``timeouts``, ``rounds``, ``lost``
     (datagrams confirmed lost, net of those found reordered), ``reordered``
     (times datagrams counted lost arrived after all); ``marking_path``: a
     CE mark came back from this destination.
     """
 
     __slots__ = (
-        "_acked", "_avg_bytes", "_backoff", "_cut_in_round", "_feedback_s", "_highest", "_missing_since",
-        "_recover_seq", "_reo_mult", "_reo_round", "_round_ce", "_round_lost", "_round_received", "_round_sent_bytes",
-        "_round_seq", "_round_start_s", "_sent_at", "_sent_since_feedback", "_stamp_s", "_tokens",
-        "_window_limited", "alpha", "decreases", "lost", "marking_path", "min_rtt_s", "p", "rate_bytes_per_s",
-        "reordered", "rounds", "rttvar_s", "seq", "slow_start", "srtt_s", "timeouts",
+        "_acked", "_avg_bytes", "_backoff", "_cut_in_round", "_delivered", "_delivered_max", "_feedback_s",
+        "_highest", "_missing_since", "_recover_seq", "_reo_mult", "_reo_round", "_round_ce", "_round_lost",
+        "_round_received", "_round_sent_bytes", "_round_seq", "_round_start_s", "_sent_at", "_sent_since_feedback",
+        "_stamp_s", "_tokens", "_undo_lost", "_undo_rate", "_window_limited", "alpha", "decreases", "lost",
+        "marking_path", "min_rtt_s", "p", "rate_bytes_per_s", "reordered", "rounds", "rttvar_s", "seq", "slow_start",
+        "srtt_s", "timeouts", "undone",
     )  # fmt: skip
 
     def __init__(self, params: RateParams | None = None, now_s: float = 0.0) -> None:
@@ -186,6 +209,9 @@ class RateControl:
         #: ``m`` datagrams were all numbered below ``h``
         self._missing_since: deque[tuple[float, int, int]] = deque()
         self._reo_mult = 1
+        self._undo_rate = 0.0  # the rate before the last cut, while that cut answered losses only
+        self._undo_lost = 0  # the losses confirmed before them
+        self.undone = 0
         self._reo_round = -1  # the round the window last widened in
         self._round_seq = 0
         self._round_start_s = now_s
@@ -195,6 +221,8 @@ class RateControl:
         self._round_lost = 0
         self._cut_in_round = False
         self._window_limited = False
+        self._delivered = [0.0] * _DELIVERY_ROUNDS  # delivery rate of recent rounds (bytes/s)
+        self._delivered_max = 0.0
 
     # ---- pacing ----
 
@@ -210,10 +238,13 @@ class RateControl:
 
     @property
     def window(self) -> float:
-        """The most datagrams in flight (INF until a round trip was measured)."""
+        """The most datagrams in flight (before any round trip was measured: the initial window)."""
         if self.min_rtt_s == 0:
-            return math.inf
-        return 2 * self.rate_bytes_per_s * max(self.min_rtt_s, self.p.rtt_floor_s) / self._avg_bytes + self.p.ack_slack
+            return max(self.p.initial_window, self.p.ack_slack)
+        rate = self.rate_bytes_per_s
+        if self.slow_start and 0 < 2 * self._delivered_max < rate:
+            rate = 2 * self._delivered_max  # slow start grows what is in flight as TCP's does: 2x per round
+        return 2 * rate * max(self.min_rtt_s, self.p.rtt_floor_s) / self._avg_bytes + self.p.ack_slack
 
     def delay_s(self, now_s: float) -> float:
         """How long until a datagram may go: 0 now, INF while the window is full (an Ack or a timer opens it)."""
@@ -222,6 +253,21 @@ class RateControl:
             return math.inf
         self._refill(now_s)
         return 0.0 if self._tokens > 0 else -self._tokens / self.rate_bytes_per_s + 1e-6
+
+    def allowance(self, now_s: float, nbytes: float) -> int:
+        """How many datagrams of ``nbytes`` may go now, back to back: as many as :meth:`delay_s` would let
+        through one by one, each followed by :meth:`on_send` (fewer if the datagrams are smaller)."""
+        window = self.window
+        if window != math.inf:
+            room = math.ceil(window - self.inflight)
+            if room <= 0:
+                self._window_limited = True
+                return 0
+        self._refill(now_s)
+        if self._tokens <= 0:
+            return 0
+        by_tokens = math.ceil(self._tokens / nbytes)
+        return by_tokens if window == math.inf else min(room, by_tokens)
 
     def on_send(self, nbytes: int, now_s: float) -> int:
         """A datagram of ``nbytes`` (on the wire) goes out now; returns its sequence number (32 bits, from 0)."""
@@ -262,11 +308,14 @@ class RateControl:
         self._feedback_s = now_s
         self._sent_since_feedback = False
         self._backoff = 0
+        lost_before = self.lost
         lost_below = self._confirm_losses(sent - received, sent % U32, now_s)
         if marked and _after(top, self._recover_seq):
             self._cut(self.alpha, now_s)
         elif lost_below >= 0 and _after((lost_below - 1) % U32, self._recover_seq):
+            undo_rate = self.rate_bytes_per_s
             self._cut(self.alpha if self.marking_path else 1.0, now_s)
+            self._undo_rate, self._undo_lost = undo_rate, lost_before
         if _after(top, self._round_seq):
             self._end_round(now_s)
 
@@ -303,6 +352,10 @@ class RateControl:
             if self.rounds > self._reo_round:  # RACK widens its window at most once per round trip
                 self._reo_round = self.rounds
                 self._reo_mult += 1
+            if self._undo_rate > 0 and missing <= self._undo_lost:  # every loss the last cut answered arrived
+                self.undone += 1
+                self._set(max(self.rate_bytes_per_s, self._undo_rate), now_s)
+                self._undo_rate = 0.0
         start_s, below = now_s, sent
         while since and since[-1][1] >= missing:
             start_s, _, below = since.pop()  # missing ≥ this value held since then too
@@ -325,10 +378,23 @@ class RateControl:
             self.alpha = (1 - self.p.gain) * self.alpha + self.p.gain * (ce + lost) / (received + lost)
         elapsed_s = now_s - self._round_start_s
         rate = self.rate_bytes_per_s
-        untested = self._window_limited or self._round_sent_bytes < 0.5 * rate * elapsed_s
+        app_limited = self._round_sent_bytes < 0.5 * rate * elapsed_s
+        if elapsed_s > 0:
+            self._record_delivery(received * self._avg_bytes / elapsed_s, app_limited)
+        untested = self._window_limited or app_limited
         if received and not (ce or lost or self._cut_in_round or untested):
-            self._set(2 * rate if self.slow_start else rate + self._avg_bytes / max(elapsed_s, 1e-9), now_s)
+            round_trip_s = self.srtt_s if self.srtt_s > 0 else elapsed_s
+            self._set(2 * rate if self.slow_start else rate + self._avg_bytes / max(round_trip_s, 1e-9), now_s)
         self._start_round(now_s)
+
+    def _record_delivery(self, bytes_per_s: float, app_limited: bool) -> None:
+        """Keep the best delivery rate of the last ``_DELIVERY_ROUNDS`` rounds (BBR's bandwidth filter: a round
+        the application limited counts only if it delivered more than the best)."""
+        if app_limited and bytes_per_s <= self._delivered_max:
+            return
+        ring = self._delivered
+        ring[self.rounds % _DELIVERY_ROUNDS] = bytes_per_s
+        self._delivered_max = max(ring)
 
     def _start_round(self, now_s: float) -> None:
         self._round_seq = self.seq
@@ -339,6 +405,7 @@ class RateControl:
 
     def _cut(self, fraction: float, now_s: float) -> None:
         """``rate ← rate·(1 − fraction/2)``; leave slow start; no cut again before the recovery point."""
+        self._undo_rate = 0.0  # a cut for a loss sets it again
         self.slow_start = False
         self._recover_seq = self.seq
         self._cut_in_round = True
@@ -371,4 +438,11 @@ class RateControl:
         self._refill(now_s)
         if rate < self.rate_bytes_per_s:
             self.decreases += 1
-        self.rate_bytes_per_s = min(self.p.max_rate_bytes_per_s, max(self.p.min_rate_bytes_per_s, rate))
+        self.rate_bytes_per_s = min(self.p.max_rate_bytes_per_s, max(self.floor_bytes_per_s, rate))
+
+    @property
+    def floor_bytes_per_s(self) -> float:
+        """The least rate: two datagrams per smoothed round trip (TCP's least window), at least ``min_rate``."""
+        if self.srtt_s > 0 and self._avg_bytes > 0:
+            return max(self.p.min_rate_bytes_per_s, 2 * self._avg_bytes / self.srtt_s)
+        return self.p.min_rate_bytes_per_s
