@@ -22,10 +22,16 @@ Shaping (:class:`LinkShape`) is per worker link (on every path) and direction:
 * rate: a ``tbf`` on ``w<r>`` (what worker r sends) and on ``b<r>`` (what
   worker r receives), so each worker has a full-duplex link of that rate
   to the bridge, like a host NIC on a non-blocking switch;
-* delay, jitter, loss: ``netem`` on ``w<r>`` only (under an ``htb`` class of
+* delay, jitter: ``netem`` on ``w<r>`` only (under an ``htb`` class of
   the rate when there is one), so a packet between two workers is delayed
-  once and dropped with the given probability once: ``delay`` is the
-  one-way latency between any two workers (RTT = 2 × delay).
+  once: ``delay`` is the one-way latency between any two workers (RTT =
+  2 × delay);
+* loss: an nftables rule in the bridge namespace drops that fraction of
+  the frames worker r sends as they enter the bridge
+  (:func:`~commsched.testbed.nft.link_loss_ruleset`): once per packet
+  between two workers, and in the network, so a TCP sender learns of it
+  only from missing ACKs (netem's loss on ``w<r>`` would be a drop in the
+  sender's own qdisc, which TCP hears of at once and resends).
 
 Switch ports (priority by DSCP, ECN/RED) replace the qdisc on ``b<r>``:
 see :mod:`commsched.testbed.switch`.
@@ -104,11 +110,16 @@ class LinkShape:
 
     @property
     def shaped(self) -> bool:
-        return self.rate_bps is not None or self.needs_netem
+        return self.rate_bps is not None or self.needs_netem or self.needs_nft
 
     @property
     def needs_netem(self) -> bool:
-        return self.delay_ms > 0 or self.loss_pct > 0
+        """Delay (jitter needs one) takes netem; loss is an nftables rule at the bridge."""
+        return self.delay_ms > 0
+
+    @property
+    def needs_nft(self) -> bool:
+        return self.loss_pct > 0
 
     @property
     def label(self) -> str:
@@ -205,14 +216,9 @@ def tbf_args(rate_bps: int) -> list[str]:
 
 
 def netem_args(shape: LinkShape) -> list[str]:
-    args = ["netem", "limit", str(NETEM_LIMIT_PACKETS)]
-    if shape.delay_ms:
-        args += ["delay", f"{shape.delay_ms:g}ms"]
-        if shape.jitter_ms:
-            args += [f"{shape.jitter_ms:g}ms"]
-    if shape.loss_pct:
-        args += ["loss", f"{shape.loss_pct:g}%"]
-    return args
+    """netem's delay and jitter (loss is not netem's here: see the module docstring)."""
+    args = ["netem", "limit", str(NETEM_LIMIT_PACKETS), "delay", f"{shape.delay_ms:g}ms"]
+    return args + ([f"{shape.jitter_ms:g}ms"] if shape.jitter_ms else [])
 
 
 def shaping_commands(layout: Layout, shape: LinkShape) -> list[list[str]]:
@@ -244,6 +250,11 @@ def worker_shaping_commands(layout: Layout, rank: int, shape: LinkShape) -> list
             port = layout.bridge_port(r, p)
             cmds.append(["tc", "-n", layout.bridge_ns, "qdisc", "add", "dev", port, "root", *tbf_args(shape.rate_bps)])
     return cmds
+
+
+def link_loss_by_port(layout: Layout, loss_pct_by_rank: dict[int, float]) -> dict[str, float]:
+    """Bridge port -> loss % of the frames entering the bridge there: every path of worker r at its loss."""
+    return {layout.bridge_port(r, p): pct for r, pct in loss_pct_by_rank.items() for p in range(layout.paths)}
 
 
 def clear_shaping_commands(layout: Layout) -> list[list[str]]:
