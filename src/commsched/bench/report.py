@@ -11,22 +11,26 @@ from commsched.bench.baselines import DDP_GRID, TORCH_DDP
 from commsched.bench.run import REFERENCES, YARDSTICK
 from commsched.testbed import LinkShape
 
+#: What the p50 / p90 column is, in both captions.
+_TAILS = "; p50 / p90 ms: percentiles over every timed step of every repeat of the slowest rank's step time"
 #: Sessions measured before the DDP grid (or with ``--no-ddp-grid``): speed-up against torch_ddp.
-COLUMNS = ("policy", "iter ms", "min–max", "samples/s", "speed-up", "÷ ideal", "max |Δp|")
+COLUMNS = ("policy", "iter ms", "min–max", "p50 / p90 ms", "samples/s", "speed-up", "÷ ideal", "max |Δp|")
 CAPTION = (
     "iter ms: median over repeats (min–max: over repeats) of the slowest rank's mean iteration time; "
     "speed-up (median over repeats of torch_ddp / policy in the same repeat) and max |Δp| (largest parameter "
     "difference after the last step) are against torch_ddp; ÷ ideal: iteration time over max(compute N in "
-    "lock-step, all-reduce alone), same repeat"
+    "lock-step, all-reduce alone), same repeat" + _TAILS
 )
 #: Sessions with the DDP grid: speed-up against default DDP and best DDP.
-GRID_COLUMNS = ("policy", "iter ms", "min–max", "samples/s", "vs default DDP", "vs best DDP", "÷ ideal", "max |Δp|")
+GRID_COLUMNS = (
+    "policy", "iter ms", "min–max", "p50 / p90 ms", "samples/s", "vs default DDP", "vs best DDP", "÷ ideal", "max |Δp|"
+)  # fmt: skip
 GRID_CAPTION = (
     "iter ms: median over repeats (min–max: over repeats) of the slowest rank's mean iteration time; "
     "vs default DDP (DistributedDataParallel(model), PyTorch's defaults) and vs best DDP (the fastest of "
     "bucket_cap_mb 1, 4, 25 × find_unused_parameters False, True, by median): median over repeats of the "
     "baseline / policy in the same repeat (min–max over repeats); max |Δp|: largest parameter difference from "
-    "torch_ddp after the last step; ÷ ideal: iteration time over max(compute N in lock-step, all-reduce alone)"
+    "torch_ddp after the last step; ÷ ideal: iteration time over max(compute N in lock-step, all-reduce alone)" + _TAILS
 )
 GRID_TABLE_COLUMNS = ("DDP", "bucket_cap_mb", "find_unused_parameters", "iter ms", "min–max", "vs default DDP")
 
@@ -42,6 +46,13 @@ def _speed_cell(s: dict[str, Any], baseline: str = TORCH_DDP) -> str | None:
     if lo is not None and lo != hi:
         cell += f" ({lo:.2f}–{hi:.2f})"
     return cell
+
+
+def _tail_cell(s: dict[str, Any]) -> str:
+    """``212 / 260``: p50 / p90 of the step times (summaries made before percentiles were kept: ``—``)."""
+    if "p50_ms" not in s or s.get("steps", 0) == 0:
+        return "—"
+    return f"{s['p50_ms']:.0f} / {s['p90_ms']:.0f}"
 
 
 def has_grid(session: dict[str, Any]) -> bool:
@@ -77,6 +88,7 @@ def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str
             label,
             f"{s['median_ms']:.0f}",
             f"{s['min_ms']:.0f}–{s['max_ms']:.0f}",
+            _tail_cell(s),
             f"{s['samples_per_s']:.1f}" if measured else "",
             *speeds,
             f"{vs_ideal:.2f}" if vs_ideal is not None else ("" if reference else "—"),

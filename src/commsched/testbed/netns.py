@@ -158,6 +158,20 @@ def project_objects(prefix: str) -> list[str]:
     return [n for n in names if n.startswith(prefix)]
 
 
+def link_unavailable_reason(shape: LinkShape) -> str | None:
+    """Why links of ``shape`` cannot be built here (None when they can, or need nothing beyond ``ip``/``tc``).
+
+    Delay and jitter need netem; loss needs nftables (its ``nft`` command and the kernel's bridge family).
+    """
+    features = (["netem"] if shape.needs_netem else []) + (["nft"] if shape.needs_nft else [])
+    if not features:
+        return None
+    hints = {
+        "netem": "the testbed has no other way to delay packets; rate limits (tbf) and loss (nftables) work without it"
+    }
+    return kernel.unavailable_reason(features, f"links of {shape.label}", hints)
+
+
 # ------------------------------------------------------------------ testbeds
 
 
@@ -342,12 +356,7 @@ class NetnsTestbed(Testbed):
 
     def check_shape(self, shape: LinkShape) -> None:
         """Raise :class:`TestbedError` naming what this kernel (or system) lacks to build ``shape``."""
-        features = (["netem"] if shape.needs_netem else []) + (["nft"] if shape.needs_nft else [])
-        hints = {
-            "netem": "the testbed has no other way to delay packets; rate limits (tbf) and loss (nftables) "
-            "work without it"
-        }
-        reason = kernel.unavailable_reason(features, f"links of {shape.label}", hints) if features else None
+        reason = link_unavailable_reason(shape)
         if reason is not None:
             raise TestbedError(reason)
 
