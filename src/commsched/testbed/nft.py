@@ -70,7 +70,7 @@ def _loss_rule(loss_pct: float, counter: str) -> str:
 
 
 def link_loss_ruleset(loss_pct_by_port: Mapping[str, float]) -> str:
-    """``csb_links``: drop ``loss_pct`` % of the frames entering the bridge from each port (counter ``<port>_lost``).
+    """``csb_links``: drop ``loss_pct`` % of the IPv4 frames entering the bridge at each port (counter ``<port>_lost``).
 
     ``loss_pct_by_port``: bridge port name -> loss %; ports at 0 get no rule.
     """
@@ -110,9 +110,8 @@ class PortRules:
     def limits(self) -> list[str]:
         if not self.virtual:
             return []
-        rate = (
-            f"rate {self.rate_pps}/second burst {self.threshold_pkts} packets"  # matches (and takes a token) when under
-        )
+        # not "rate over": `limit name` then matches, and takes a token, while the bucket has one
+        rate = f"rate {self.rate_pps}/second burst {self.threshold_pkts} packets"
         return [f"{self._queue(b)} {{ {rate} }}" for b in range(self.bands)]
 
     def _queue(self, band: int) -> str:
