@@ -58,6 +58,8 @@ def test_incast_compares_the_one_server_methods_through_a_shallow_switch_port() 
     assert by_name["incast"].methods == ("ps1", "dlcp_ps") and by_name["lossless"].switch is None
     port = by_name["incast"].switch
     assert port is not None and port.aqm == "virtual" and port.threshold_pkts == 10 and port.limit_pkts == 40
+    # DLCP's important packets by layer class (CS4..CS1) in bands 0..3, its unimportant ones (CS0) and TCP last
+    assert [port.band_of(d) for d in (32, 24, 16, 8, 0, 46)] == [0, 1, 2, 3, 4, 4] and port.bands == 5
     assert by_name["loss"].link.loss_pct == 1.0 and by_name["loss"].link.rate_bps == 300 * 10**6
     with pytest.raises(ValueError, match="methods: unknown"):
         TailsConfig(methods=("ps", "quic"))

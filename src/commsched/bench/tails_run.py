@@ -10,7 +10,8 @@ scenario (:func:`scenarios`):
 ``loss``      the same links, ``loss_pct`` % of every worker's IPv4 frames dropped as they enter the switch
 ``incast``    the same links, and every switch port toward a host at ``rate_bps`` with a shallow
               threshold: K = ``queue_pkts`` frames (ECT marked, the rest dropped, a virtual queue),
-              buffer ``buffer_pkts``; the senders push into one server's port
+              buffer ``buffer_pkts``, bands as DLCP marks (:func:`dlcp_port`); the senders push
+              into one server's port
 
 Segmentation offloads are off on every link (qdiscs see frames). The
 ratios printed against the DLCP targets are baseline / method (above 1:
@@ -97,10 +98,26 @@ class TailsConfig:
             raise ValueError("; ".join(problems))
 
 
+def dlcp_port(rate_bps: int, queue_pkts: int, buffer_pkts: int) -> SwitchShape:
+    """A switch port whose bands follow DLCP's marking: one band per layer class of important packets (the
+    transport's :data:`~commsched.transport.dlcp.protocol.LAYER_DSCP`, front layers first), then the rest
+    (DSCP 0: unimportant datagrams, every TCP connection, ARP) in the lowest band."""
+    from commsched.transport.dlcp.protocol import LAYER_DSCP
+
+    return SwitchShape(
+        rate_bps=rate_bps,
+        queue_pkts=queue_pkts,
+        buffer_pkts=buffer_pkts,
+        bands=len(LAYER_DSCP) + 1,
+        dscp_bands=tuple((dscp, band) for band, dscp in enumerate(LAYER_DSCP)),
+        default_band=len(LAYER_DSCP),
+    )
+
+
 def scenarios(config: TailsConfig) -> dict[str, Scenario]:
     """The scenarios of ``config``, each with the methods it compares (incast: the one-server methods)."""
     links = LinkShape(rate_bps=config.rate_bps)
-    port = SwitchShape(rate_bps=config.rate_bps, queue_pkts=config.queue_pkts, buffer_pkts=config.buffer_pkts)
+    port = dlcp_port(config.rate_bps, config.queue_pkts, config.buffer_pkts)
     one_server = tuple(m for m in config.methods if METHODS[m].one_server)
     rate = format_rate(config.rate_bps)
     every = {
