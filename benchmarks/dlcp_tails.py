@@ -48,6 +48,7 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--scenarios", default="lossless,loss,incast", show_default=True)
 @click.option("--methods", default=",".join(METHODS), show_default=True)
 @click.option("--timeout", type=click.FloatRange(1), default=60.0, show_default=True, help="s, per exchange")
+@click.option("--mtu", type=click.IntRange(576, 65535), default=1500, show_default=True, help="9000: jumbo frames")
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -63,7 +64,7 @@ def _csv(value: str) -> tuple[str, ...]:
 def main(
     senders: int, rounds: int, warmup: int, model: str, compute_ms: float | None, grad_mib: float | None,
     partition_mib: float, loss_bound: float, rate: str, loss: float, queue_pkts: int, buffer_pkts: int,
-    scenarios: str, methods: str, timeout: float, out: Path, plot_path: Path,
+    scenarios: str, methods: str, timeout: float, mtu: int, out: Path, plot_path: Path,
 ) -> None:  # fmt: skip
     """Round-time tails of ps, DLCP and gloo on the emulated testbed (see the module docstring)."""
     reason = netns_unavailable_reason()
@@ -77,7 +78,7 @@ def main(
             senders=senders, rounds=rounds, warmup=warmup, model=model, compute_ms=compute_ms, grad_mib=grad_mib,
             partition_mib=partition_mib, loss_bound=loss_bound, rate_bps=rate_bps, loss_pct=loss,
             queue_pkts=queue_pkts, buffer_pkts=buffer_pkts, scenarios=_csv(scenarios), methods=_csv(methods),
-            timeout_s=timeout,
+            timeout_s=timeout, mtu_bytes=mtu,
         )  # fmt: skip
         port = SwitchShape(rate_bps=rate_bps, queue_pkts=queue_pkts, buffer_pkts=buffer_pkts, loss_pct=loss)
     except ValueError as exc:

@@ -90,7 +90,7 @@ _REASON = netns_unavailable_reason()
 
 @pytest.mark.netns
 @pytest.mark.skipif(_REASON is not None, reason=f"testbed: {_REASON}")
-def test_a_tiny_incast_run_of_dlcp_ps_measures_rounds_datagrams_and_the_server_port(tmp_path: Path) -> None:
+def test_a_tiny_jumbo_frame_incast_of_dlcp_ps_measures_rounds_datagrams_and_the_server_port(tmp_path: Path) -> None:
     port = SwitchShape(rate_bps=300 * 10**6, queue_pkts=10, buffer_pkts=40)
     reason = switch_unavailable_reason(port)
     if reason is not None:
@@ -98,14 +98,17 @@ def test_a_tiny_incast_run_of_dlcp_ps_measures_rounds_datagrams_and_the_server_p
         pytest.skip(f"testbed: {reason}")
     config = TailsConfig(
         senders=2, rounds=4, warmup=2, compute_ms=5.0, grad_mib=0.125, scenarios=("incast",), methods=("dlcp_ps",),
-        queue_pkts=10, buffer_pkts=40, timeout_s=30.0,
+        queue_pkts=10, buffer_pkts=40, timeout_s=30.0, mtu_bytes=9000,
     )  # fmt: skip
     report = run_tails(config, tmp_path, log=lambda message: None)
     entry = report["scenarios"]["incast"]["methods"]["dlcp_ps"]
     assert entry["round"]["rounds"] == 4 and entry["round"]["p50_ms"] >= 5.0  # at least the sleep
     assert len(entry["ranks"]) == 3 and entry["ranks"][0]["server"]  # two senders and the server, rank 0
     assert entry["datapath"]["datagrams_per_cpu_s_median"] > 0
-    assert entry["server_port"]["sent_pkts"] >= 2 * 4 * 0.125 * 2**20 / 1500  # both senders' pushes crossed it
+    # jumbo frames: the server wrote the pushes in datagrams of about 9000 bytes, not 1500
+    pushes = 2 * (4 + 2) * 0.125 * 2**20  # bytes into the server: 2 senders, 6 rounds
+    assert pushes / 8900 <= entry["ranks"][0]["dlcp"]["written"] < pushes / 1400
+    assert entry["server_port"]["sent_pkts"] >= 2 * 4 * 0.125 * 2**20 / 9000  # both senders' pushes crossed it
     assert entry["lost_numel_per_round_max"] <= 0.01 * 0.125 * 2**20 / 4  # within the bound of one push
     saved = json.loads((tmp_path / "tails.json").read_text())
     assert saved["scenarios"]["incast"]["methods"]["dlcp_ps"]["round_ms"] == entry["round_ms"]

@@ -71,8 +71,13 @@ def test_every_link_is_created_inside_the_runs_own_namespaces() -> None:
     assert cmds[0] == ["ip", "netns", "add", "csb-42-0-br"]
     assert ["ip", "-n", "csb-42-0-br", "link", "add", "br0", "type", "bridge"] in cmds
     assert [
-        "ip", "-n", "csb-42-0-br", "link", "add", "b1", "type", "veth", "peer", "name", "w1", "netns", "csb-42-0-w1",
+        "ip", "-n", "csb-42-0-br", "link", "add", "b1", "mtu", "1500", "type", "veth", "peer", "name", "w1",
+        "mtu", "1500", "netns", "csb-42-0-w1",
     ] in cmds  # fmt: skip
+    jumbo = create_commands(Layout("csb-42-0-", 2, mtu_bytes=9000))  # jumbo frames: both ends of every veth
+    assert sum(c.count("9000") for c in jumbo) == 2 * 2 and all(c.count("9000") == 2 for c in jumbo if "veth" in c)
+    with pytest.raises(ValueError, match="mtu_bytes: must be between 68 and 65535, got 65536"):
+        Layout("csb-42-0-", 2, mtu_bytes=65536)
     assert ["ip", "-n", "csb-42-0-w1", "addr", "add", "10.77.0.2/24", "dev", "w1"] in cmds
     assert ["ip", "-n", "csb-42-0-br", "link", "set", "b0", "master", "br0"] in cmds
     # A link command without -n would act on the root namespace.

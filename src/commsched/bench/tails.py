@@ -71,6 +71,7 @@ class Job:
     timeout_s: float
     out: str
     seed: int = 0
+    mtu_bytes: int = 1500
 
     def world(self, senders: int) -> int:
         """Processes of the launch: the senders, plus the dedicated server of a one-server method."""
@@ -86,41 +87,45 @@ class _Transport(Protocol):
     def close(self) -> None: ...
 
 
-def _open(method: Method, timeout_s: float) -> tuple[_Transport, Any]:
-    """The transport of ``method`` on the default group, and what records its losses (a PsExchange) or None."""
-    from commsched.transport.base import CollectiveTransport, TransportOptions
-    from commsched.transport.bounded import DlcpTransport
-    from commsched.transport.exchange import PsExchange
-    from commsched.transport.tcp import PsTransport, TcpLink
+class _Exchange:
+    """A :class:`PsExchange` over a link it owns (the ``ps`` and ``dlcp`` transports, with the knobs set here)."""
 
-    servers = (0,) if method.one_server else None
+    def __init__(self, link: Any, exchange: Any) -> None:
+        self.link, self.exchange = link, exchange
+
+    def start(self, task: Any, buffer: Any) -> Any:
+        return self.exchange.start(task, buffer)
+
+    def close(self) -> None:
+        try:
+            self.exchange.close()
+        finally:
+            self.link.close()
+
+
+def _open(method: Method, timeout_s: float, mtu_bytes: int) -> tuple[_Transport, Any]:
+    """The transport of ``method`` on the default group, and what records its losses (a PsExchange) or None.
+
+    DLCP's datagrams are cut to ``mtu_bytes`` (the links' MTU); TCP and gloo follow the links' MTU themselves.
+    """
+    from commsched.transport.base import CollectiveTransport, TransportOptions
+    from commsched.transport.dlcp import open_dlcp_link
+    from commsched.transport.exchange import PsExchange
+    from commsched.transport.tcp import TcpLink
+
     if method.transport == "gloo":
         return CollectiveTransport(None, timeout_s), None
+    servers = (0,) if method.one_server else None
     if method.transport == "dlcp":
-        dlcp = DlcpTransport(None, timeout_s, TransportOptions(), servers=servers)
-        return dlcp, dlcp.exchange
-    if servers is None:
-        ps = PsTransport(None, timeout_s, TransportOptions())
-        return ps, ps.exchange
-
-    class _OneServer:
-        """:class:`PsExchange` over a :class:`TcpLink` with one server (``PsTransport`` shards over every rank)."""
-
-        def __init__(self) -> None:
-            self.link = TcpLink(None, timeout_s, TransportOptions())
-            self.exchange = PsExchange(self.link, timeout_s, servers=servers)
-
-        def start(self, task: Any, buffer: Any) -> Any:
-            return self.exchange.start(task, buffer)
-
-        def close(self) -> None:
-            try:
-                self.exchange.close()
-            finally:
-                self.link.close()
-
-    one = _OneServer()
-    return one, one.exchange
+        link: Any = open_dlcp_link(None, timeout_s, TransportOptions(), mtu_bytes=mtu_bytes)
+    else:
+        link = TcpLink(None, timeout_s, TransportOptions())
+    try:
+        exchange = PsExchange(link, timeout_s, servers=servers)
+    except BaseException:
+        link.close()
+        raise
+    return _Exchange(link, exchange), exchange
 
 
 def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:
@@ -132,7 +137,7 @@ def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:
 
     method = METHODS[job.method]
     server = method.one_server and rank == 0
-    transport, exchange = _open(method, job.timeout_s)
+    transport, exchange = _open(method, job.timeout_s, job.mtu_bytes)
     bound = job.loss_bound if method.bounded else 0.0
     tasks = [
         CommTask(i, "all_reduce", (Segment(i, 0, n),), 4 * n, f"p{i}", priority=i, transport=method.transport,

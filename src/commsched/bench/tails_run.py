@@ -79,6 +79,7 @@ class TailsConfig:
     methods: tuple[str, ...] = tuple(METHODS)
     timeout_s: float = 60.0
     seed: int = 0
+    mtu_bytes: int = 1500  # every veth's MTU (9000: jumbo frames); DLCP cuts its datagrams to it
 
     def __post_init__(self) -> None:
         problems = []
@@ -98,7 +99,7 @@ class TailsConfig:
             raise ValueError("; ".join(problems))
 
 
-def dlcp_port(rate_bps: int, queue_pkts: int, buffer_pkts: int) -> SwitchShape:
+def dlcp_port(rate_bps: int, queue_pkts: int, buffer_pkts: int, mtu_bytes: int = 1500) -> SwitchShape:
     """A switch port whose bands follow DLCP's marking: one band per layer class of important packets (the
     transport's :data:`~commsched.transport.dlcp.protocol.LAYER_DSCP`, front layers first), then the rest
     (DSCP 0: unimportant datagrams, every TCP connection, ARP) in the lowest band."""
@@ -111,13 +112,14 @@ def dlcp_port(rate_bps: int, queue_pkts: int, buffer_pkts: int) -> SwitchShape:
         bands=len(LAYER_DSCP) + 1,
         dscp_bands=tuple((dscp, band) for band, dscp in enumerate(LAYER_DSCP)),
         default_band=len(LAYER_DSCP),
+        mtu_bytes=mtu_bytes,
     )
 
 
 def scenarios(config: TailsConfig) -> dict[str, Scenario]:
     """The scenarios of ``config``, each with the methods it compares (incast: the one-server methods)."""
     links = LinkShape(rate_bps=config.rate_bps)
-    port = dlcp_port(config.rate_bps, config.queue_pkts, config.buffer_pkts)
+    port = dlcp_port(config.rate_bps, config.queue_pkts, config.buffer_pkts, config.mtu_bytes)
     one_server = tuple(m for m in config.methods if METHODS[m].one_server)
     rate = format_rate(config.rate_bps)
     every = {
@@ -234,7 +236,7 @@ def run_tails(
         "scenarios": {},
     }
     say(f"tails: {compute_ms:.1f} ms of compute per round, {len(parts)} partitions, {sum(parts) * 4 / 2**20:.2f} MiB")
-    with NetnsTestbed(config.senders + 1, log=say) as bed:
+    with NetnsTestbed(config.senders + 1, mtu_bytes=config.mtu_bytes, log=say) as bed:
         launch = 0
         for scenario in scenarios(config).values():
             bed.set_shape(scenario.link)
@@ -245,7 +247,8 @@ def run_tails(
             entry: dict[str, Any] = {"description": scenario.description, "qdiscs": bed.qdiscs(), "methods": {}}
             for name in scenario.methods:
                 job = Job(name, config.rounds, config.warmup, compute_ms, parts, config.loss_bound,
-                          config.timeout_s, str(out_dir / scenario.name / name), config.seed)  # fmt: skip
+                          config.timeout_s, str(out_dir / scenario.name / name), config.seed,
+                          config.mtu_bytes)  # fmt: skip
                 entry["methods"][name] = _run_method(bed, job, config, scenario, launch, say)
                 launch += 1
             report["scenarios"][scenario.name] = entry

@@ -144,8 +144,11 @@ class Layout:
     prefix: str
     workers: int
     paths: int = 1
+    mtu_bytes: int = 1500
 
     def __post_init__(self) -> None:
+        if not 68 <= self.mtu_bytes <= 65_535:
+            raise ValueError(f"mtu_bytes: must be between 68 and 65535, got {self.mtu_bytes!r}")
         if not 1 <= self.workers <= MAX_WORKERS:
             raise ValueError(f"workers: must be between 1 and {MAX_WORKERS}, got {self.workers!r}")
         if not 1 <= self.paths <= MAX_PATHS:
@@ -186,9 +189,14 @@ class Layout:
         return [self.worker_ns(r) for r in range(self.workers)] + [self.bridge_ns]
 
 
+def veth_peer(dev: str, mtu: str, ns: str) -> list[str]:
+    """The rest of ``ip link add <port> mtu <mtu> ...``: a veth whose other end is ``dev`` in ``ns``."""
+    return ["type", "veth", "peer", "name", dev, "mtu", mtu, "netns", ns]
+
+
 def create_commands(layout: Layout) -> list[list[str]]:
-    """Namespaces, bridge, one veth pair per worker, addresses; all links up."""
-    br = layout.bridge_ns
+    """Namespaces, bridge, one veth pair per worker (both ends at ``mtu_bytes``), addresses; all links up."""
+    br, mtu = layout.bridge_ns, str(layout.mtu_bytes)
     cmds = [["ip", "netns", "add", br]]
     for p in range(layout.paths):
         cmds += [
@@ -201,7 +209,7 @@ def create_commands(layout: Layout) -> list[list[str]]:
         for p in range(layout.paths):
             dev, port = layout.worker_dev(r, p), layout.bridge_port(r, p)
             cmds += [
-                ["ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", dev, "netns", ns],
+                ["ip", "-n", br, "link", "add", port, "mtu", mtu, *veth_peer(dev, mtu, ns)],
                 ["ip", "-n", br, "link", "set", port, "master", layout.bridge_dev(p)],
                 ["ip", "-n", br, "link", "set", port, "up"],
                 ["ip", "-n", ns, "addr", "add", f"{layout.address(r, p)}/24", "dev", dev],

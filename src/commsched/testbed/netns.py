@@ -284,17 +284,20 @@ class NetnsTestbed(Testbed):
     Building it needs root; it first removes leftovers of killed runs. Names
     are unique per process and testbed (``csb-<pid>-<n>-``). ``paths=2`` adds
     a second bridge and a second veth per worker (see :class:`Layout`), for
-    per-packet spraying; :mod:`commsched.testbed.switch` turns the bridge
-    ports into priority/ECN switch ports.
+    per-packet spraying; ``mtu_bytes=9000`` gives every veth jumbo frames;
+    :mod:`commsched.testbed.switch` turns the bridge ports into priority/ECN
+    switch ports.
     """
 
     isolation = "netns"
     _serial = itertools.count()
 
-    def __init__(self, workers: int, shape: LinkShape | None = None, *, paths: int = 1, log: Log = _stderr) -> None:
+    def __init__(
+        self, workers: int, shape: LinkShape | None = None, *, paths: int = 1, mtu_bytes: int = 1500, log: Log = _stderr
+    ) -> None:
         super().__init__(workers)
         self.log = log
-        self.layout = Layout(f"{PREFIX}{os.getpid()}-{next(self._serial)}-", workers, paths)
+        self.layout = Layout(f"{PREFIX}{os.getpid()}-{next(self._serial)}-", workers, paths, mtu_bytes)
         self._closed = False
         self._created = False
         self._old_handlers: dict[int, object] = {}

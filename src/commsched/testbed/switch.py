@@ -99,7 +99,7 @@ def disable_offloads(bed: NetnsTestbed, tool: OffloadTool | None = None, log: Lo
     tool = tool or offload_tool()
     if tool == "ip" and log is not None:
         log("testbed: ethtool not found (apt-get install ethtool); capping GSO with `ip link ... gso_max_segs 1`")
-    for argv in offload_commands(bed.layout, tool):
+    for argv in offload_commands(bed.layout, tool, bed.layout.mtu_bytes):
         run_command(argv)
     return tool
 
