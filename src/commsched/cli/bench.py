@@ -11,8 +11,9 @@ import click
 from rich.console import Console
 
 from commsched.bench.baselines import DEFAULT_DDP, YARDSTICK
-from commsched.bench.report import grid_table, plot, session_table, validation_table
+from commsched.bench.report import grid_table, plot, session_table, shaping, validation_table
 from commsched.bench.run import DEFAULT_POLICIES, MIN_WARMUP, BenchConfig, run_bench
+from commsched.bench.significance import auto_vs_best
 from commsched.cli import bench_plan
 from commsched.cli.inputs import KNOB_HELP, KnobAssignment, knobs_by_policy
 from commsched.cli.progress import progress
@@ -249,6 +250,9 @@ def command(
         grid = grid_table(report, session)
         if grid is not None:
             console.print(grid)
+        versus = auto_vs_best(session)
+        if versus is not None:
+            console.print(f"{shaping(session)}: {versus.describe()}", highlight=False)
     if validate:
         console.print(validation_table(report))
     plot(report, out_dir / "bench.png")

@@ -53,6 +53,9 @@ SYNC_MODES: tuple[str, ...] = ("collective", "ps", "cheaper")
 #: Called after each simulation with (what was simulated, simulations done so far).
 Progress = Callable[[str, int], None]
 
+#: The simulator options of one candidate, from its policy and knobs.
+OptionsFor = Callable[[str, Mapping[str, Any]], SimOptions]
+
 
 class Simulated:
     """What a search result reads off its simulation (``result``): the plan and its predicted speed."""
@@ -181,6 +184,7 @@ def search_policies(
     syncs: Sequence[str] = ("collective",),
     batch_sizes: Sequence[int] | None = None,
     sim_options: SimOptions | Mapping[str, Any] | None = None,
+    options_for: OptionsFor | None = None,
     budget_s: float = 5.0,
     trials: int = 30,
     seed: int = 0,
@@ -193,6 +197,8 @@ def search_policies(
 ) -> SearchOutcome:
     """The search of the module docstring; candidates ranked by simulated iteration time (ties: policy name).
 
+    ``options_for(policy, knobs)``: the simulator options of each candidate (e.g. the runtime on gloo,
+    :func:`commsched.plan.gloo.gloo_options`), instead of ``sim_options`` for all.
     ``budget`` (default: a new one of ``budget_s``) is shared when several searches make one plan: no
     simulation starts unless it is expected to end before its deadline (:mod:`commsched.plan.budget`).
     ``top``: how many policies, best by their defaults, get the knob search (default: all).
@@ -216,10 +222,12 @@ def search_policies(
     def run(policy: str, knobs: Mapping[str, Any], sync: str, n: int, w: int) -> SimResult | None:
         nonlocal done
 
+        options = opts if options_for is None else options_for(policy, knobs)
+
         def simulate() -> SimResult | None:
             try:
                 return simulate_candidate(
-                    workload, cluster, policy, knobs, sync=sync, batch_sizes=batch_sizes, options=opts,
+                    workload, cluster, policy, knobs, sync=sync, batch_sizes=batch_sizes, options=options,
                     iterations=n, warmup=w,
                 )  # fmt: skip
             except CommschedError:
@@ -352,6 +360,7 @@ def advise(
     *,
     budget_s: float = 5.0,
     sim_options: SimOptions | Mapping[str, Any] | None = None,
+    options_for: OptionsFor | None = None,
     progress: Progress | None = None,
     seed: int = 0,
     trials: int = 30,
@@ -366,7 +375,9 @@ def advise(
     ``Advice.search_s`` reports what it took and ``budget_exhausted`` whether the
     budget cut the knob search short (results are then no longer reproducible
     by seed alone). The overlap bound (:func:`commsched.sim.ideal.ideal`) comes
-    with it: no lossless schedule beats it under the same cost model.
+    with it: no lossless schedule beats it under the same cost model
+    (``sim_options``). ``options_for``: per-candidate simulator options
+    (:func:`search_policies`).
 
     >>> advice = advise(zoo.load("resnet50"), load_cluster("8xV100-10GbE"))  # doctest: +SKIP
     >>> advice.winner.policy, advice.parallelize_call()  # doctest: +SKIP
@@ -376,6 +387,7 @@ def advise(
         cluster,
         policies=policies,
         sim_options=sim_options,
+        options_for=options_for,
         budget_s=budget_s,
         trials=trials,
         seed=seed,
