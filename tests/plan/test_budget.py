@@ -39,4 +39,4 @@ def test_only_the_best_candidates_get_final_simulations() -> None:
     outcome = search_policies(workload, cluster, trials=1, budget_s=60, finals=2, iterations=8)
     assert len(outcome.candidates) == len(LOSSLESS) and not outcome.budget_exhausted
     assert [c.iterations for c in outcome.candidates[:2]] == [8, 8]
-    assert {c.iterations for c in outcome.candidates[2:]} == {4}  # their trial's result
+    assert {c.iterations for c in outcome.candidates[2:]} == {2}  # their trial's result: max(2, 8 // 4)

@@ -16,7 +16,7 @@ runs it on per-rank batch splits of a heterogeneous cluster. What it searches:
   (``"cheaper"``). A bucket sent by PS is a task whose ``transport`` is ``"ps"``;
   the simulator prices it under the ``ps`` cost model.
 
-Trials simulate ``max(4, iterations // 4)`` iterations after 2 warm-up ones
+Trials simulate ``max(2, iterations // 4)`` iterations after 2 warm-up ones
 without a trace; the best policies' best trials are then simulated with
 ``iterations`` (and their defaults too, the better kept). The budget is a
 hard bound on wall-clock time (:class:`~commsched.plan.budget.Budget`): a
@@ -214,7 +214,7 @@ def search_policies(
     names = sorted(LOSSLESS if policies is None else policies)
     opts = SimOptions.from_mapping(sim_options)
     start = time.perf_counter()
-    quick = max(4, iterations // 4)
+    quick = max(2, iterations // 4)
     quick_total, full_total = (quick + 2) * len(syncs), iterations + warmup
     done = 0
     exhausted = False
