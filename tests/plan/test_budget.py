@@ -9,7 +9,7 @@ import pytest
 from commsched import zoo
 from commsched.cluster import load_cluster
 from commsched.plan import search_policies
-from commsched.plan.budget import SAFETY, Budget
+from commsched.plan.budget import GRACE_S, SAFETY, Budget
 from commsched.plan.hetero import plan_heterogeneous
 from commsched.schedule import LOSSLESS
 
@@ -25,6 +25,15 @@ def test_the_budget_estimates_each_policy_by_its_slowest_iteration_and_refuses_w
     share = budget.share(10.0)
     assert share.deadline <= budget.deadline and share.estimate_s("ddp", 1) == budget.estimate_s("ddp", 1)
     assert Budget(1.0).share(100.0).deadline <= time.perf_counter() + 1.0
+
+
+def test_a_simulation_still_running_past_the_deadline_is_interrupted_and_dropped() -> None:
+    budget = Budget(0.2)
+    began = time.perf_counter()
+    assert budget.run("slow", 1, lambda: time.sleep(30) or "done") is None
+    assert time.perf_counter() - began < 0.2 + GRACE_S + 1.0 and budget.skipped == 1
+    assert budget.run("slow", 1, lambda: "late") is None  # past the deadline: not even started
+    assert budget.run("floor", 1, lambda: "kept", interruptible=False) == "kept"
 
 
 def test_a_budget_too_small_for_anything_runs_only_the_floor_and_says_so() -> None:

@@ -302,7 +302,9 @@ def plan_heterogeneous(
                 iterations=iterations,
                 warmup=warmup,
             ),
+            interruptible=False,  # the floor: a plan is always set beside its baselines
         )
+        assert result is not None
         count(name)
         over = [r for r in range(n) if split[r] > caps[r]]
         note = ""

@@ -219,7 +219,9 @@ def search_policies(
     done = 0
     exhausted = False
 
-    def run(policy: str, knobs: Mapping[str, Any], sync: str, n: int, w: int) -> SimResult | None:
+    def run(
+        policy: str, knobs: Mapping[str, Any], sync: str, n: int, w: int, interruptible: bool = True
+    ) -> SimResult | None:
         nonlocal done
 
         options = opts if options_for is None else options_for(policy, knobs)
@@ -233,25 +235,32 @@ def search_policies(
             except CommschedError:
                 return None
 
-        result = budget.run(policy, n + w, simulate)
+        result = budget.run(policy, n + w, simulate, interruptible=interruptible)
         done += 1
         if progress is not None:
             progress(f"{policy} ({sync})", done)
         return result
 
-    def trial(policy: str, knobs: Mapping[str, Any]) -> tuple[float, str, SimResult | None]:
+    def trial(policy: str, knobs: Mapping[str, Any], interruptible: bool = True) -> tuple[float, str, SimResult | None]:
         best: tuple[float, str, SimResult | None] = (math.inf, syncs[0], None)
         for sync in syncs:
-            result = run(policy, knobs, sync, quick, 2)
+            result = run(policy, knobs, sync, quick, 2, interruptible)
             if result is not None and result.iteration_ms < best[0]:
                 best = (result.iteration_ms, sync, result)
         return best
 
     n_finals = len(names) if finals is None else min(finals, len(names))
 
+    def changed(policy: str, knobs: Mapping[str, Any]) -> bool:
+        return any(v != policy_knobs(policy)[k] for k, v in knobs.items())
+
     def reserve_s() -> float:
-        """The final simulations of the best candidates (their defaults too)."""
-        return n_finals * 2 * budget.estimate_s(names[0], full_total)
+        """The final simulations of the best candidates so far, each policy at its own cost (defaults too when
+        its knobs changed), and one more in case a knob trial changes a candidate's knobs."""
+        leaders = sorted(best, key=lambda p: (best[p][0], p))[:n_finals]
+        return sum(budget.estimate_s(p, full_total) * (1 + changed(p, best[p][1])) for p in leaders) + max(
+            (budget.estimate_s(p, full_total) for p in leaders), default=0.0
+        )
 
     searches = {p: KnobSearch(p, seed=seed + i) for i, p in enumerate(names)}
     best: dict[str, tuple[float, dict[str, Any], str, SimResult | None]] = {}
@@ -263,7 +272,7 @@ def search_policies(
             budget.skipped += 1
             continue
         knobs = searches[p].ask()
-        value, sync, result = trial(p, knobs)
+        value, sync, result = trial(p, knobs, interruptible=bool(best))  # the first is the floor
         searches[p].tell(value)
         counts[p] += 1
         best[p] = (value, knobs, sync, result)
@@ -291,10 +300,10 @@ def search_policies(
         if not math.isfinite(value) or quick_result is None:
             continue  # every setting tried was refused by the policy or the simulator
         final: SimResult | None = None
-        changed = any(v != policy_knobs(p)[k] for k, v in knobs.items())
-        if rank < n_finals and budget.fits(p, full_total * (2 if changed else 1)):
+        knobs_changed = changed(p, knobs)
+        if rank < n_finals and budget.fits(p, full_total * (2 if knobs_changed else 1)):
             final = run(p, knobs, sync, iterations, warmup)
-            default = run(p, {}, sync, iterations, warmup) if changed else None
+            default = run(p, {}, sync, iterations, warmup) if knobs_changed else None
             if default is not None and (final is None or default.iteration_ms <= final.iteration_ms):
                 final, knobs = default, {}
         elif rank < n_finals:
@@ -304,6 +313,7 @@ def search_policies(
         full = {**policy_knobs(p), **knobs}
         candidates.append(Candidate(p, full, sync, counts[p], result, simulated))
     candidates.sort(key=lambda c: (c.iteration_ms, c.policy))
+    exhausted = exhausted or budget.skipped > 0
     if not candidates:
         raise ScheduleError(f"plan: no policy could be simulated for {workload.model} on {cluster.name}")
     return SearchOutcome(tuple(candidates), done, time.perf_counter() - start, budget.budget_s, exhausted)
