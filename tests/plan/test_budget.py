@@ -14,13 +14,15 @@ from commsched.plan.hetero import plan_heterogeneous
 from commsched.schedule import LOSSLESS
 
 
-def test_the_budget_estimates_each_policy_by_its_slowest_iteration_and_refuses_what_would_end_late() -> None:
+def test_the_budget_estimates_each_policy_by_its_mean_iteration_and_refuses_what_would_end_late() -> None:
     budget = Budget(3600.0)
     assert budget.estimate_s("ddp", 10) == 0.0  # nothing seen yet
     budget.run("ddp", 4, lambda: time.sleep(0.04))
     per_iteration = budget.estimate_s("ddp", 1) / SAFETY
     assert 0.01 <= per_iteration < 0.05
     assert budget.estimate_s("wfbp", 10) == pytest.approx(10 * per_iteration * SAFETY)  # unseen: the slowest seen
+    budget.run("ddp", 4, lambda: None)  # a cheaper run of the same policy lowers its mean
+    assert budget.estimate_s("ddp", 1) < per_iteration * SAFETY
     assert budget.fits("ddp", 10) and not budget.fits("ddp", 10, reserve_s=3600.0)
     share = budget.share(10.0)
     assert share.deadline <= budget.deadline and share.estimate_s("ddp", 1) == budget.estimate_s("ddp", 1)

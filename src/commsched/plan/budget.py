@@ -4,8 +4,8 @@ Every simulation of a search goes through one :class:`Budget`. It learns
 what a simulated iteration costs (per policy: a policy that sends one task
 per tensor costs several times one that fuses them), and
 :meth:`Budget.fits` says whether a simulation of ``n`` iterations would end
-before the deadline, its cost estimated as the slowest per-iteration cost
-seen for that policy (or, for a policy not seen yet, for any policy) times
+before the deadline, its cost estimated as the mean per-iteration cost seen
+for that policy (for a policy not seen yet, the largest policy mean) times
 ``n`` times :data:`SAFETY`; the search skips what does not fit. Estimates
 can be wrong (a policy not seen yet, a machine that other work slows down),
 so on the main thread :meth:`Budget.run` also interrupts a simulation still
@@ -46,7 +46,7 @@ class Budget:
         self.deadline = self.start + budget_s
         self.simulations = 0
         self.skipped = 0
-        self._per_iteration_s: dict[str, float] = {}
+        self._per_iteration_s: dict[str, list[float]] = {}
 
     def share(self, seconds: float) -> Budget:
         """A budget of ``seconds`` from now (never past this one's deadline) that learns into the same estimates."""
@@ -64,9 +64,8 @@ class Budget:
 
     def estimate_s(self, policy: str, iterations: int) -> float:
         """What a simulation of ``policy`` over ``iterations`` (warm-up included) is expected to cost."""
-        seen = self._per_iteration_s.get(policy)
-        if seen is None:
-            seen = max(self._per_iteration_s.values(), default=0.0)
+        means = {p: sum(costs) / len(costs) for p, costs in self._per_iteration_s.items()}
+        seen = means.get(policy, max(means.values(), default=0.0))
         return seen * iterations * SAFETY
 
     def fits(self, policy: str, iterations: int, reserve_s: float = 0.0) -> bool:
@@ -100,7 +99,7 @@ class Budget:
                 self.skipped += 1
                 return None
         per_iteration = (time.perf_counter() - began) / max(1, iterations)
-        self._per_iteration_s[policy] = max(self._per_iteration_s.get(policy, 0.0), per_iteration)
+        self._per_iteration_s.setdefault(policy, []).append(per_iteration)
         self.simulations += 1
         return result
 
