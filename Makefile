@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The CPU build of torch; a bare `pip install torch` would pull a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup testbed-tools demo test lint bench clean
 
 $(BIN)/commsched: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,11 @@ $(BIN)/commsched: pyproject.toml
 	$(BIN)/pip install --quiet -e ".[dev]"
 	@touch $@
 
-setup: $(BIN)/commsched
+setup: $(BIN)/commsched testbed-tools
+
+## As root: nftables and ethtool from the distribution when missing (the namespace testbed's switch ports).
+testbed-tools:
+	@scripts/testbed_tools.sh
 
 ## Rank every policy on ResNet-50 / 64 V100s by simulation, then train for real here: policy="auto" vs PyTorch DDP.
 demo: setup

@@ -9,7 +9,7 @@ import pytest
 
 from commsched.bench.baselines import DDP_GRID, YARDSTICK, best_ddp
 from commsched.bench.report import grid_markdown, grid_table, markdown_table, plot, session_table
-from commsched.bench.run import BenchConfig, _add_ratios, _collect, _rank_iteration_ms, resummarise
+from commsched.bench.run import BenchConfig, _add_ratios, _collect, _rank_iteration_ms, resummarise, step_ms
 from commsched.bench.worker import session_order
 from commsched.testbed import LinkShape
 
@@ -58,9 +58,19 @@ def test_collect_takes_the_slowest_rank_and_ratios_compare_with_torch_ddp(tmp_pa
     assert dear["max_param_diff"] == 1e-7
 
 
+def test_step_percentiles_pool_the_slowest_rank_of_every_timed_step(tmp_path: Path) -> None:
+    dear = _session(tmp_path)["summary"]["dear"]
+    # timed steps (warm-up 1): rank 1 is slowest at the first (250 ms), then both take 200
+    assert dear["steps"] == 3 and dear["p50_ms"] == pytest.approx(200)
+    assert dear["p90_ms"] == pytest.approx(240)  # linear between the 2nd and 3rd of 200, 200, 250
+    assert step_ms({"times_s": [[9.0, 0.1, 0.3], [9.0, 0.2, 0.1, 0.5]]}, warmup=1) == pytest.approx([200, 300])
+
+
 def test_markdown_table_lists_policies_then_references(tmp_path: Path) -> None:
     session = _session(tmp_path)
-    report = {"meta": {"config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8}}}
+    report = {
+        "meta": {"config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8, "warmup": 1}}
+    }
     lines = markdown_table(report, session).splitlines()
     assert lines[0].startswith("| policy | iter ms |")
     assert lines[2].startswith("| torch_ddp | 300 |") and "reference" in lines[2]
@@ -71,7 +81,9 @@ def test_markdown_table_lists_policies_then_references(tmp_path: Path) -> None:
 
 def test_a_session_of_unshaped_links_says_unshaped_not_none(tmp_path: Path) -> None:
     session = _session(tmp_path) | {"label": LinkShape().label}
-    report = {"meta": {"config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8}}}
+    report = {
+        "meta": {"config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8, "warmup": 1}}
+    }
     assert str(session_table(report, session).title).endswith("links unshaped")
     assert LinkShape().description == "unshaped" and LinkShape(rate_bps=10**9).description == "1gbit"
 
@@ -80,7 +92,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     session = _session(tmp_path)
     report = {
         "meta": {
-            "config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8},
+            "config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8, "warmup": 1},
             "machine": {"cpus": 2},
         },
         "sessions": [session],
@@ -137,7 +149,9 @@ def _grid_session(tmp_path: Path) -> dict:
     return session
 
 
-GRID_REPORT = {"meta": {"config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8}}}
+GRID_REPORT = {
+    "meta": {"config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8, "warmup": 1}}
+}
 
 
 def test_best_ddp_is_the_lowest_median_of_the_grid_and_speedups_pair_each_repeat(tmp_path: Path) -> None:
@@ -170,6 +184,11 @@ def test_markdown_table_with_the_grid_compares_with_default_and_best_ddp(tmp_pat
     )
     assert lines[2].startswith("| torch_ddp | 310 |") and lines[2].endswith("| reference |")
     assert lines[3] == "| dear | 200 | 200–250 | 80.0 | 2.00× (1.76–2.10) | 1.25× (1.20–1.30) | — | 1.0e-07 |"
+    tails = markdown_table(GRID_REPORT, session, tails=True).splitlines()  # the console's columns
+    assert tails[0].startswith("| policy | iter ms | min–max | p50 / p90 ms | samples/s |")
+    assert tails[3] == (
+        "| dear | 200 | 200–250 | 200 / 250 | 80.0 | 2.00× (1.76–2.10) | 1.25× (1.20–1.30) | — | 1.0e-07 |"
+    )
     assert lines[4].startswith("| default DDP: ddp[25MiB] | 420 | 400–440 |") and "| 1.00× |" in lines[4]
     assert lines[5].startswith("| best DDP: ddp[4MiB] | 260 | 250–300 |")
     assert lines[6].startswith("| *torch DDP, 1 MiB buckets* | 355 |")
@@ -187,14 +206,14 @@ def test_markdown_table_with_the_grid_compares_with_default_and_best_ddp(tmp_pat
     # vs default: 400/250, 440/300, 420/260
     assert grid[3] == "| ddp[4MiB] (best) | 4 | False | 260 | 250–300 | 1.60× (1.47–1.62) |"
     assert grid_table(GRID_REPORT, session) is not None
-    assert "vs best DDP" in str(session_table(GRID_REPORT, session).columns[5].header)
+    assert "vs best DDP" in str(session_table(GRID_REPORT, session).columns[6].header)
 
 
 def test_a_report_saved_before_the_grid_resummarises_without_grid_rows(tmp_path: Path) -> None:
     session = _session(tmp_path)
     session["runs"]["torch_ddp_1mb"] = session["runs"]["torch_ddp"]  # the yardstick's name before the grid
     report = {
-        "meta": {"config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8}},
+        "meta": {"config": {"policies": ["torch_ddp", "dear"], "model": "cnn", "workers": 2, "batch": 8, "warmup": 1}},
         "sessions": [session],
     }
     (session,) = resummarise(report)["sessions"]

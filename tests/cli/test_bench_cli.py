@@ -74,3 +74,34 @@ def test_the_ddp_grid_is_on_unless_turned_off(started: list[Any], tmp_path: Path
         result = CliRunner().invoke(cli, ["bench", "--policies", "dear", *extra, "--out", str(tmp_path)])
         assert isinstance(result.exception, Started), result.output
         assert started[-1].ddp_grid is grid and started[-1].policies == ("dear",)
+
+
+@pytest.fixture
+def kernel_without_netem_or_nftables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Namespaces work; the kernel lacks sch_netem and nftables' bridge family."""
+    from commsched.testbed import kernel, netns
+
+    monkeypatch.setattr(bench_cli, "netns_unavailable_reason", lambda: None)
+    monkeypatch.setattr(kernel, "netns_unavailable_reason", lambda: None)
+    monkeypatch.setattr(kernel.shutil, "which", lambda tool: f"/usr/sbin/{tool}")
+    monkeypatch.setattr(kernel, "has", lambda feature: feature not in ("netem", "nft"))
+    assert netns.link_unavailable_reason(netns.LinkShape()) is None  # plain links need neither
+
+
+@pytest.mark.usefixtures("kernel_without_netem_or_nftables")
+@pytest.mark.parametrize(
+    ("option", "hint", "missing"),
+    [("--delay", "--delay/--jitter", "CONFIG_NET_SCH_NETEM"), ("--loss", "--loss", "CONFIG_NF_TABLES_BRIDGE")],
+)
+def test_a_delay_or_loss_the_kernel_cannot_make_is_refused_at_parse_time(
+    started: list[Any], tmp_path: Path, option: str, hint: str, missing: str
+) -> None:
+    result = CliRunner().invoke(cli, ["bench", option, "1", "--out", str(tmp_path)], terminal_width=300)
+    assert result.exit_code == 2 and f"Invalid value for {hint}" in result.output, result.output
+    assert missing in result.output and not started
+
+
+@pytest.mark.usefixtures("kernel_without_netem_or_nftables")
+def test_rate_limits_alone_need_neither_and_start(started: list[Any], tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["bench", "--bandwidth", "300mbit", "--out", str(tmp_path)])
+    assert isinstance(result.exception, Started), result.output

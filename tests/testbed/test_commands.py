@@ -1,4 +1,4 @@
-"""The ip/tc command builders and the leftover rules: pure functions, no root needed."""
+"""The ip/tc/nft command builders and the leftover rules: pure functions, no root needed."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from commsched.testbed.commands import (
     delete_commands,
     format_rate,
     is_stale,
+    link_loss_by_port,
     owner_pid,
     parse_link_names,
     parse_netns_list,
@@ -19,6 +20,7 @@ from commsched.testbed.commands import (
     shaping_commands,
     worker_command,
 )
+from commsched.testbed.nft import link_loss_ruleset, loss_threshold
 
 
 @pytest.mark.parametrize(
@@ -69,8 +71,13 @@ def test_every_link_is_created_inside_the_runs_own_namespaces() -> None:
     assert cmds[0] == ["ip", "netns", "add", "csb-42-0-br"]
     assert ["ip", "-n", "csb-42-0-br", "link", "add", "br0", "type", "bridge"] in cmds
     assert [
-        "ip", "-n", "csb-42-0-br", "link", "add", "b1", "type", "veth", "peer", "name", "w1", "netns", "csb-42-0-w1",
+        "ip", "-n", "csb-42-0-br", "link", "add", "b1", "mtu", "1500", "type", "veth", "peer", "name", "w1",
+        "mtu", "1500", "netns", "csb-42-0-w1",
     ] in cmds  # fmt: skip
+    jumbo = create_commands(Layout("csb-42-0-", 2, mtu_bytes=9000))  # jumbo frames: both ends of every veth
+    assert sum(c.count("9000") for c in jumbo) == 2 * 2 and all(c.count("9000") == 2 for c in jumbo if "veth" in c)
+    with pytest.raises(ValueError, match="mtu_bytes: must be between 68 and 65535, got 65536"):
+        Layout("csb-42-0-", 2, mtu_bytes=65536)
     assert ["ip", "-n", "csb-42-0-w1", "addr", "add", "10.77.0.2/24", "dev", "w1"] in cmds
     assert ["ip", "-n", "csb-42-0-br", "link", "set", "b0", "master", "br0"] in cmds
     # A link command without -n would act on the root namespace.
@@ -101,7 +108,7 @@ def test_rate_is_shaped_in_both_directions_with_tbf() -> None:
     assert burst >= 10**9 / 8 * 0.002  # at least 2 ms of traffic
 
 
-def test_delay_and_loss_go_under_the_rate_on_the_worker_side_only() -> None:
+def test_delay_goes_under_the_rate_on_the_worker_side_and_loss_is_no_qdisc() -> None:
     layout = Layout("csb-42-0-", 1)
     cmds = shaping_commands(layout, LinkShape(rate_bps=300 * 10**6, delay_ms=2, jitter_ms=0.5, loss_pct=0.1))
     worker = [c for c in cmds if c[2] == "csb-42-0-w0"]
@@ -110,8 +117,22 @@ def test_delay_and_loss_go_under_the_rate_on_the_worker_side_only() -> None:
     assert worker[1][3:5] == ["class", "add"] and "300000000bit" in worker[1]
     netem = worker[2]
     assert netem[netem.index("parent") + 1] == "1:1"
-    assert netem[netem.index("netem") :][3:] == ["delay", "2ms", "0.5ms", "loss", "0.1%"]
+    assert netem[netem.index("netem") :][3:] == ["delay", "2ms", "0.5ms"]  # loss: nftables at the bridge
     assert len(bridge) == 1 and "tbf" in bridge[0] and "netem" not in bridge[0]
+    assert shaping_commands(layout, LinkShape(loss_pct=1)) == []  # no qdisc for loss alone
+
+
+def test_link_loss_drops_what_each_worker_sends_as_it_enters_the_bridge_on_every_path() -> None:
+    ports = link_loss_by_port(Layout("csb-42-0-", 3, paths=2), {0: 1.0, 1: 0.0, 2: 0.00005})
+    assert ports == {"b0": 1.0, "b0p1": 1.0, "b1": 0.0, "b1p1": 0.0, "b2": 0.00005, "b2p1": 0.00005}
+    text = link_loss_ruleset(ports)
+    assert text.startswith("table bridge csb_links {") and "hook forward" in text
+    rules = [line.strip() for line in text.splitlines() if "numgen" in line]
+    assert rules == [
+        f'iifname "{port}" ether type ip numgen random mod 1000000 < 10000 counter name "{port}_lost" drop'
+        for port in ("b0", "b0p1")
+    ]  # 1 % of 10^6; 0 and 0.00005 % (below the 0.0001 % resolution) get no rule
+    assert loss_threshold(0.1) == 1000 and loss_threshold(0.00005) == 0
 
 
 def test_delay_without_rate_is_netem_alone_and_unshaped_is_nothing() -> None:

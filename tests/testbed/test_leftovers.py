@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_without_root_the_reason_says_so(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_missing_tools_name_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(netns.shutil, "which", lambda tool: None)
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
     reason = netns.netns_unavailable_reason()
     assert reason is not None and "ip and tc not found" in reason and "iproute2" in reason
 

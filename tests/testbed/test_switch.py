@@ -9,8 +9,10 @@ import pytest
 
 from commsched.errors import SpecError
 from commsched.testbed import switch
-from commsched.testbed.commands import Layout, create_commands, shaping_commands
+from commsched.testbed.commands import Layout, LinkShape, create_commands, shaping_commands
 from commsched.testbed.counters import band_counters, parse_port_bytes, parse_qdisc_stats
+from commsched.testbed.nft import NftCounter, parse_counters, switch_ruleset
+from commsched.testbed.ports import port_rules
 from commsched.testbed.switch import (
     SwitchShape,
     offload_commands,
@@ -44,7 +46,7 @@ def test_switch_shape_names_every_bad_field_and_value() -> None:
         SwitchShape(rate_bps=MBIT, queue_pkts=5, queue_ms=1.0)
     with pytest.raises(SpecError, match=r"buffer_pkts: must exceed the threshold \(5\), got 5"):
         SwitchShape(rate_bps=MBIT, queue_pkts=5, buffer_pkts=5)
-    with pytest.raises(SpecError, match="aqm: must be 'red' or 'taildrop'"):
+    with pytest.raises(SpecError, match="aqm: must be one of 'red', 'virtual', 'taildrop', got 'wred'"):
         SwitchShape(rate_bps=MBIT, aqm="wred")  # type: ignore[arg-type]
     with pytest.raises(SpecError, match="default_band"):
         SwitchShape(rate_bps=MBIT, bands=2, default_band=2, dscp_bands=())
@@ -57,7 +59,7 @@ def test_queue_threshold_from_packets_or_milliseconds_at_the_port_rate() -> None
     assert SwitchShape(rate_bps=10_000 * MBIT, queue_ms=1.0).threshold_pkts == 826
     assert SwitchShape(rate_bps=8_000, queue_ms=1.0).threshold_pkts == 1  # never below one frame
     shape = SwitchShape(rate_bps=20 * MBIT, queue_pkts=10, loss_pct=0.5, delay_ms=1, jitter_ms=0.2)
-    assert shape.label == "20mbit/K10/red+1ms±0.2ms+0.5%loss"
+    assert shape.label == "20mbit/K10/virtual+1ms±0.2ms+0.5%loss"  # aqm="virtual" unless told
     assert shape.band_of(46) == 0 and shape.band_of(8) == 2 and shape.band_of(0) == 1
 
 
@@ -74,7 +76,7 @@ def test_red_is_a_step_at_k_frames_that_marks_ect() -> None:
 
 
 def test_port_is_htb_then_prio_by_dscp_then_red_per_band() -> None:
-    shape = SwitchShape(rate_bps=20 * MBIT, queue_pkts=10)
+    shape = SwitchShape(rate_bps=20 * MBIT, queue_pkts=10, aqm="red")
     cmds = port_commands("csb-42-0-br", "b2", shape)
     assert all(c[:3] == ["tc", "-n", "csb-42-0-br"] and "b2" in c for c in cmds)  # never the root namespace
     root = cmds[0]
@@ -94,11 +96,11 @@ def test_port_is_htb_then_prio_by_dscp_then_red_per_band() -> None:
     assert not any("netem" in c for c in cmds)
 
 
-def test_netem_sits_at_the_root_above_the_rate_and_queues() -> None:
+def test_netem_sits_at_the_root_above_the_rate_and_queues_and_loss_is_not_its_job() -> None:
     cmds = port_commands("csb-42-0-br", "b0", SwitchShape(rate_bps=MBIT, loss_pct=1, delay_ms=2, jitter_ms=1))
     netem = cmds[0]
     assert netem[netem.index("root") :][:3] == ["root", "handle", "1:"]
-    assert netem[netem.index("netem") + 3 :] == ["delay", "2ms", "1ms", "loss", "1%"]
+    assert netem[netem.index("netem") + 3 :] == ["delay", "2ms", "1ms"]
     assert _arg(cmds[1], "parent") == "1:1" and _arg(cmds[1], "handle") == "2:" and "htb" in cmds[1]
     assert sum("netem" in c for c in cmds) == 1
 
@@ -118,6 +120,61 @@ def test_taildrop_port_uses_htb_class_priorities_and_fifos() -> None:
     filters = [c for c in cmds if c[3] == "filter"]
     assert [_arg(c, "flowid") for c in filters] == ["2:10", "2:12"] and all(_arg(c, "parent") == "2:" for c in filters)
     assert {c[c.index("handle") + 2] for c in cmds if c[3] == "qdisc"} == {"htb", "pfifo"}  # no prio, no red
+
+
+def test_virtual_port_is_the_htb_bands_with_a_virtual_queue_per_band_in_nftables() -> None:
+    shape = SwitchShape(rate_bps=20 * MBIT, queue_pkts=10, loss_pct=1.0)
+    assert shape.aqm == "virtual" and shape.needs_nft and not shape.needs_netem
+    taildrop = SwitchShape(rate_bps=20 * MBIT, queue_pkts=10, aqm="taildrop")
+    assert port_commands("ns", "b2", shape) == port_commands("ns", "b2", taildrop)  # same tc: bands by htb priority
+    rules = port_rules(shape, "b2")
+    assert rules is not None and rules.virtual and rules.threshold_pkts == 10
+    assert rules.rate_pps == round(20 * MBIT / 8 / 1514)  # the port rate in full frames
+    assert port_rules(taildrop, "b2") is None  # no loss, no virtual queue: no rules
+    lossy_taildrop = port_rules(SwitchShape(rate_bps=MBIT, aqm="taildrop", loss_pct=0.5), "b0")
+    assert lossy_taildrop is not None and not lossy_taildrop.virtual and lossy_taildrop.counters() == [
+        "b0_lost0", "b0_lost1", "b0_lost2"
+    ]  # fmt: skip
+
+    text = switch_ruleset([rules])
+    chains = dict(rules.chains())
+    assert 'oifname "b2" jump b2' in text and "type filter hook forward priority 0" in text
+    assert "limit b2_q0 { rate 1651/second burst 10 packets }" in text  # not "over": matches with a token
+    assert chains["b2"] == ["ip dscp 46 goto b2_band0", "ip dscp 8 goto b2_band2", "goto b2_band1"]
+    assert chains["b2_band0"] == [
+        'ether type ip numgen random mod 1000000 < 10000 counter name "b2_lost0" drop',  # loss first, IPv4 only
+        "meta length < 200 accept",  # ACKs and control pass uncounted
+        'limit name "b2_q0" goto b2_below0',  # a token: it joins the queue, and the bands below
+        'ip ecn != not-ect ip ecn set ce counter name "b2_marked0" goto b2_below0',  # past K: ECT marked
+        'counter name "b2_early0" drop',  # past K: the rest dropped
+    ]
+    assert chains["b2_below0"] == ['limit name "b2_q1"', 'limit name "b2_q2"']  # strict priority: work ahead of them
+    assert chains["b2_below1"] == ['limit name "b2_q2"'] and "b2_below2" not in chains
+    assert chains["b2_band2"][2:4] == [
+        'limit name "b2_q2" accept',
+        'ip ecn != not-ect ip ecn set ce counter name "b2_marked2" accept',
+    ]
+    for name in ("b2_lost1", "b2_marked1", "b2_early2"):
+        assert f"counter {name} {{ }}" in text
+
+
+# Recorded on this testbed (nftables 1.0.6): `nft -j list counters table bridge csb_switch`, one port, cut to band 0.
+NFT_COUNTERS = (
+    '{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}, '
+    '{"counter": {"family": "bridge", "name": "b2_lost0", "table": "csb_switch", "handle": 8, "packets": 10, '
+    '"bytes": 14280}}, {"counter": {"family": "bridge", "name": "b2_marked0", "table": "csb_switch", "handle": 9, '
+    '"packets": 422, "bytes": 602616}}, {"counter": {"family": "bridge", "name": "b2_early0", "table": '
+    '"csb_switch", "handle": 10, "packets": 0, "bytes": 0}}]}'
+)
+
+
+def test_nft_counters_are_read_by_name() -> None:
+    counters = parse_counters(NFT_COUNTERS)
+    assert set(counters) == {"b2_lost0", "b2_marked0", "b2_early0"}
+    assert counters["b2_marked0"] == NftCounter(422, 602616) and counters["b2_lost0"].packets == 10
+    assert parse_counters("") == {}
+    with pytest.raises(ValueError, match="not JSON"):
+        parse_counters("Error: No such file or directory")
 
 
 def test_tos_byte_puts_dscp_above_the_ecn_bits() -> None:
@@ -147,7 +204,7 @@ def test_two_paths_are_two_bridges_and_two_subnets() -> None:
     assert ["ip", "-n", "csb-42-0-br", "link", "add", "br1", "type", "bridge"] in cmds
     assert ["ip", "-n", "csb-42-0-br", "link", "set", "b0p1", "master", "br1"] in cmds
     assert ["ip", "-n", "csb-42-0-w0", "addr", "add", "10.77.1.1/24", "dev", "w0p1"] in cmds
-    assert len(shaping_commands(layout, switch.LinkShape(rate_bps=10**9))) == 8  # both ends of 4 links
+    assert len(shaping_commands(layout, LinkShape(rate_bps=10**9))) == 8  # both ends of 4 links
     assert len(create_commands(Layout("csb-42-0-", 2))) == len(cmds) - 2 - 2 * 5
     with pytest.raises(ValueError, match="paths: must be between 1 and 4, got 5"):
         Layout("csb-42-0-", 2, paths=5)
@@ -205,10 +262,10 @@ def test_counters_per_band_from_a_taildrop_port() -> None:
     ]
     assert stats[0].sent_bytes == 2558278 and stats[0].dropped == 1227 and stats[0].overlimits == 1735
     bands = band_counters(TAILDROP_STATS, 3)
-    assert [(b.band, b.sent_pkts, b.dropped, b.marked) for b in bands] == [
-        (0, 1000, 0, 0),
-        (1, 20, 0, 0),
-        (2, 773, 1227, 0),
+    assert [(b.band, b.sent_pkts, b.dropped, b.marked, b.pdrop) for b in bands] == [
+        (0, 1000, 0, 0, 0),
+        (1, 20, 0, 0, 0),
+        (2, 773, 1227, 0, 1227),  # a fifo drops only at its limit
     ]
 
 

@@ -11,6 +11,9 @@ from commsched.bench.baselines import DDP_GRID, TORCH_DDP
 from commsched.bench.run import REFERENCES, YARDSTICK
 from commsched.testbed import LinkShape
 
+#: The console's tables add p50 / p90 of the step times after min–max (bench.json has p99 too).
+TAIL_COLUMN = "p50 / p90 ms"
+TAIL_CAPTION = "; p50 / p90 ms: percentiles over every timed step of every repeat of the slowest rank's step time"
 #: Sessions measured before the DDP grid (or with ``--no-ddp-grid``): speed-up against torch_ddp.
 COLUMNS = ("policy", "iter ms", "min–max", "samples/s", "speed-up", "÷ ideal", "max |Δp|")
 CAPTION = (
@@ -44,13 +47,22 @@ def _speed_cell(s: dict[str, Any], baseline: str = TORCH_DDP) -> str | None:
     return cell
 
 
+def _tail_cell(s: dict[str, Any]) -> str:
+    """``212 / 260``: p50 / p90 of the step times (summaries made before percentiles were kept: ``—``)."""
+    if "p50_ms" not in s or s.get("steps", 0) == 0:
+        return "—"
+    return f"{s['p50_ms']:.0f} / {s['p90_ms']:.0f}"
+
+
 def has_grid(session: dict[str, Any]) -> bool:
     """Whether the session measured default DDP (and so the DDP grid): its tables compare against DDP's defaults."""
     return "default_ddp" in session
 
 
-def columns(session: dict[str, Any]) -> tuple[str, ...]:
-    return GRID_COLUMNS if has_grid(session) else COLUMNS
+def columns(session: dict[str, Any], tails: bool = False) -> tuple[str, ...]:
+    """The table's columns; ``tails``: with p50 / p90 after min–max (the console's table)."""
+    base = GRID_COLUMNS if has_grid(session) else COLUMNS
+    return (*base[:3], TAIL_COLUMN, *base[3:]) if tails else base
 
 
 def _diff_cell(name: str, diff: float | None) -> str:
@@ -59,7 +71,7 @@ def _diff_cell(name: str, diff: float | None) -> str:
     return f"{diff:.1e}" if diff is not None else "—"
 
 
-def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str], bool]]:
+def rows(report: dict[str, Any], session: dict[str, Any], tails: bool = False) -> list[tuple[list[str], bool]]:
     """Table rows (cells, is_reference) under :func:`columns`.
 
     The policies as run; with the DDP grid, ``default DDP`` and ``best DDP``
@@ -77,6 +89,7 @@ def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str
             label,
             f"{s['median_ms']:.0f}",
             f"{s['min_ms']:.0f}–{s['max_ms']:.0f}",
+            *([_tail_cell(s)] if tails else []),
             f"{s['samples_per_s']:.1f}" if measured else "",
             *speeds,
             f"{vs_ideal:.2f}" if vs_ideal is not None else ("" if reference else "—"),
@@ -99,7 +112,7 @@ def rows(report: dict[str, Any], session: dict[str, Any]) -> list[tuple[list[str
         if key in summary:
             row(key, REFERENCES[key], summary[key], True)
     if "ideal_overlap_ms" in session:
-        blank = [""] * (len(columns(session)) - 2)
+        blank = [""] * (len(columns(session, tails)) - 2)
         out.append((["ideal ≈ max(N in lock-step, all-reduce)", f"{session['ideal_overlap_ms']:.0f}", *blank], True))
     return out
 
@@ -188,12 +201,13 @@ def _title(report: dict[str, Any], session: dict[str, Any]) -> str:
 
 
 def session_table(report: dict[str, Any], session: dict[str, Any]) -> Table:
-    caption = GRID_CAPTION if has_grid(session) else CAPTION
+    """The console's table of a session, with p50 / p90 of the step times (Markdown: :func:`markdown_table`)."""
+    caption = (GRID_CAPTION if has_grid(session) else CAPTION) + TAIL_CAPTION
     table = Table(title=_title(report, session), title_justify="left", caption=caption, caption_justify="left")
-    for i, col in enumerate(columns(session)):
+    for i, col in enumerate(columns(session, tails=True)):
         table.add_column(col, justify="left" if i == 0 else "right")
     previous_ref = False
-    for cells, reference in rows(report, session):
+    for cells, reference in rows(report, session, tails=True):
         if reference and not previous_ref:
             table.add_section()
         table.add_row(*cells, style="dim" if reference else None)
@@ -261,11 +275,11 @@ def validation_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def markdown_table(report: dict[str, Any], session: dict[str, Any]) -> str:
-    """The same table as Markdown (for BENCHMARKS.md); references in italics."""
-    header = [c.replace("|", "\\|") for c in columns(session)]
+def markdown_table(report: dict[str, Any], session: dict[str, Any], tails: bool = False) -> str:
+    """The same table as Markdown (for BENCHMARKS.md); references in italics; ``tails``: with p50 / p90."""
+    header = [c.replace("|", "\\|") for c in columns(session, tails)]
     lines = [f"| {' | '.join(header)} |", "|---" * len(header) + "|"]
-    for cells, reference in rows(report, session):
+    for cells, reference in rows(report, session, tails):
         label = f"*{cells[0]}*" if reference else cells[0]
         lines.append(f"| {' | '.join([label, *cells[1:]])} |")
     return "\n".join(lines)

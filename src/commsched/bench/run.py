@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from commsched.bench.baselines import BY_NAME, DEFAULT_DDP, LEGACY_YARDSTICK, YARDSTICK, best_ddp
@@ -73,6 +74,9 @@ DEFINITIONS = {
     "optimizer.step, zero_grad), i.e. (end of its last timed step - start of its first) / timed steps; "
     "per policy: median over repeats (spread: min-max over repeats)",
     "samples_per_s": "workers * per-rank batch / iteration time",
+    "step_percentiles": "p50_ms, p90_ms, p99_ms: percentiles over every timed step of every repeat (steps: how "
+    "many) of the step's wall time on the rank slowest at that step; a tail measure, where iteration_time is a "
+    "mean (policies that move waiting from one step to the next spread wider here)",
     "phases_ms": "per run: median over ranks of the mean over timed steps of forward (model + loss), backward "
     "(loss.backward(), including any wait for gradients the policy makes there) and step (optimizer.step + "
     "zero_grad); per policy: median over repeats",
@@ -196,15 +200,28 @@ def _rank_iteration_ms(starts_s: list[float], times_s: list[float], warmup: int)
     return (starts_s[-1] + times_s[-1] - starts_s[warmup]) / (len(times_s) - warmup) * 1e3
 
 
-def _summarise(runs: list[dict[str, Any]], workers: int, batch: int) -> dict[str, Any]:
+def step_ms(run: dict[str, Any], warmup: int) -> list[float]:
+    """A run's timed steps, each the time of its slowest rank, ms (``times_s`` holds every rank's steps)."""
+    per_rank = run["times_s"]
+    steps = min(len(ts) for ts in per_rank)
+    return [max(ts[i] for ts in per_rank) * 1e3 for i in range(warmup, steps)]
+
+
+def _summarise(runs: list[dict[str, Any]], workers: int, batch: int, warmup: int) -> dict[str, Any]:
     medians = [r["iteration_ms"] for r in runs]
     median_ms = statistics.median(medians)
+    steps = [ms for r in runs for ms in step_ms(r, warmup)]
+    p50, p90, p99 = np.percentile(steps, [50, 90, 99]) if steps else (np.nan,) * 3
     out: dict[str, Any] = {
         "median_ms": median_ms,
         "min_ms": min(medians),
         "max_ms": max(medians),
         "repeats": len(runs),
         "samples_per_s": workers * batch / (median_ms / 1e3),
+        "steps": len(steps),
+        "p50_ms": float(p50),
+        "p90_ms": float(p90),
+        "p99_ms": float(p99),
     }
     diffs = [r["max_param_diff"] for r in runs if r.get("max_param_diff") is not None]
     if diffs:
@@ -245,7 +262,9 @@ def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str
             if key in run0:
                 run[key] = run0[key]
         runs.setdefault(run0["name"], []).append(run)
-    summary = {name: _summarise(rs, world if name != "compute_alone" else 1, batch) for name, rs in runs.items()}
+    summary = {
+        name: _summarise(rs, world if name != "compute_alone" else 1, batch, warmup) for name, rs in runs.items()
+    }
     return {"runs": runs, "summary": summary, "threads": ranks[0].get("threads")}
 
 
@@ -523,13 +542,14 @@ def resummarise(report: dict[str, Any]) -> dict[str, Any]:
 
     Runs named as before the DDP grid are renamed (``torch_ddp_1mb`` is ``ddp[1MiB,find_unused]``).
     """
-    workers, batch = report["meta"]["config"]["workers"], report["meta"]["config"]["batch"]
+    config = report["meta"]["config"]
+    workers, batch, warmup = config["workers"], config["batch"], config["warmup"]
     alone = report.get("compute_alone")
     if alone is not None:
-        alone["summary"] = {name: _summarise(rs, 1, batch) for name, rs in alone["runs"].items()}
+        alone["summary"] = {name: _summarise(rs, 1, batch, warmup) for name, rs in alone["runs"].items()}
     for session in report["sessions"]:
         if LEGACY_YARDSTICK in session["runs"]:
             session["runs"] = {YARDSTICK if n == LEGACY_YARDSTICK else n: rs for n, rs in session["runs"].items()}
-        session["summary"] = {name: _summarise(rs, workers, batch) for name, rs in session["runs"].items()}
+        session["summary"] = {name: _summarise(rs, workers, batch, warmup) for name, rs in session["runs"].items()}
         _add_ratios(session, alone)
     return report

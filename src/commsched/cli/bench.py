@@ -20,7 +20,20 @@ from commsched.cli.progress import progress
 from commsched.errors import ScheduleError
 from commsched.models import MODELS
 from commsched.schedule import RUNTIME_POLICIES, TORCH_DDP
-from commsched.testbed import LinkShape, parse_rate
+from commsched.testbed import LinkShape, netns_unavailable_reason, parse_rate
+from commsched.testbed.netns import link_unavailable_reason
+
+
+def _refuse_what_cannot_be_built(shapes: tuple[LinkShape, ...], isolation: str) -> None:
+    """Where namespaces work, refuse at once a delay this kernel cannot make (no netem) or a loss it cannot (no
+    nftables), naming what is missing; without them the run falls back to unshaped links and says so."""
+    if isolation == "loopback" or netns_unavailable_reason() is not None:
+        return
+    for shape in shapes:
+        reason = link_unavailable_reason(shape)
+        if reason is not None:
+            hint = "--delay/--jitter" if "netem" in reason else "--loss"
+            raise click.BadParameter(reason, param_hint=hint)
 
 
 @click.command("bench")
@@ -32,9 +45,20 @@ from commsched.testbed import LinkShape, parse_rate
     show_default=True,
     help="per-worker link rate, both directions (tbf): e.g. 1gbit, 300mbit, none; a comma list runs one session each",
 )
-@click.option("--delay", type=click.FloatRange(0), default=0.0, help="one-way delay between workers, ms (netem)")
-@click.option("--jitter", type=click.FloatRange(0), default=0.0, help="delay jitter, ms (netem)")
-@click.option("--loss", type=click.FloatRange(0, 100, max_open=True), default=0.0, help="packet loss, % (netem)")
+@click.option(
+    "--delay",
+    type=click.FloatRange(0),
+    default=0.0,
+    help="one-way delay between workers, ms (tc netem; refused where the kernel lacks it)",
+)
+@click.option("--jitter", type=click.FloatRange(0), default=0.0, help="delay jitter, ms (tc netem, as --delay)")
+@click.option(
+    "--loss",
+    type=click.FloatRange(0, 100, max_open=True),
+    default=0.0,
+    help="random loss, % of the packets each worker sends, dropped as they enter the switch (an nftables rule in "
+    "the bridge: a loss in the network, which TCP learns of from missing ACKs)",
+)
 @click.option(
     "--policies",
     default=",".join(DEFAULT_POLICIES),
@@ -187,6 +211,7 @@ def command(
         )
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--bandwidth/--delay/--jitter/--loss") from None
+    _refuse_what_cannot_be_built(shapes, isolation)
     chosen = tuple(p.strip() for p in policies.split(",") if p.strip())
     unknown = [p for p in chosen if p not in RUNTIME_POLICIES]
     if unknown:

@@ -2,14 +2,16 @@
 
 N worker processes, each in its own network namespace, joined by veth pairs
 to a Linux bridge that lives in a namespace of its own; every link shaped with
-``tc`` (rate with ``tbf`` in both directions; delay, jitter and loss with
-``netem`` where the kernel has it). Workers rendezvous with gloo across the
+``tc`` (rate with ``tbf`` in both directions; delay and jitter with ``netem``
+where the kernel has it) and random loss dropped by an nftables rule as
+frames enter the bridge. Workers rendezvous with gloo across the
 namespaces (``MASTER_ADDR`` = rank 0's address, ``GLOO_SOCKET_IFNAME`` = the
 worker's veth). Everything is removed on exit, error, Ctrl-C or SIGTERM;
 leftovers of killed runs are removed by the next run. Without root it falls
 back to plain processes on 127.0.0.1, unshaped, and says so.
 :mod:`commsched.testbed.switch` makes the bridge ports commodity-switch ports
-(strict priority by DSCP, RED marking ECT and dropping the rest), and
+(strict priority by DSCP; past a queue threshold ECT marked and the rest
+dropped, by tc's RED or by a virtual queue in nftables), and
 ``NetnsTestbed(n, paths=2)`` gives two bridges to spray over (docs/testbed.md).
 
 Workers that differ (:class:`HeteroTestbed`): per-worker CPU speed through

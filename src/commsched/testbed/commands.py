@@ -22,10 +22,16 @@ Shaping (:class:`LinkShape`) is per worker link (on every path) and direction:
 * rate: a ``tbf`` on ``w<r>`` (what worker r sends) and on ``b<r>`` (what
   worker r receives), so each worker has a full-duplex link of that rate
   to the bridge, like a host NIC on a non-blocking switch;
-* delay, jitter, loss: ``netem`` on ``w<r>`` only (under an ``htb`` class of
+* delay, jitter: ``netem`` on ``w<r>`` only (under an ``htb`` class of
   the rate when there is one), so a packet between two workers is delayed
-  once and dropped with the given probability once: ``delay`` is the
-  one-way latency between any two workers (RTT = 2 × delay).
+  once: ``delay`` is the one-way latency between any two workers (RTT =
+  2 × delay);
+* loss: an nftables rule in the bridge namespace drops that fraction of
+  the frames worker r sends as they enter the bridge
+  (:func:`~commsched.testbed.nft.link_loss_ruleset`): once per packet
+  between two workers, and in the network, so a TCP sender learns of it
+  only from missing ACKs (netem's loss on ``w<r>`` would be a drop in the
+  sender's own qdisc, which TCP hears of at once and resends).
 
 Switch ports (priority by DSCP, ECN/RED) replace the qdisc on ``b<r>``:
 see :mod:`commsched.testbed.switch`.
@@ -104,11 +110,16 @@ class LinkShape:
 
     @property
     def shaped(self) -> bool:
-        return self.rate_bps is not None or self.needs_netem
+        return self.rate_bps is not None or self.needs_netem or self.needs_nft
 
     @property
     def needs_netem(self) -> bool:
-        return self.delay_ms > 0 or self.loss_pct > 0
+        """Delay (jitter needs one) takes netem; loss is an nftables rule at the bridge."""
+        return self.delay_ms > 0
+
+    @property
+    def needs_nft(self) -> bool:
+        return self.loss_pct > 0
 
     @property
     def label(self) -> str:
@@ -133,8 +144,11 @@ class Layout:
     prefix: str
     workers: int
     paths: int = 1
+    mtu_bytes: int = 1500
 
     def __post_init__(self) -> None:
+        if not 68 <= self.mtu_bytes <= 65_535:
+            raise ValueError(f"mtu_bytes: must be between 68 and 65535, got {self.mtu_bytes!r}")
         if not 1 <= self.workers <= MAX_WORKERS:
             raise ValueError(f"workers: must be between 1 and {MAX_WORKERS}, got {self.workers!r}")
         if not 1 <= self.paths <= MAX_PATHS:
@@ -175,9 +189,14 @@ class Layout:
         return [self.worker_ns(r) for r in range(self.workers)] + [self.bridge_ns]
 
 
+def veth_peer(dev: str, mtu: str, ns: str) -> list[str]:
+    """The rest of ``ip link add <port> mtu <mtu> ...``: a veth whose other end is ``dev`` in ``ns``."""
+    return ["type", "veth", "peer", "name", dev, "mtu", mtu, "netns", ns]
+
+
 def create_commands(layout: Layout) -> list[list[str]]:
-    """Namespaces, bridge, one veth pair per worker, addresses; all links up."""
-    br = layout.bridge_ns
+    """Namespaces, bridge, one veth pair per worker (both ends at ``mtu_bytes``), addresses; all links up."""
+    br, mtu = layout.bridge_ns, str(layout.mtu_bytes)
     cmds = [["ip", "netns", "add", br]]
     for p in range(layout.paths):
         cmds += [
@@ -190,7 +209,7 @@ def create_commands(layout: Layout) -> list[list[str]]:
         for p in range(layout.paths):
             dev, port = layout.worker_dev(r, p), layout.bridge_port(r, p)
             cmds += [
-                ["ip", "-n", br, "link", "add", port, "type", "veth", "peer", "name", dev, "netns", ns],
+                ["ip", "-n", br, "link", "add", port, "mtu", mtu, *veth_peer(dev, mtu, ns)],
                 ["ip", "-n", br, "link", "set", port, "master", layout.bridge_dev(p)],
                 ["ip", "-n", br, "link", "set", port, "up"],
                 ["ip", "-n", ns, "addr", "add", f"{layout.address(r, p)}/24", "dev", dev],
@@ -205,14 +224,9 @@ def tbf_args(rate_bps: int) -> list[str]:
 
 
 def netem_args(shape: LinkShape) -> list[str]:
-    args = ["netem", "limit", str(NETEM_LIMIT_PACKETS)]
-    if shape.delay_ms:
-        args += ["delay", f"{shape.delay_ms:g}ms"]
-        if shape.jitter_ms:
-            args += [f"{shape.jitter_ms:g}ms"]
-    if shape.loss_pct:
-        args += ["loss", f"{shape.loss_pct:g}%"]
-    return args
+    """netem's delay and jitter (loss is not netem's here: see the module docstring)."""
+    args = ["netem", "limit", str(NETEM_LIMIT_PACKETS), "delay", f"{shape.delay_ms:g}ms"]
+    return args + ([f"{shape.jitter_ms:g}ms"] if shape.jitter_ms else [])
 
 
 def shaping_commands(layout: Layout, shape: LinkShape) -> list[list[str]]:
@@ -244,6 +258,11 @@ def worker_shaping_commands(layout: Layout, rank: int, shape: LinkShape) -> list
             port = layout.bridge_port(r, p)
             cmds.append(["tc", "-n", layout.bridge_ns, "qdisc", "add", "dev", port, "root", *tbf_args(shape.rate_bps)])
     return cmds
+
+
+def link_loss_by_port(layout: Layout, loss_pct_by_rank: dict[int, float]) -> dict[str, float]:
+    """Bridge port -> loss % of the frames entering the bridge there: every path of worker r at its loss."""
+    return {layout.bridge_port(r, p): pct for r, pct in loss_pct_by_rank.items() for p in range(layout.paths)}
 
 
 def clear_shaping_commands(layout: Layout) -> list[list[str]]:

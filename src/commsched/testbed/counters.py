@@ -88,7 +88,8 @@ def parse_port_bytes(json_text: str) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class BandCounters:
-    """What one band of a port did: sent, dropped (all causes), and RED's marks / early drops / overflow drops."""
+    """What one band of a port did: sent; dropped (all causes); marked CE; dropped at the threshold (``early``),
+    at the buffer limit (``pdrop``) and at random (``lost``)."""
 
     band: int
     sent_pkts: int
@@ -97,17 +98,23 @@ class BandCounters:
     marked: int
     early: int
     pdrop: int
+    lost: int = 0
 
 
 def band_counters(text: str, bands: int) -> list[BandCounters]:
-    """Per band, from ``tc -s qdisc show`` of a switch port (the leaf qdisc ``band_handle(b)`` of each band)."""
+    """Per band, from ``tc -s qdisc show`` of a switch port (the leaf qdisc ``band_handle(b)`` of each band).
+
+    A RED leaf counts its own marks, early drops and ``pdrop``; a fifo leaf
+    drops only at its limit, so its drops are the band's ``pdrop``.
+    """
     by_handle = {q.handle: q for q in parse_qdisc_stats(text)}
     out = []
     for b in range(bands):
         q = by_handle.get(band_handle(b))
         if q is None:
             raise ValueError(f"band {b}: no qdisc with handle {band_handle(b)} (is this a switch port?)")
-        out.append(BandCounters(b, q.sent_pkts, q.sent_bytes, q.dropped, q.marked, q.early, q.pdrop))
+        pdrop = q.pdrop if q.kind == "red" else q.dropped
+        out.append(BandCounters(b, q.sent_pkts, q.sent_bytes, q.dropped, q.marked, q.early, pdrop))
     return out
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from commsched.testbed.cgroups import CpuCgroups, CpuShare
-from commsched.testbed.commands import LinkShape, clear_shaping_commands, worker_shaping_commands
+from commsched.testbed.commands import LinkShape, worker_shaping_commands
 from commsched.testbed.netns import Log, NetnsTestbed, Testbed, TestbedError, _stderr, run_command
 
 
@@ -80,13 +80,14 @@ class HeteroTestbed(Testbed):
             if any(s.shaped for s in links):
                 raise TestbedError(f"links: per-worker shaping needs network namespaces ({self.inner.describe()})")
             return
-        layout = self.inner.layout
-        for argv in clear_shaping_commands(layout):
-            run_command(argv, check=False)
+        for shape in links:
+            self.inner.check_shape(shape)
+        self.inner.clear_shaping()
         self.links = None
         for r, shape in enumerate(links):
-            for argv in worker_shaping_commands(layout, r, shape):
+            for argv in worker_shaping_commands(self.inner.layout, r, shape):
                 run_command(argv)
+        self.inner.set_link_loss({r: shape.loss_pct for r, shape in enumerate(links)})
         self.links = list(links)
 
     def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:

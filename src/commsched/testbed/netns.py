@@ -28,7 +28,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +36,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Literal, Self
 
-from commsched.errors import CommschedError
+from commsched.testbed import kernel
 from commsched.testbed.commands import (
     PREFIX,
     Layout,
@@ -46,67 +45,27 @@ from commsched.testbed.commands import (
     create_commands,
     delete_commands,
     is_stale,
+    link_loss_by_port,
     owner_pid,
     parse_link_names,
     parse_netns_list,
     shaping_commands,
     worker_command,
 )
+from commsched.testbed.nft import LINKS_TABLE, SWITCH_TABLE, PortRules, link_loss_ruleset, loss_threshold
+from commsched.testbed.system import (  # noqa: F401  (re-exported: callers import them from here)
+    TestbedError,
+    _stderr,
+    missing_tools,
+    netns_unavailable_reason,
+    run_command,
+)
 
 NETNS_DIR = Path("/run/netns")
-COMMAND_TIMEOUT_S = 30.0
 MASTER_PORT = 29500  # inside a run's own namespaces nothing else listens
 
 Log = Callable[[str], None]
 Isolation = Literal["auto", "netns", "loopback"]
-
-
-class TestbedError(CommschedError, RuntimeError):
-    """The emulated cluster could not be built, shaped, or a worker failed or hung."""
-
-    __test__ = False  # not a pytest test class
-
-
-def _stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def run_command(argv: list[str], *, check: bool = True, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
-    """Run one command, bounded by ``timeout_s``; return its stdout. Failure -> TestbedError naming it."""
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        raise TestbedError(f"`{' '.join(argv)}` did not finish within {timeout_s:g} s") from None
-    except FileNotFoundError:
-        raise TestbedError(f"`{argv[0]}` not found; {_TOOLS_HINT}") from None
-    if check and proc.returncode != 0:
-        raise TestbedError(f"`{' '.join(argv)}` failed (exit {proc.returncode}): {proc.stderr.strip()}")
-    return proc.stdout
-
-
-_TOOLS_HINT = (
-    "`ip` and `tc` come with iproute2 (Debian/Ubuntu: apt-get install iproute2; Fedora/RHEL: dnf install iproute)"
-)
-
-
-def missing_tools() -> list[str]:
-    return [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-
-
-def netns_unavailable_reason() -> str | None:
-    """Why namespaces cannot be used here (None when they can): not root, tools missing, no permission."""
-    if os.geteuid() != 0:
-        return "network namespaces need root (CAP_NET_ADMIN); run as root, e.g. with sudo"
-    missing = missing_tools()
-    if missing:
-        return f"{' and '.join(missing)} not found; {_TOOLS_HINT}"
-    probe = f"{PREFIX}{os.getpid()}-probe"
-    try:
-        run_command(["ip", "netns", "add", probe])
-    except TestbedError as exc:
-        return f"cannot create a network namespace: {exc}"
-    run_command(["ip", "netns", "del", probe], check=False)
-    return None
 
 
 # ------------------------------------------------------------------ leftovers
@@ -197,6 +156,20 @@ def project_objects(prefix: str) -> list[str]:
     names = parse_netns_list(run_command(["ip", "netns", "list"], check=False))
     names += parse_link_names(run_command(["ip", "-o", "link", "show"], check=False))
     return [n for n in names if n.startswith(prefix)]
+
+
+def link_unavailable_reason(shape: LinkShape) -> str | None:
+    """Why links of ``shape`` cannot be built here (None when they can, or need nothing beyond ``ip``/``tc``).
+
+    Delay and jitter need netem; loss needs nftables (its ``nft`` command and the kernel's bridge family).
+    """
+    features = (["netem"] if shape.needs_netem else []) + (["nft"] if shape.needs_nft else [])
+    if not features:
+        return None
+    hints = {
+        "netem": "the testbed has no other way to delay packets; rate limits (tbf) and loss (nftables) work without it"
+    }
+    return kernel.unavailable_reason(features, f"links of {shape.label}", hints)
 
 
 # ------------------------------------------------------------------ testbeds
@@ -311,21 +284,25 @@ class NetnsTestbed(Testbed):
     Building it needs root; it first removes leftovers of killed runs. Names
     are unique per process and testbed (``csb-<pid>-<n>-``). ``paths=2`` adds
     a second bridge and a second veth per worker (see :class:`Layout`), for
-    per-packet spraying; :mod:`commsched.testbed.switch` turns the bridge
-    ports into priority/ECN switch ports.
+    per-packet spraying; ``mtu_bytes=9000`` gives every veth jumbo frames;
+    :mod:`commsched.testbed.switch` turns the bridge ports into priority/ECN
+    switch ports.
     """
 
     isolation = "netns"
     _serial = itertools.count()
 
-    def __init__(self, workers: int, shape: LinkShape | None = None, *, paths: int = 1, log: Log = _stderr) -> None:
+    def __init__(
+        self, workers: int, shape: LinkShape | None = None, *, paths: int = 1, mtu_bytes: int = 1500, log: Log = _stderr
+    ) -> None:
         super().__init__(workers)
         self.log = log
-        self.layout = Layout(f"{PREFIX}{os.getpid()}-{next(self._serial)}-", workers, paths)
+        self.layout = Layout(f"{PREFIX}{os.getpid()}-{next(self._serial)}-", workers, paths, mtu_bytes)
         self._closed = False
         self._created = False
         self._old_handlers: dict[int, object] = {}
-        self._netem_ok: bool | None = None
+        #: the nftables rules of the switch ports, by bridge port (:func:`commsched.testbed.switch.apply_switch`)
+        self.switch_rules: dict[str, PortRules] = {}
         reason = netns_unavailable_reason()
         if reason is not None:
             raise TestbedError(reason)
@@ -363,31 +340,46 @@ class NetnsTestbed(Testbed):
         return MASTER_PORT + launch % 1000  # a fresh port per launch: no TIME_WAIT surprises
 
     def set_shape(self, shape: LinkShape) -> None:
-        """Replace the shaping of every link (``LinkShape()`` removes it)."""
-        if shape.needs_netem and not self._has_netem():
-            raise TestbedError(
-                f"delay, jitter and loss need tc's netem qdisc, which this kernel lacks (CONFIG_NET_SCH_NETEM, "
-                f"module sch_netem); asked for {shape.label}. Rate limits (tbf) work without it."
-            )
+        """Replace the shaping of every link (``LinkShape()`` removes it, and any switch ports)."""
+        self.check_shape(shape)
+        self.clear_shaping()
+        for argv in shaping_commands(self.layout, shape):
+            run_command(argv)
+        self.set_link_loss(dict.fromkeys(range(self.workers), shape.loss_pct))
+        self.shape = shape
+
+    def clear_shaping(self) -> None:
+        """Remove every qdisc, switch port and loss rule from the links."""
         for argv in clear_shaping_commands(self.layout):
             run_command(argv, check=False)
         self.shape = LinkShape()
-        for argv in shaping_commands(self.layout, shape):
-            run_command(argv)
-        self.shape = shape
+        self._delete_table(SWITCH_TABLE)
+        self._delete_table(LINKS_TABLE)
+        self.switch_rules.clear()
+
+    def check_shape(self, shape: LinkShape) -> None:
+        """Raise :class:`TestbedError` naming what this kernel (or system) lacks to build ``shape``."""
+        reason = link_unavailable_reason(shape)
+        if reason is not None:
+            raise TestbedError(reason)
+
+    def set_link_loss(self, loss_pct_by_rank: dict[int, float]) -> None:
+        """Drop ``loss_pct_by_rank[r]`` % of the frames worker r sends, as they enter the bridge (nftables)."""
+        self._delete_table(LINKS_TABLE)
+        ports = link_loss_by_port(self.layout, loss_pct_by_rank)
+        if any(loss_threshold(pct) for pct in ports.values()):
+            run_command(
+                ["ip", "netns", "exec", self.layout.bridge_ns, "nft", "-f", "-"],
+                stdin_text=link_loss_ruleset(ports),
+            )
+
+    def _delete_table(self, table: str) -> None:
+        if shutil.which("nft") is not None:
+            run_command(["ip", "netns", "exec", self.layout.bridge_ns, "nft", "delete", "table", "bridge", table],
+                        check=False)  # fmt: skip
 
     def _has_netem(self) -> bool:
-        if self._netem_ok is None:
-            ns, dev = self.layout.worker_ns(0), self.layout.worker_dev(0)
-            run_command(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
-            try:
-                run_command(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "delay", "0ms"])
-            except TestbedError:
-                self._netem_ok = False
-            else:
-                self._netem_ok = True
-                run_command(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], check=False)
-        return self._netem_ok
+        return kernel.has("netem")
 
     def qdiscs(self) -> str:
         """``tc qdisc show`` of every link, for the record."""

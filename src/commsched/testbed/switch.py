@@ -1,327 +1,92 @@
-"""Switch ports for the emulated testbed: strict priority by DSCP, RED that marks ECT and drops the rest.
+"""Switch ports on a live testbed (root): strict priority by DSCP, ECT marked and not-ECT dropped past K, loss.
 
-DLCP/MLT rely on a commodity switch: DSCP selects a strict-priority queue,
-and past a queue threshold ECN-capable (ECT) packets are marked CE while
-not-ECT packets are dropped. This module turns every bridge port of a
-:class:`~commsched.testbed.netns.NetnsTestbed` into such a port. A bridge
-port is the veth end inside the bridge namespace, so its egress is the
-switch's egress toward one host; a drop there is a loss in the network,
-which the sender's TCP stack learns about only from missing ACKs (netem on
-the sender's own egress would report its drops straight to the sender).
+:func:`apply_switch` turns bridge ports of a
+:class:`~commsched.testbed.netns.NetnsTestbed` into ports of the shape
+:class:`SwitchShape` describes (tc on the port, nftables rules in the
+bridge namespace: :mod:`commsched.testbed.ports` builds both);
+:func:`port_counters` reads back what each band sent, marked and dropped.
+The kernel is asked first (:mod:`commsched.testbed.kernel`), and a shape it
+cannot build is refused naming what is missing.
 
-The hierarchy of one port (tc handles are hex)::
-
-    [netem 1:]                       only with loss, delay or jitter (see below)
-      htb 2:, class 2:1              the port's line rate, burst max(2 frames, 1 ms at the rate)
-        aqm="red":       prio 3:, bands 3:1..3:N, chosen by u32 filters on the DSCP field
-                           band b: red <10+b>: ... ecn      (see red_args)
-        aqm="taildrop":  htb classes 2:<10+b>, class prio b, each guaranteed 1 % of the port,
-                         the rest lent by class priority; u32 filters on the DSCP field
-                           band b: pfifo <10+b>: limit buffer_pkts
-
-``prio`` alone does not read the DSCP (its priomap maps skb->priority), so
-u32 filters ``match ip dsfield <dscp << 2> 0xfc`` pick the band; IPv4
-packets with another DSCP, and everything else (ARP), go to
-``default_band``. ``aqm="taildrop"`` needs only htb and u32, for kernels
-without sch_prio / sch_red: the same bands and priorities, but every
-packet is tail-dropped at ``buffer_pkts`` and nothing is marked.
-
-netem sits at the root, above the rate limit: its loss acts on packets
-arriving at the port, like a lossy wire into the switch, and its delay and
-jitter add to the queueing delay. It cannot sit below the queues: its
-delay line would count as backlog and make RED mark and drop for
-propagation delay, not congestion. Its own queue holds 100000 packets,
-so it drops only at random. Jitter reorders packets (DLCP does not care,
-TCP does).
-
-Offloads are turned off on every veth first (``ethtool -K tso off gso off
-gro off``; without ethtool, ``ip link`` caps ``gso_max_size`` and
-``gso_max_segs``): with them on, a TCP sender hands 64 KiB super-packets
-to the veth and the qdiscs see 44 frames as one packet.
+    shape = SwitchShape(rate_bps=300 * 10**6, queue_pkts=20, loss_pct=1.0)   # aqm="virtual"
+    with NetnsTestbed(4) as bed:
+        apply_switch(bed, shape)
+        ...
+        print(port_counters(bed, rank=0, shape=shape))
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Literal
 
-from commsched.errors import SpecError
-from commsched.testbed.commands import PREFIX, Layout, LinkShape, format_rate, netem_args
-from commsched.testbed.counters import BandCounters, BridgeBytes, band_counters, band_handle, parse_port_bytes
-from commsched.testbed.netns import Log, NetnsTestbed, TestbedError, netns_unavailable_reason, run_command
+from commsched.testbed import kernel
+from commsched.testbed.counters import BandCounters, BridgeBytes, band_counters, parse_port_bytes
+from commsched.testbed.netns import Log, NetnsTestbed
+from commsched.testbed.nft import SWITCH_TABLE, parse_counters, switch_ruleset
+from commsched.testbed.ports import (
+    AQMS,
+    DSCP_IMPORTANT,
+    DSCP_UNIMPORTANT,
+    ECN_CE,
+    ECN_ECT0,
+    ECN_ECT1,
+    ECN_NOT_ECT,
+    Aqm,
+    OffloadTool,
+    SwitchShape,
+    offload_commands,
+    port_commands,
+    port_rules,
+    red_args,
+    tos_byte,
+)
+from commsched.testbed.system import TestbedError, run_command
 
-Aqm = Literal["red", "taildrop"]
-OffloadTool = Literal["ethtool", "ip"]
-
-# The two halves of the IPv4 TOS byte: DSCP (upper 6 bits) and ECN (lower 2, RFC 3168).
-ECN_NOT_ECT, ECN_ECT1, ECN_ECT0, ECN_CE = 0, 1, 2, 3
-DSCP_IMPORTANT = 46  # EF: DLCP's important (ECN-capable) gradient packets, top band
-DSCP_UNIMPORTANT = 8  # CS1: the unimportant (not-ECT) ones, bottom band
-ETHERNET_HEADER_BYTES = 14
-DEFAULT_QUEUE_PKTS = 20
-PORT_BURST_S = 0.001
-BAND_FLOOR_FRACTION = 0.01  # taildrop: each band's guaranteed share of the port
-
-
-def tos_byte(dscp: int, ecn: int) -> int:
-    """The IPv4 TOS byte (``IP_TOS``) carrying ``dscp`` and the ECN codepoint ``ecn``."""
-    return (dscp << 2) | ecn
-
-
-@dataclass(frozen=True)
-class SwitchShape:
-    """One egress port of the emulated switch.
-
-    ``rate_bps`` is the port's line rate. ``queue_pkts`` (or ``queue_ms`` at
-    the port rate; the default is 20 packets) is the marking/dropping
-    threshold K of every band; ``buffer_pkts`` (default 4·K) its hard limit.
-    ``dscp_bands`` maps DSCP values to bands, 0 served first; other traffic
-    goes to ``default_band``. ``loss_pct``, ``delay_ms`` and ``jitter_ms`` add
-    a netem stage on the port. Invalid values raise :class:`SpecError` naming
-    the field and the value.
-    """
-
-    rate_bps: int
-    queue_pkts: int | None = None
-    queue_ms: float | None = None
-    buffer_pkts: int | None = None
-    bands: int = 3
-    dscp_bands: tuple[tuple[int, int], ...] = ((DSCP_IMPORTANT, 0), (DSCP_UNIMPORTANT, 2))
-    default_band: int = 1
-    aqm: Aqm = "red"
-    loss_pct: float = 0.0
-    delay_ms: float = 0.0
-    jitter_ms: float = 0.0
-    mtu_bytes: int = 1500
-
-    def __post_init__(self) -> None:
-        problems = []
-        if not isinstance(self.rate_bps, int) or self.rate_bps < 8_000:
-            problems.append(f"rate_bps: must be an integer >= 8000 (bit/s), got {self.rate_bps!r}")
-        if self.queue_pkts is not None and self.queue_ms is not None:
-            problems.append(f"queue_ms: give queue_pkts or queue_ms, not both, got {self.queue_ms!r}")
-        if self.queue_pkts is not None and not 1 <= self.queue_pkts <= 100_000:
-            problems.append(f"queue_pkts: must be between 1 and 100000, got {self.queue_pkts!r}")
-        if self.queue_ms is not None and not 0 < self.queue_ms <= 10_000:
-            problems.append(f"queue_ms: must be in (0, 10000], got {self.queue_ms!r}")
-        if not 2 <= self.bands <= 8:
-            problems.append(f"bands: must be between 2 and 8 (a switch port has 8 queues), got {self.bands!r}")
-        if not 0 <= self.default_band < self.bands:
-            problems.append(f"default_band: must be in [0, {self.bands}), got {self.default_band!r}")
-        seen: set[int] = set()
-        for i, (dscp, band) in enumerate(self.dscp_bands):
-            if not 0 <= dscp <= 63:
-                problems.append(f"dscp_bands[{i}]: DSCP must be in [0, 63], got {dscp!r}")
-            if dscp in seen:
-                problems.append(f"dscp_bands[{i}]: DSCP {dscp} is mapped twice")
-            if not 0 <= band < self.bands:
-                problems.append(f"dscp_bands[{i}]: band must be in [0, {self.bands}), got {band!r}")
-            seen.add(dscp)
-        if self.aqm not in ("red", "taildrop"):
-            problems.append(f"aqm: must be 'red' or 'taildrop', got {self.aqm!r}")
-        if not 0.0 <= self.loss_pct < 100.0:
-            problems.append(f"loss_pct: must be in [0, 100), got {self.loss_pct!r}")
-        if not 0.0 <= self.delay_ms <= 10_000:
-            problems.append(f"delay_ms: must be between 0 and 10000, got {self.delay_ms!r}")
-        if not 0.0 <= self.jitter_ms <= self.delay_ms:
-            problems.append(f"jitter_ms: must be between 0 and delay_ms ({self.delay_ms}), got {self.jitter_ms!r}")
-        if not 68 <= self.mtu_bytes <= 65_535:
-            problems.append(f"mtu_bytes: must be between 68 and 65535, got {self.mtu_bytes!r}")
-        if not problems and self.buffer_pkts is not None and self.buffer_pkts <= self.threshold_pkts:
-            problems.append(f"buffer_pkts: must exceed the threshold ({self.threshold_pkts}), got {self.buffer_pkts!r}")
-        if problems:
-            raise SpecError("switch shape", problems)
-
-    @property
-    def frame_bytes(self) -> int:
-        """A full frame as qdiscs count it (IP packet plus Ethernet header)."""
-        return self.mtu_bytes + ETHERNET_HEADER_BYTES
-
-    @property
-    def threshold_pkts(self) -> int:
-        """K: ``queue_pkts``, or ``round(queue_ms / 1000 · rate_bps / 8 / frame_bytes)``, at least 1."""
-        if self.queue_pkts is not None:
-            return self.queue_pkts
-        if self.queue_ms is not None:
-            return max(1, round(self.queue_ms / 1000 * self.rate_bps / 8 / self.frame_bytes))
-        return DEFAULT_QUEUE_PKTS
-
-    @property
-    def limit_pkts(self) -> int:
-        return self.buffer_pkts if self.buffer_pkts is not None else 4 * self.threshold_pkts
-
-    @property
-    def needs_netem(self) -> bool:
-        return self.loss_pct > 0 or self.delay_ms > 0
-
-    @property
-    def label(self) -> str:
-        """Short: ``20mbit/K10/red``, ``1gbit/K20/taildrop+0.1%loss``."""
-        parts = [f"{format_rate(self.rate_bps)}/K{self.threshold_pkts}/{self.aqm}"]
-        if self.delay_ms:
-            parts.append(f"{self.delay_ms:g}ms" + (f"±{self.jitter_ms:g}ms" if self.jitter_ms else ""))
-        if self.loss_pct:
-            parts.append(f"{self.loss_pct:g}%loss")
-        return "+".join(parts)
-
-    def band_of(self, dscp: int) -> int:
-        return dict(self.dscp_bands).get(dscp, self.default_band)
+__all__ = [
+    "AQMS",
+    "DSCP_IMPORTANT",
+    "DSCP_UNIMPORTANT",
+    "ECN_CE",
+    "ECN_ECT0",
+    "ECN_ECT1",
+    "ECN_NOT_ECT",
+    "Aqm",
+    "OffloadTool",
+    "SwitchShape",
+    "apply_switch",
+    "bridge_bytes",
+    "disable_offloads",
+    "needed_features",
+    "offload_commands",
+    "offload_tool",
+    "port_commands",
+    "port_counters",
+    "red_args",
+    "switch_unavailable_reason",
+    "tos_byte",
+]
 
 
-# ------------------------------------------------------------------ command builders (pure)
-
-
-def red_args(shape: SwitchShape) -> list[str]:
-    """RED for one band: a step at K frames, marking ECT packets and dropping the others.
-
-    With A = ``frame_bytes``, K = ``threshold_pkts`` and B = ``limit_pkts``:
-    ``min`` = K·A and ``max`` = (K+1)·A with ``probability`` 1, so the mark/drop
-    probability rises from 0 to 1 within one frame past K (a switch's ECN
-    threshold); ``burst`` = K, the smallest tc accepts for this ``min``, gives
-    the EWMA weight 1/2, so the average follows the instantaneous queue
-    within a few packets; ``limit`` = B·A is the band's buffer, past which ECT
-    packets too are dropped (RED's ``pdrop``); ``bandwidth`` = the port rate.
-    """
-    a, k = shape.frame_bytes, shape.threshold_pkts
-    return [
-        "red", "limit", str(shape.limit_pkts * a), "min", str(k * a), "max", str((k + 1) * a),
-        "avpkt", str(a), "burst", str(k), "probability", "1.0", "bandwidth", f"{shape.rate_bps}bit", "ecn",
-    ]  # fmt: skip
-
-
-def _htb_class(rate_bps: int, ceil_bps: int, burst_bytes: int, frame_bytes: int) -> list[str]:
-    burst = str(burst_bytes)
-    return [
-        "htb", "rate", f"{rate_bps}bit", "ceil", f"{ceil_bps}bit", "burst", burst, "cburst", burst,
-        "quantum", str(frame_bytes),
-    ]  # fmt: skip
-
-
-def port_commands(ns: str, dev: str, shape: SwitchShape) -> list[list[str]]:
-    """The ``tc`` commands making ``dev`` (in namespace ``ns``) a switch port; run on a port without a root qdisc."""
-    tc = ["tc", "-n", ns]
-    qdisc, klass, filt = [*tc, "qdisc", "add", "dev", dev], [*tc, "class", "add", "dev", dev], [*tc, "filter"]
-    a = shape.frame_bytes
-    burst = max(2 * a, round(shape.rate_bps / 8 * PORT_BURST_S))
-    cmds: list[list[str]] = []
-    if shape.needs_netem:
-        netem = LinkShape(delay_ms=shape.delay_ms, jitter_ms=shape.jitter_ms, loss_pct=shape.loss_pct)
-        cmds.append([*qdisc, "root", "handle", "1:", *netem_args(netem)])
-        top = ["parent", "1:1"]
-    else:
-        top = ["root"]
-    leaves = [f"2:{0x10 + b:x}" for b in range(shape.bands)]
-    default = "1" if shape.aqm == "red" else leaves[shape.default_band].split(":")[1]
-    cmds += [
-        [*qdisc, *top, "handle", "2:", "htb", "default", default],
-        [*klass, "parent", "2:", "classid", "2:1", *_htb_class(shape.rate_bps, shape.rate_bps, burst, a)],
-    ]
-    if shape.aqm == "red":
-        priomap = [str(shape.default_band)] * 16
-        cmds.append([*qdisc, "parent", "2:1", "handle", "3:", "prio", "bands", str(shape.bands), "priomap", *priomap])
-        cmds += [
-            [*qdisc, "parent", f"3:{b + 1}", "handle", band_handle(b), *red_args(shape)] for b in range(shape.bands)
-        ]
-        classify, flows = "3:", [f"3:{b + 1}" for b in range(shape.bands)]
-    else:
-        floor = max(8_000, round(shape.rate_bps * BAND_FLOOR_FRACTION))
-        for b, leaf in enumerate(leaves):  # a floor guaranteed, up to the port rate lent by class priority
-            htb = _htb_class(floor, shape.rate_bps, burst, a)
-            cmds.append([*klass, "parent", "2:1", "classid", leaf, *htb, "prio", str(b)])
-            cmds.append([*qdisc, "parent", leaf, "handle", band_handle(b), "pfifo", "limit", str(shape.limit_pkts)])
-        classify, flows = "2:", leaves
-    for dscp, band in shape.dscp_bands:
-        match = ["u32", "match", "ip", "dsfield", f"0x{tos_byte(dscp, 0):02x}", "0xfc", "flowid", flows[band]]
-        cmds.append([*filt, "add", "dev", dev, "parent", classify, "protocol", "ip", "prio", "1", *match])
-    return cmds
-
-
-def offload_commands(layout: Layout, tool: OffloadTool, mtu_bytes: int = 1500) -> list[list[str]]:
-    """Turn segmentation and receive offloads off on both ends of every veth.
-
-    ``ethtool``: ``-K <dev> tso off gso off gro off``. ``ip``: no switch for
-    that, but ``gso_max_segs 1`` and ``gso_max_size``/``gro_max_size`` of one
-    frame make the stack hand the veth one MTU-sized packet at a time (veth
-    does no GRO unless turned on).
-    """
-    frame = str(mtu_bytes + ETHERNET_HEADER_BYTES)
-    ends = [(layout.worker_ns(r), layout.worker_dev(r, p)) for r, p in layout.links()]
-    ends += [(layout.bridge_ns, layout.bridge_port(r, p)) for r, p in layout.links()]
-    if tool == "ethtool":
-        return [
-            ["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off"]
-            for ns, dev in ends
-        ]
-    limits = ["gso_max_size", frame, "gso_max_segs", "1", "gro_max_size", frame]
-    return [["ip", "-n", ns, "link", "set", "dev", dev, *limits] for ns, dev in ends]
-
-
-# ------------------------------------------------------------------ live (needs root)
-
-_FEATURES = {
-    "htb": ("CONFIG_NET_SCH_HTB", "sch_htb"),
-    "u32": ("CONFIG_NET_CLS_U32", "cls_u32"),
-    "prio": ("CONFIG_NET_SCH_PRIO", "sch_prio"),
-    "red": ("CONFIG_NET_SCH_RED", "sch_red"),
-    "netem": ("CONFIG_NET_SCH_NETEM", "sch_netem"),
+_VIRTUAL = "aqm='virtual' marks and drops without them (a virtual queue in nftables, see docs/testbed.md)"
+_HINTS = {
+    "prio": _VIRTUAL,
+    "red": _VIRTUAL,
+    "netem": "the testbed has no other way to delay packets: leave delay_ms and jitter_ms at 0",
 }
-_PROBE_ARGS = {
-    "htb": ["htb"],
-    "prio": ["prio"],
-    "red": red_args(SwitchShape(rate_bps=10**7, queue_pkts=2)),
-    "netem": ["netem"],
-}
-_kernel_has: dict[str, bool] = {}
-
-
-def _probe_kernel() -> None:
-    """Try each qdisc (and the u32 filter) once, in a namespace of our own, and remember the answers."""
-    ns = f"{PREFIX}{os.getpid()}-qprobe"
-    run_command(["ip", "netns", "add", ns])
-    try:
-        run_command(["ip", "-n", ns, "link", "add", "q0", "type", "veth", "peer", "name", "q1"])
-        tc = ["tc", "-n", ns, "qdisc"]
-        for kind, args in _PROBE_ARGS.items():
-            try:
-                run_command([*tc, "add", "dev", "q0", "root", "handle", "1:", *args])
-            except TestbedError:
-                _kernel_has[kind] = False
-                continue
-            _kernel_has[kind] = True
-            if kind == "htb":
-                filt = ["tc", "-n", ns, "filter", "add", "dev", "q0", "parent", "1:", "protocol", "ip", "prio", "1"]
-                try:
-                    run_command([*filt, "u32", "match", "ip", "dsfield", "0xb8", "0xfc", "flowid", "1:1"])
-                    _kernel_has["u32"] = True
-                except TestbedError:
-                    _kernel_has["u32"] = False
-            run_command([*tc, "del", "dev", "q0", "root"], check=False)
-    finally:
-        run_command(["ip", "netns", "del", ns], check=False)
 
 
 def needed_features(shape: SwitchShape) -> list[str]:
-    return ["htb", "u32"] + (["prio", "red"] if shape.aqm == "red" else []) + (["netem"] if shape.needs_netem else [])
+    """The kernel features (:data:`commsched.testbed.kernel.FEATURES`) a port of ``shape`` is built with."""
+    out = ["htb", "u32"]
+    out += ["prio", "red"] if shape.aqm == "red" else []
+    out += ["nft"] if shape.needs_nft else []
+    return out + (["netem"] if shape.needs_netem else [])
 
 
 def switch_unavailable_reason(shape: SwitchShape) -> str | None:
-    """Why ``shape`` cannot be built here (None when it can): no namespaces, or kernel qdiscs missing."""
-    reason = netns_unavailable_reason()
-    if reason is not None:
-        return reason
-    if not _kernel_has:
-        _probe_kernel()
-    missing = [f for f in needed_features(shape) if not _kernel_has.get(f, False)]
-    if not missing:
-        return None
-    configs = ", ".join(f"{_FEATURES[f][0]} (module {_FEATURES[f][1]})" for f in missing)
-    text = f"the switch port {shape.label} needs tc's {', '.join(missing)}, which this kernel lacks: {configs}"
-    if set(missing) <= {"prio", "red"}:
-        text += "; aqm='taildrop' needs only htb and u32 (strict priority by htb class, tail drop, no ECN marks)"
-    return text
+    """Why ``shape`` cannot be built here (None when it can): no namespaces, no ``nft``, kernel features missing."""
+    return kernel.unavailable_reason(needed_features(shape), f"the switch port {shape.label}", _HINTS)
 
 
 def offload_tool() -> OffloadTool:
@@ -334,7 +99,7 @@ def disable_offloads(bed: NetnsTestbed, tool: OffloadTool | None = None, log: Lo
     tool = tool or offload_tool()
     if tool == "ip" and log is not None:
         log("testbed: ethtool not found (apt-get install ethtool); capping GSO with `ip link ... gso_max_segs 1`")
-    for argv in offload_commands(bed.layout, tool):
+    for argv in offload_commands(bed.layout, tool, bed.layout.mtu_bytes):
         run_command(argv)
     return tool
 
@@ -344,7 +109,8 @@ def apply_switch(bed: NetnsTestbed, shape: SwitchShape, *, ranks: Sequence[int] 
 
     Turns offloads off on every link first. Replaces what
     :meth:`NetnsTestbed.set_shape` put on those ports (the worker side keeps
-    its shaping); ``bed.set_shape(bed.shape)`` puts plain links back. Raises
+    its shaping) and what an earlier call put there; ports toward other ranks
+    keep theirs. ``bed.set_shape(bed.shape)`` puts plain links back. Raises
     :class:`TestbedError` with the reason when this kernel cannot build it.
     """
     reason = switch_unavailable_reason(shape)
@@ -358,14 +124,58 @@ def apply_switch(bed: NetnsTestbed, shape: SwitchShape, *, ranks: Sequence[int] 
             run_command(["tc", "-n", ns, "qdisc", "del", "dev", port, "root"], check=False)
             for argv in port_commands(ns, port, shape):
                 run_command(argv)
+            rules = port_rules(shape, port)
+            if rules is None:
+                bed.switch_rules.pop(port, None)
+            else:
+                bed.switch_rules[port] = rules
+    load_switch_rules(bed)
+
+
+def load_switch_rules(bed: NetnsTestbed) -> None:
+    """Replace the bridge's ``csb_switch`` table by the rules of ``bed.switch_rules`` (none: no table)."""
+    nft = ["ip", "netns", "exec", bed.layout.bridge_ns, "nft"]
+    if shutil.which("nft") is not None:
+        run_command([*nft, "delete", "table", "bridge", SWITCH_TABLE], check=False)
+    if bed.switch_rules:
+        run_command([*nft, "-f", "-"], stdin_text=switch_ruleset(list(bed.switch_rules.values())))
 
 
 def port_counters(bed: NetnsTestbed, rank: int, shape: SwitchShape, path: int = 0) -> list[BandCounters]:
-    """Per band counters of the switch port toward worker ``rank`` on ``path``."""
+    """Per band counters of the switch port toward worker ``rank`` on ``path``: tc's, plus its nftables counters.
+
+    ``dropped`` counts every drop of the band's frames at the port: random
+    loss (``lost``), at the threshold (``early``) and at the buffer (``pdrop``).
+    """
     port = bed.layout.bridge_port(rank, path)
-    return band_counters(
-        run_command(["tc", "-n", bed.layout.bridge_ns, "-s", "qdisc", "show", "dev", port]), shape.bands
-    )
+    ns = bed.layout.bridge_ns
+    bands = band_counters(run_command(["tc", "-n", ns, "-s", "qdisc", "show", "dev", port]), shape.bands)
+    rules = bed.switch_rules.get(port)
+    if rules is None:
+        return bands
+    listed = run_command(["ip", "netns", "exec", ns, "nft", "-j", "list", "counters", "table", "bridge", SWITCH_TABLE])
+    nft = parse_counters(listed)
+
+    def count(what: str, band: int) -> int:
+        c = nft.get(rules.counter(what, band))
+        return 0 if c is None else c.packets
+
+    out = []
+    for b in bands:
+        lost, marked, early = (count(what, b.band) for what in ("lost", "marked", "early"))
+        out.append(
+            BandCounters(
+                band=b.band,
+                sent_pkts=b.sent_pkts,
+                sent_bytes=b.sent_bytes,
+                dropped=b.dropped + lost + early,
+                marked=b.marked + marked,
+                early=b.early + early,
+                pdrop=b.pdrop,
+                lost=lost,
+            )
+        )
+    return out
 
 
 def bridge_bytes(bed: NetnsTestbed) -> list[BridgeBytes]:

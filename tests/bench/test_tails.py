@@ -1,0 +1,117 @@
+"""The round-time harness: its arithmetic on made-up records, and one tiny live run (root) through the switch."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from commsched.bench.tails import Job, datapath_rate, round_times, summarise
+from commsched.bench.tails_run import TailsConfig, partitions, plot, ratio, ratio_lines, run_tails, scenarios
+from commsched.testbed import netns_unavailable_reason, project_objects
+from commsched.testbed.switch import SwitchShape, switch_unavailable_reason
+
+
+def _rank(ends: list[float], comm: list[float], server: bool = False) -> dict:
+    return {"ends_s": ends, "comm_starts_s": [e - c for e, c in zip(ends, comm, strict=True)], "server": server}
+
+
+def test_a_round_ends_with_its_last_sender_and_the_server_is_left_out() -> None:
+    ranks = [
+        _rank([0.0, 0.1, 0.3, 0.4], [0.05, 0.05, 0.1, 0.02], server=True),  # a dedicated server: not a sender
+        _rank([1.0, 1.1, 1.2, 1.35], [0.01, 0.02, 0.03, 0.04]),
+        _rank([1.05, 1.15, 1.3, 1.4], [0.02, 0.01, 0.08, 0.01]),
+    ]
+    times = round_times(ranks, warmup=1)
+    # round ends 1.05, 1.15, 1.3, 1.4: timed rounds 1..3 take 100, 150 and 100 ms
+    assert times["round_ms"] == pytest.approx([100, 150, 100])
+    assert times["comm_ms"] == pytest.approx([20, 80, 40])  # the longest exchange of each timed round
+    with pytest.raises(ValueError, match="more than the 4 warm-up rounds"):
+        round_times(ranks, warmup=4)
+
+
+def test_summaries_are_numpy_percentiles_and_the_datapath_counts_timed_datagrams_per_cpu_second() -> None:
+    s = summarise([float(v) for v in range(1, 101)])
+    assert s["p50_ms"] == pytest.approx(50.5) and s["p99_ms"] == pytest.approx(99.01) and s["rounds"] == 100
+    ranks = [
+        {"cpu_s": 2.0, "dlcp": {"timed_sent": 30_000, "timed_received": 10_000}},
+        {"cpu_s": 1.0, "dlcp": {"timed_sent": 5_000, "timed_received": 25_000}},
+    ]
+    assert datapath_rate(ranks) == {"datagrams_per_cpu_s_median": 25_000.0, "datagrams_per_cpu_s_max": 30_000.0}
+    assert datapath_rate([{"cpu_s": 1.0}]) is None  # no DLCP link: nothing to say
+
+
+def test_partitions_follow_the_model_front_first_or_split_a_given_size_evenly() -> None:
+    parts = partitions(TailsConfig(model="cnn", partition_mib=0.5))
+    assert sum(parts) == 673_322 and len(parts) >= 2  # every parameter of the cnn, in pieces of about 0.5 MiB
+    assert partitions(TailsConfig(grad_mib=2.5, partition_mib=1.0)) == (218_454, 218_453, 218_453)
+    assert Job("ps1", 10, 2, 5.0, parts, 0.01, 60.0, "/tmp").world(4) == 5  # the dedicated server
+    assert Job("dlcp", 10, 2, 5.0, parts, 0.01, 60.0, "/tmp").world(4) == 4
+
+
+def test_incast_compares_the_one_server_methods_through_a_shallow_switch_port() -> None:
+    config = TailsConfig(queue_pkts=10, buffer_pkts=40)
+    by_name = scenarios(config)
+    assert list(by_name) == ["lossless", "loss", "incast"]
+    assert by_name["incast"].methods == ("ps1", "dlcp_ps") and by_name["lossless"].switch is None
+    port = by_name["incast"].switch
+    assert port is not None and port.aqm == "virtual" and port.threshold_pkts == 10 and port.limit_pkts == 40
+    # DLCP's important packets by layer class (CS4..CS1) in bands 0..3, its unimportant ones (CS0) and TCP last
+    assert [port.band_of(d) for d in (32, 24, 16, 8, 0, 46)] == [0, 1, 2, 3, 4, 4] and port.bands == 5
+    assert by_name["loss"].link.loss_pct == 1.0 and by_name["loss"].link.rate_bps == 300 * 10**6
+    with pytest.raises(ValueError, match="methods: unknown"):
+        TailsConfig(methods=("ps", "quic"))
+    with pytest.raises(ValueError, match="scenarios: unknown"):
+        TailsConfig(scenarios=("wan",))
+
+
+def _result(p50: float, p99: float) -> dict:
+    return {"round": {"p50_ms": p50, "p99_ms": p99}}
+
+
+def test_ratios_are_baseline_over_method_against_the_targets() -> None:
+    results = {
+        "loss": {"methods": {"ps1": _result(120, 600), "dlcp_ps": _result(100, 200), "gloo": _result(90, 300)}},
+        "lossless": {"methods": {"ps1": _result(100, 110)}},
+        "incast": {"methods": {"ps1": _result(150, 550)}},
+    }
+    assert ratio(results, "loss", "ps1", "dlcp_ps", "p99") == pytest.approx(3.0)
+    assert ratio(results, "loss", "gloo", "dlcp", "p99") is None  # dlcp not measured
+    lines = ratio_lines(results)
+    assert "loss     p99 ps1/dlcp_ps: 3.00x (target >= 1.50x: met)" in lines
+    assert "loss     p50 ps1/dlcp_ps: 1.20x (target >= 1.20x: met)" in lines
+    assert lines[-1].endswith("(what incast costs TCP): 5.00x")
+
+
+_REASON = netns_unavailable_reason()
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(_REASON is not None, reason=f"testbed: {_REASON}")
+def test_a_tiny_jumbo_frame_incast_of_dlcp_ps_measures_rounds_datagrams_and_the_server_port(tmp_path: Path) -> None:
+    port = SwitchShape(rate_bps=300 * 10**6, queue_pkts=10, buffer_pkts=40)
+    reason = switch_unavailable_reason(port)
+    if reason is not None:
+        assert "not installed" not in reason, reason  # a missing nft command is a set-up error
+        pytest.skip(f"testbed: {reason}")
+    config = TailsConfig(
+        senders=2, rounds=4, warmup=2, compute_ms=5.0, grad_mib=0.125, scenarios=("incast",), methods=("dlcp_ps",),
+        queue_pkts=10, buffer_pkts=40, timeout_s=30.0, mtu_bytes=9000,
+    )  # fmt: skip
+    report = run_tails(config, tmp_path, log=lambda message: None)
+    entry = report["scenarios"]["incast"]["methods"]["dlcp_ps"]
+    assert entry["round"]["rounds"] == 4 and entry["round"]["p50_ms"] >= 5.0  # at least the sleep
+    assert len(entry["ranks"]) == 3 and entry["ranks"][0]["server"]  # two senders and the server, rank 0
+    assert entry["datapath"]["datagrams_per_cpu_s_median"] > 0
+    # jumbo frames: the server wrote the pushes in datagrams of about 9000 bytes, not 1500
+    pushes = 2 * (4 + 2) * 0.125 * 2**20  # bytes into the server: 2 senders, 6 rounds
+    assert pushes / 8900 <= entry["ranks"][0]["dlcp"]["written"] < pushes / 1400
+    assert entry["server_port"]["sent_pkts"] >= 2 * 4 * 0.125 * 2**20 / 9000  # both senders' pushes crossed it
+    assert entry["lost_numel_per_round_max"] <= 0.01 * 0.125 * 2**20 / 4  # within the bound of one push
+    saved = json.loads((tmp_path / "tails.json").read_text())
+    assert saved["scenarios"]["incast"]["methods"]["dlcp_ps"]["round_ms"] == entry["round_ms"]
+    plot(report, tmp_path / "tails.png")
+    assert (tmp_path / "tails.png").read_bytes()[:4] == b"\x89PNG"
+    assert project_objects(f"csb-{os.getpid()}-") == []
