@@ -197,3 +197,11 @@ def test_the_rate_never_falls_below_two_datagrams_per_round_trip() -> None:
         now += 0.001
     assert rc.decreases > 10
     assert rc.rate_bytes_per_s == pytest.approx(2 * DATAGRAM / rc.srtt_s) == rc.floor_bytes_per_s
+
+
+def test_round_trips_are_measured_with_thousands_of_datagrams_in_flight() -> None:
+    rc = RateControl(RateParams(), 0.0)
+    for i in range(3000):
+        rc.on_send(DATAGRAM, i * 1e-6)
+    rc.on_ack(2901, 2901, 0, 2900, 0.0031)  # echoes datagram 2900, sent at 2.9 ms
+    assert rc.srtt_s == pytest.approx(0.0002)

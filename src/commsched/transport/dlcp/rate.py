@@ -110,7 +110,10 @@ from dataclasses import dataclass
 
 from commsched.transport.dlcp.wire import NO_ECHO, U32
 
-_RING = 4096  # send times kept for round-trip samples
+#: Send times are kept for round-trip samples in a ring that starts at _RING_START datagrams and doubles while
+#: more than half of it is in flight, up to _RING_MAX (a sender that sends little holds little: a simulation
+#: keeps tens of thousands of them).
+_RING_START, _RING_MAX = 64, 4096
 _DELIVERY_ROUNDS = 10  # rounds the delivery-rate filter remembers (BBR's)
 _HALF = 2**31
 
@@ -155,6 +158,15 @@ class RateParams:
     ack_slack: int = 32
     rtt_floor_s: float = 0.0
     initial_window: int = 10
+
+
+def _grown(ring: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The send-time ring at twice the size, each entry at its sequence number's new place."""
+    out = [(-1, 0.0)] * (2 * len(ring))
+    for entry in ring:
+        if entry[0] >= 0:
+            out[entry[0] % len(out)] = entry
+    return out
 
 
 def _after(a: int, b: int) -> bool:
@@ -203,7 +215,7 @@ class RateControl:
         self._feedback_s = now_s
         self._sent_since_feedback = False
         self._backoff = 0  # feedback timeouts in a row
-        self._sent_at: list[tuple[int, float]] = [(-1, 0.0)] * _RING
+        self._sent_at: list[tuple[int, float]] = [(-1, 0.0)] * _RING_START
         self._acked = (0, 0, 0)  # cumulative (sent, received, ce) of the last Ack
         #: ``(since_s, m, h)``, each increasing: ``missing ≥ m`` has held since ``since_s``, and then those
         #: ``m`` datagrams were all numbered below ``h``
@@ -279,7 +291,10 @@ class RateControl:
         self._sent_since_feedback = True
         self._avg_bytes = nbytes if not self._avg_bytes else 0.9 * self._avg_bytes + 0.1 * nbytes
         seq = self.seq
-        self._sent_at[seq % _RING] = (seq, now_s)
+        ring = self._sent_at
+        if 2 * self.inflight > len(ring) and len(ring) < _RING_MAX:
+            ring = self._sent_at = _grown(ring)
+        ring[seq % len(ring)] = (seq, now_s)
         self.seq = (seq + 1) % U32
         return seq
 
@@ -321,7 +336,8 @@ class RateControl:
 
     def _sample(self, seq: int, now_s: float) -> None:
         """A round-trip sample from datagram ``seq`` (RFC 6298's smoothing)."""
-        sent_seq, sent_s = self._sent_at[seq % _RING]
+        ring = self._sent_at
+        sent_seq, sent_s = ring[seq % len(ring)]
         if sent_seq != seq:
             return
         sample_s = now_s - sent_s
