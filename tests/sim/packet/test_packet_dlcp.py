@@ -170,7 +170,7 @@ def test_magnitudes_decide_importance_through_classify() -> None:
     sender = DlcpSender(DLCP, 0)
     out: list[Packet] = []
     norms = np.arange(10, dtype=np.float64)
-    sender.push(10 * 2226 * 4, 0.0, out, MessageSpec(priority=2, norms=lambda stride, numel: norms))
+    sender.push(10 * 2226 * 4, 0.0, out, MessageSpec(loss_bound=0.5, priority=2, norms=lambda stride, numel: norms))
     [transfer] = sender.transfers
     important = np.asarray(transfer.send._important)
     assert important.tolist() == [0] * 5 + [1] * 5  # the median and above
@@ -245,3 +245,12 @@ def test_reordering_across_bands_and_spines_is_not_counted_as_loss() -> None:
     assert sum(rc.reordered for rc in rates) > 0  # datagrams counted lost for a while, then found overtaken
     assert all(rc.lost == 0 for rc in rates)  # no loss stayed
     assert all(rc.decreases == rc.timeouts + rc.undone for rc in rates)  # a cut for a loss, if any, undone
+
+
+def test_a_message_that_may_lose_nothing_sends_every_packet_important() -> None:
+    for bound, expect_unimportant in ((0.0, False), (0.1, True)):
+        sender = DlcpSender(PacketConfig(transport="dlcp", dlcp=DlcpParams(quantile=0.5)), 0)
+        out: list[Packet] = []
+        sender.push(100 * 2226 * 4, 0.0, out, MessageSpec(loss_bound=bound, priority=2))
+        [transfer] = sender.transfers
+        assert (not np.asarray(transfer.send._important).all()) is expect_unimportant

@@ -227,3 +227,16 @@ def test_peer_feedback_counts_gaps_through_sequence_wrap_and_acks_every_n() -> N
     assert len(out) == 1
     fb.on_timer(1.0, out)
     assert out[-1] == Ack(start + 4, 4, 1, NO_ECHO)
+
+
+def test_a_hole_asked_for_again_is_resent_important() -> None:
+    importance = np.array([1, 0, 1, 0], dtype=np.uint8)
+    sender = SenderState(40, 10, importance)
+    out: list[Action] = []
+    sender.next_packets(0.0, 4, out)
+    assert [a.important for a in out if isinstance(a, Data)] == [1, 1, 0, 0]
+    sender.next_packets(1.0, 4, out)  # nothing left: a PROBE
+    sender.on_bitmap(1, [(10, 20), (30, 40)])  # the two unimportant packets are missing, beyond the bound
+    out.clear()
+    sender.next_packets(1.0, 4, out)
+    assert [(a.offset, a.important, a.resend) for a in out if isinstance(a, Data)] == [(10, 1, True), (30, 1, True)]

@@ -187,9 +187,12 @@ class DlcpSender:
             norms = spec.norms(stride, numel)
         else:  # magnitudes not known: i.i.d., so the quantile picks a random share (only ranks matter)
             norms = np.random.default_rng((self.seed, self.cls, self.count)).random(packets)
-        important = classify(
-            norms, spec.priority, self.p.quantile, important_layer_classes=self.p.important_layer_classes
-        )
+        if spec.loss_bound > 0:
+            important = classify(
+                norms, spec.priority, self.p.quantile, important_layer_classes=self.p.important_layer_classes
+            )
+        else:  # the receiver needs every packet: none is to be dropped first
+            important = np.ones(packets, dtype=np.uint8)
         transfer = Transfer(self.count, numel, stride, spec, important, norms, self.p, now_s)
         bisect.insort(self.transfers, transfer, key=_urgency)
         self._pump(now_s, out)

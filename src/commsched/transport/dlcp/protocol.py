@@ -307,7 +307,9 @@ class SenderState:
     travel later, at a lower priority, not ECN-capable).
 
     :meth:`next_packets` hands out up to ``budget`` packets: queued re-sends
-    first, then new ones. Once everything was sent it emits a :class:`Probe`
+    first, then new ones. A re-send goes important whatever its chunk's
+    class: the receiver asked for it because it needs it to reach the bound.
+    Once everything was sent it emits a :class:`Probe`
     ``probe_delay_s`` after the last packet (so the last datagrams can land
     first), and again every ``probe_timeout_s`` while unanswered. A
     :class:`Bitmap` answering the latest probe queues its holes for re-send;
@@ -385,7 +387,8 @@ class SenderState:
 
     def _data(self, index: int, resend: bool) -> Data:
         offset = index * self.stride
-        return Data(offset, min(self.stride, self.numel - offset), int(self._important[index]), resend)
+        # a hole a BITMAP asks for is needed to reach the bound: re-sent important, not to be dropped again
+        return Data(offset, min(self.stride, self.numel - offset), 1 if resend else int(self._important[index]), resend)
 
     def on_bitmap(self, seq: int, holes: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> None:
         """Queue the packets covering ``holes`` for re-send (important first); ignore an answer to an older probe."""
