@@ -93,3 +93,15 @@ def test_a_norm_histogram_is_optional_and_checked() -> None:
     with pytest.raises(SpecError, match="edges"):
         bad = {"chunk_numel": 1, "edges": [0, 1], "counts": [1, 2]}
         Workload.from_dict(new.model_dump() | {"layers": [new.layers[0].model_dump() | {"grad_norms": bad}]})
+
+
+@pytest.mark.parametrize("policy", ["ps", "dlcp"])
+def test_every_message_between_hosts_has_its_completion_time_and_iteration(policy: str) -> None:
+    workload, hosts = _two_layers(with_norms=False), cluster(3)
+    run = simulate_packet(workload, hosts, policy, PacketConfig(transport="dctcp"), 2, 1, trace=False)
+    fcts = run.network.message_fcts
+    launches = {launch for launch, _, _ in fcts}
+    assert launches >= {0, 1, 2}  # the warm-up iteration and the two measured ones
+    per_launch = [sum(1 for launch, _, _ in fcts if launch == n) for n in sorted(launches)]
+    assert len(set(per_launch[:3])) == 1  # every iteration moves the same messages
+    assert all(nbytes > 0 and fct_s > 0 for _, nbytes, fct_s in fcts)

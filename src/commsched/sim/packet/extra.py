@@ -40,10 +40,21 @@ class ExtraTraffic:
     _built: Built
     _finished: list[Collective]
     _launches: list[int]
+    message_fcts: list[tuple[int, int, float]]
     _transport: TransportFactory
     _workload: Workload | None
 
-    def _dlcp(self, coll: Collective, task: CommTask) -> None:
+    def _timed(self, launch: int, nbytes: int, done: Callable[[], None]) -> Callable[[], None]:
+        """``done``, after noting the message's completion time in ``message_fcts`` (any transport)."""
+        fabric, fcts, start_s = self.fabric, self.message_fcts, self.fabric.now
+
+        def finished() -> None:
+            fcts.append((launch, nbytes, fabric.now - start_s))
+            done()
+
+        return finished
+
+    def _dlcp(self, coll: Collective, task: CommTask, launch: int) -> None:
         """DLCP's push and pull of ``task``'s slices, as the real exchange moves them (module docstring)."""
         hosts = self.workers
         p = len(hosts)
@@ -53,8 +64,6 @@ class ExtraTraffic:
         owners = [q for q, (a, b) in enumerate(slices) if b > a]
         push = task.kind in ("push", "reduce_scatter", "all_reduce")
         pull = task.kind in ("pull", "all_gather", "all_reduce")
-        launch = self._launches[task.id]
-        self._launches[task.id] += 1
         finished = self._finished
         left = [len(owners) * (p - 1) * (int(push) + int(pull))]
 
@@ -75,7 +84,7 @@ class ExtraTraffic:
             bound = task.loss_bound if task.kind == "pull" else 0.0
             for r in range(p):
                 if r != q:
-                    self._dlcp_message(hosts[q], hosts[r], (b - a) * itemsize, arrived, spec(bound, a, q, r))
+                    self._dlcp_message(hosts[q], hosts[r], (b - a) * itemsize, arrived, spec(bound, a, q, r), launch)
 
         if left[0] == 0:
             self.fabric.schedule(self.fabric.now, lambda _: finished.append(coll), None)
@@ -95,9 +104,13 @@ class ExtraTraffic:
 
             for r in range(p):
                 if r != q:
-                    self._dlcp_message(hosts[r], hosts[q], (b - a) * itemsize, pushed, spec(task.loss_bound, a, r, q))
+                    spec_rq = spec(task.loss_bound, a, r, q)
+                    self._dlcp_message(hosts[r], hosts[q], (b - a) * itemsize, pushed, spec_rq, launch)
 
-    def _dlcp_message(self, src: int, dst: int, nbytes: int, done: Callable[[], None], spec: MessageSpec) -> None:
+    def _dlcp_message(
+        self, src: int, dst: int, nbytes: int, done: Callable[[], None], spec: MessageSpec, launch: int
+    ) -> None:
+        done = self._timed(launch, nbytes, done)
         conn = self.dlcp_connections.get((src, dst))
         if conn is None:
             sender, receiver = TRANSPORTS["dlcp"](self.config, 0)

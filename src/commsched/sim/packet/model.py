@@ -106,6 +106,10 @@ class PacketNetwork(ExtraTraffic):
         self.dlcp_connections: dict[tuple[int, int], Connection] = {}
         #: ``(flow, completion time s)`` of every background flow that finished.
         self.background_fcts: list[tuple[Flow, float]] = []
+        #: ``(launch, bytes, completion time s)`` of every message of a collective between two hosts, from its
+        #: posting (before the per-message overhead) to its arrival; ``launch``: the task's launch it belongs to
+        #: (the n-th launch of a task belongs to iteration n, warm-up included).
+        self.message_fcts: list[tuple[int, int, float]] = []
         self._start_background()
 
     @property
@@ -172,12 +176,13 @@ class PacketNetwork(ExtraTraffic):
             self.connections[key] = conn
         return conn
 
-    def _message(self, src: int, dst: int, cls: int, nbytes: int, done: Callable[[], None]) -> None:
+    def _message(self, src: int, dst: int, cls: int, nbytes: int, done: Callable[[], None], launch: int) -> None:
         """Send ``nbytes`` to ``dst`` after the overhead of the link leaving ``src``'s node; ``done()`` on arrival."""
         fabric = self.fabric
         if src == dst:  # a colocated server talking to its own host
             fabric.schedule(fabric.now, lambda _: done(), None)
             return
+        done = self._timed(launch, nbytes, done)
         conn = self.connection(src, dst, cls)
         overhead = self._built.message_overhead_s(src, dst)
         if overhead > 0:
@@ -190,17 +195,19 @@ class PacketNetwork(ExtraTraffic):
         cls = self._class_of[coll.task]
         p = len(self.workers)
         finished = self._finished
+        launch = self._launches[coll.task]  # the n-th launch of a task belongs to iteration n
+        self._launches[coll.task] += 1
         if p <= 1 or task.bytes <= 0 or not coll.phases:
             self.fabric.schedule(self.fabric.now, lambda _: finished.append(coll), None)
             return
         if task.transport in (DLCP_TRANSPORT, DLCP_PS_TRANSPORT):
-            self._dlcp(coll, task)
+            self._dlcp(coll, task, launch)
         elif self._algorithm == "ps" or task.transport == PS_TRANSPORT:
-            self._ps(coll, task.kind, task.bytes, cls)
+            self._ps(coll, task.kind, task.bytes, cls, launch)
         else:
-            self._ring(coll, task.kind, task.bytes, cls)
+            self._ring(coll, task.kind, task.bytes, cls, launch)
 
-    def _ring(self, coll: Collective, kind: str, nbytes: int, cls: int) -> None:
+    def _ring(self, coll: Collective, kind: str, nbytes: int, cls: int, launch: int) -> None:
         hosts = self.workers
         p = len(hosts)
         steps = 2 * (p - 1) if kind == "all_reduce" else p - 1
@@ -210,7 +217,7 @@ class PacketNetwork(ExtraTraffic):
 
         def send(i: int, step: int) -> None:
             j = (i + 1) % p
-            self._message(hosts[i], hosts[j], cls, chunk, lambda: received(j, step))
+            self._message(hosts[i], hosts[j], cls, chunk, lambda: received(j, step), launch)
 
         def received(j: int, step: int) -> None:
             left[0] -= 1
@@ -222,7 +229,7 @@ class PacketNetwork(ExtraTraffic):
         for i in range(p):
             send(i, 0)
 
-    def _ps(self, coll: Collective, kind: str, nbytes: int, cls: int) -> None:
+    def _ps(self, coll: Collective, kind: str, nbytes: int, cls: int, launch: int) -> None:
         workers, servers = self.workers, self.servers or self.workers
         part = -(-nbytes // len(servers))
         push = kind in ("push", "reduce_scatter", "all_reduce")
@@ -237,7 +244,7 @@ class PacketNetwork(ExtraTraffic):
 
         def pull_from(s: int) -> None:
             for w in workers:
-                self._message(s, w, cls, part, arrived)
+                self._message(s, w, cls, part, arrived, launch)
 
         for s in servers:
             if not push:
@@ -252,7 +259,7 @@ class PacketNetwork(ExtraTraffic):
                     pull_from(s)
 
             for w in workers:
-                self._message(w, s, cls, part, pushed)
+                self._message(w, s, cls, part, pushed, launch)
 
     # ---- outputs (all transports) ----
 
