@@ -54,6 +54,7 @@ from commsched.errors import ScheduleError
 from commsched.plan.batches import balanced_split, blend, even_split, proportional_split, rank_compute_fn
 from commsched.plan.memory import InfeasibleError, MemoryModel, RankMemory, batch_caps, rank_memory
 from commsched.plan.search import Candidate, Progress, Simulated, search_policies, simulate_candidate
+from commsched.plan.servers import runtime_servers
 from commsched.schedule import CommPlan
 from commsched.schedule import knobs as policy_knobs
 from commsched.sim.compute import PROFILE, ComputeModel
@@ -111,12 +112,14 @@ class HeteroPlan(Simulated):
     search_s: float
     budget_s: float
     notes: tuple[str, ...] = ()
+    #: the ranks that run the parameter servers of the plan's PS tasks (None: every rank, or no PS task)
+    servers: tuple[int, ...] | None = None
 
     @cached_property
     def plan(self) -> CommPlan:
-        """The simulated CommPlan carrying this plan's per-rank batches (``batch_sizes``): what :meth:`save`
-        writes and ``parallelize(model, optimizer, plan=...)`` runs."""
-        return replace(super().plan, batch_sizes=self.batch_sizes)
+        """The simulated CommPlan carrying this plan's per-rank batches (``batch_sizes``) and parameter-server
+        ranks (``servers``): what :meth:`save` writes and ``parallelize(model, optimizer, plan=...)`` runs."""
+        return replace(super().plan, batch_sizes=self.batch_sizes, servers=self.servers)
 
     @property
     def transports(self) -> tuple[str, ...]:
@@ -166,6 +169,7 @@ class HeteroPlan(Simulated):
                 for t in self.plan.tasks
             ],
             "baselines": [b.to_dict() for b in self.baselines],
+            "servers": None if self.servers is None else list(self.servers),
             "speedup_over_even_allreduce": self.speedup_over("even_allreduce"),
             "splits_screened": self.splits_screened,
             "splits_searched": self.splits_searched,
@@ -340,8 +344,9 @@ def plan_heterogeneous(
         policy, knobs, sync, result = BASELINE_POLICY, policy_knobs(BASELINE_POLICY), fallback.sync, fallback.result
         split, chosen = fallback.batch_sizes, f"baseline:{fallback.name}"
         notes.append(f"no searched plan beat the {fallback.name} baseline under the simulator: it is the plan")
-    if any(t == "ps" for t in (task.transport for task in (result.plan.tasks if result.plan else ()))):
-        notes.append("buckets sent by parameter server need a 'ps' transport, which the runtime does not have yet")
+    servers, server_note = runtime_servers(cluster, result.plan)
+    if server_note:
+        notes.append(server_note)
     return HeteroPlan(
         model=workload.model,
         cluster=cluster.name,
@@ -360,6 +365,7 @@ def plan_heterogeneous(
         search_s=time.perf_counter() - start,
         budget_s=budget_s,
         notes=tuple(notes),
+        servers=servers,
     )
 
 

@@ -28,6 +28,7 @@ from commsched.runtime.batches import (
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.engine import Engine, Planner
 from commsched.runtime.replan import DriftPolicy
+from commsched.runtime.servers import run_transport_options
 from commsched.runtime.switching import AutoPlanner, plan_by_name
 from commsched.schedule import (
     AUTO,
@@ -172,7 +173,8 @@ def parallelize(
     assumed to have the same batch and gradients are averaged, as under DDP.
     ``transport_options``: where a socket transport (parameter server,
     bounded-loss) binds and how it authenticates
-    (:class:`~commsched.transport.TransportOptions`); the collectives ignore it.
+    (:class:`~commsched.transport.TransportOptions`, ``servers=``: the ranks that run
+    parameter servers; a plan may name them); the collectives ignore it.
     ``timeout_s`` bounds every wait: a crashed or hung peer ends training with
     :class:`commsched.errors.RuntimeCommError`.
 
@@ -228,6 +230,7 @@ def parallelize(
     if bandwidth_gbps is not None:
         network = NetworkEstimate(world, gbps_to_bytes_per_s(bandwidth_gbps), latency_us / 1e6)
     run_sizes = plan.batch_sizes if plan is not None else run_batch_sizes(None, batch_sizes, world)
+    transport_options = run_transport_options(plan, transport_options, world)
     engine = Engine(
         model,
         optimizer,
