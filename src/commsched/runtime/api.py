@@ -27,6 +27,7 @@ from commsched.runtime.batches import (
 )
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.engine import Engine, Planner
+from commsched.runtime.pipeline import PipelineModule, staged_refusals
 from commsched.runtime.replan import DriftPolicy
 from commsched.runtime.servers import run_transport_options
 from commsched.runtime.switching import AutoPlanner, plan_by_name
@@ -149,8 +150,12 @@ def parallelize(
     simulate ... --save-plan``) to run instead of a policy by name; it must fit
     the model (parameter names and shapes) and the world size, skips the
     warm-up, and the first iteration checks that the model runs in the plan's
-    order. ``policy="torch_ddp"`` returns ``DistributedDataParallel(model)``
-    (the baseline). ``knobs`` are the policy's (``commsched.schedule.knob_class(policy)``).
+    order. A plan with pipeline stages (``commsched plan`` makes them when the
+    model does not fit a device) returns a
+    :class:`~commsched.runtime.pipeline.PipelineModule` instead: an
+    ``nn.Sequential`` model, trained by ``model.train_step(x, y, loss_fn)``.
+    ``policy="torch_ddp"`` returns ``DistributedDataParallel(model)`` (the baseline).
+    ``knobs`` are the policy's (``commsched.schedule.knob_class(policy)``).
     ``max_grad_norm`` clips the global norm of the averaged gradients.
     ``grad_scaler``: the ``torch.amp.GradScaler`` the loop will use, so a policy
     that cannot take one is refused now rather than at its first step.
@@ -190,6 +195,11 @@ def parallelize(
         if knobs:
             raise ValueError(f"parallelize: knobs come from the plan; got {', '.join(sorted(knobs))} as well")
         plan = plan if isinstance(plan, CommPlan) else CommPlan.load(plan)
+        if plan.stages is not None:
+            refused = staged_refusals(max_grad_norm, grad_scaler, batch_sizes, trace)
+            if refused:
+                raise UnsupportedError(refused)
+            return PipelineModule(model, plan, process_group, timeout_s), optimizer  # type: ignore[arg-type]
         policy = plan.policy
         bind_plan(model, plan, world)
         check_transports(t.transport for t in plan.tasks)

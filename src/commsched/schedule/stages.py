@@ -132,6 +132,11 @@ class StageLayout:
             for name, value in (("batch_size", pipe.batch_size), ("micro_batches", pipe.micro_batches)):
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                     out.append(f"{where}.{name}: must be a whole number >= 1, got {value!r}")
+            if self.schedule == "1f1b" and pipe.depth > 1 and pipe.micro_batches < pipe.depth:
+                out.append(
+                    f"{where}.micro_batches: 1f1b needs at least one micro-batch per stage ({pipe.depth}), "
+                    f"got {pipe.micro_batches}"
+                )
             if not out and pipe.batch_size % pipe.micro_batches:
                 out.append(
                     f"{where}.micro_batches: {pipe.micro_batches} does not divide the batch {pipe.batch_size} "

@@ -1,0 +1,151 @@
+"""Spawned gloo ranks running heterogeneous plans (PS buckets, pipeline stages) against one process."""
+
+from __future__ import annotations
+
+import json
+import traceback
+from pathlib import Path
+from typing import Any
+
+import _uneven_workers as U
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+
+from commsched.data import SplitBatchSampler
+from commsched.runtime.api import parallelize
+from commsched.runtime.memory import MemoryCap, MemoryCapError
+
+import _workers as W
+
+
+def reference(base: torch.nn.Module, optname: str, global_batch: int, steps: int) -> dict[str, torch.Tensor]:
+    """One process on batches of ``global_batch``: the parameters every plan must reach."""
+    model = U.Net().double()
+    model.load_state_dict(base.state_dict())
+    data = U.dataset(global_batch * steps)
+    loader = DataLoader(data, batch_sampler=SplitBatchSampler(len(data), [global_batch], 0, seed=U.SEED))
+    U.train(model, U.make_optimizer(optname, model), loader)
+    return U.params(model)
+
+
+def hetero(
+    rank: int,
+    world: int,
+    port: int,
+    out: str,
+    ps_runs: list[tuple[str, str]],
+    staged_runs: list[tuple[str, str]],
+    caps: list[float],
+    steps: int,
+) -> None:
+    """Every PS run, then every staged run (with the memory caps), in one set of processes."""
+    W.init(rank, world, port)
+    results: dict[str, Any] = {}
+    try:
+        ps_plans(rank, ps_runs, steps, results)
+        staged_plans(rank, world, staged_runs, caps, steps, results)
+    except Exception:
+        results["error"] = traceback.format_exc()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def ps_plans(rank: int, runs: list[tuple[str, str]], steps: int, results: dict[str, Any]) -> None:
+    """Each ``(plan file, optimizer)`` run from its file vs one process on the plan's global batch."""
+    torch.manual_seed(0)
+    base = U.Net().double()
+    for path, optname in runs:
+        model = U.Net().double()
+        model.load_state_dict(base.state_dict())
+        wrapped, opt = parallelize(model, U.make_optimizer(optname, model), plan=path)
+        sizes = wrapped.batch_sizes
+        data = U.dataset(sum(sizes) * steps)
+        U.train(wrapped, opt, DataLoader(data, batch_sampler=SplitBatchSampler(len(data), sizes, rank, seed=U.SEED)))
+        got = U.params(wrapped)
+        transports = wrapped.engine._transports
+        key = f"{Path(path).stem}/{optname}"
+        results[key] = U.max_abs_diff(reference(base, optname, sum(sizes), steps), got)
+        results[f"{key}/transports"] = sorted(transports)
+        if "ps" in transports:
+            results[f"{key}/servers"] = transports["ps"].exchange.servers  # type: ignore[attr-defined]
+        results["moved"] = U.max_abs_diff(U.params(base), got)
+        wrapped.close()
+
+
+# ---- pipeline stages ----
+
+SEQ = 4
+
+
+class MeanOverSequence(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=1)
+
+
+def transformer(width: int = 16, blocks: int = 4) -> torch.nn.Sequential:
+    """A small transformer encoder as an nn.Sequential (no BatchNorm, no dropout): the model stages cut."""
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(U.FEATURES, width)]
+    for _ in range(blocks):
+        layers.append(torch.nn.TransformerEncoderLayer(width, 2, 2 * width, dropout=0.0, batch_first=True))
+    layers += [MeanOverSequence(), torch.nn.Linear(width, U.CLASSES)]
+    return torch.nn.Sequential(*layers).double()
+
+
+def sequences(samples: int) -> TensorDataset:
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(samples, SEQ, U.FEATURES, generator=g, dtype=torch.float64)
+    return TensorDataset(x, torch.randint(0, U.CLASSES, (samples,), generator=g))
+
+
+def staged_reference(optname: str, global_batch: int, steps: int) -> dict[str, torch.Tensor]:
+    model = transformer()
+    data = sequences(global_batch * steps)
+    loader = DataLoader(data, batch_sampler=SplitBatchSampler(len(data), [global_batch], 0, seed=U.SEED))
+    U.train(model, U.make_optimizer(optname, model), loader)
+    return U.params(model)
+
+
+def staged_plans(
+    rank: int, world: int, runs: list[tuple[str, str]], caps: list[float], steps: int, results: dict[str, Any]
+) -> None:
+    """Each staged ``(plan file, optimizer)`` under this rank's memory cap vs one process on the global batch;
+    then data parallelism on the same model under the same cap."""
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for path, optname in runs:
+        model = transformer()
+        opt = U.make_optimizer(optname, model)
+        wrapped, opt = parallelize(model, opt, plan=path)
+        cap = MemoryCap(caps[rank], rank=rank, device="small" if caps[rank] == min(caps) else "big")
+        data = sequences(wrapped.plan.global_batch * steps)
+        key = f"{Path(path).stem}/{optname}"
+        losses = []
+        for x, y in DataLoader(data, batch_sampler=wrapped.sampler(len(data), seed=U.SEED)):
+            with cap.step(wrapped, opt, extra=wrapped.sync_buffers()):
+                loss = wrapped.train_step(x, y, loss_fn)
+                opt.step()
+            opt.zero_grad()
+            losses.append(None if loss is None else loss.item())
+        ref = staged_reference(optname, wrapped.plan.global_batch, steps)
+        mine = wrapped.owned_state_dict()
+        results[key] = max((mine[k] - ref[k]).abs().max().item() for k in mine)
+        results[f"{key}/owned"] = sorted({k.split(".")[0] for k in mine})
+        results[f"{key}/held_bytes"] = cap.peak.total_bytes if cap.peak else None
+        results[f"{key}/losses"] = losses
+        results[f"{key}/moved"] = max((mine[k] - transformer().state_dict()[k]).abs().max().item() for k in mine)
+    if runs:  # the control: every rank the whole model, even batches, under the same caps
+        model = transformer()
+        wrapped, opt = parallelize(model, U.make_optimizer("adamw", model), policy="ddp", warmup_iters=1)
+        cap = MemoryCap(caps[rank], rank=rank, device="small" if caps[rank] == min(caps) else "big")
+        data = sequences(2 * world)
+        try:
+            for x, y in DataLoader(data, batch_size=2):
+                with cap.step(wrapped, opt):
+                    loss_fn(wrapped(x), y).backward()
+                    opt.step()
+                break
+            results["dp_under_cap"] = "fits"
+        except MemoryCapError as exc:
+            results["dp_under_cap"] = str(exc)
+        wrapped.close()
