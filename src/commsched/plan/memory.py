@@ -85,6 +85,13 @@ class RankMemory:
         return dict(self.__dict__)
 
 
+def format_gib(nbytes: float) -> str:
+    """``12.34 GiB``, or in MiB (``0.245 MiB``) below a tenth of a GiB, so small devices read sensibly."""
+    if abs(nbytes) >= GIB / 10:
+        return f"{nbytes / GIB:.2f} GiB"
+    return f"{nbytes / MiB:.3f} MiB"
+
+
 def usable_bytes(cluster: Cluster, margin: float) -> tuple[float, ...]:
     """Per rank, ``(1 - margin)`` of its device's memory."""
     return tuple(w.device.memory_gib * GIB * (1 - margin) for w in cluster.workers)
@@ -101,9 +108,9 @@ def batch_caps(workload: Workload, cluster: Cluster, memory: MemoryModel, margin
             need = memory.bytes_for(workload, 1)
             raise InfeasibleError(
                 f"plan: {workload.model} does not fit on rank {w.rank} ({w.device.name} on node {w.node_name}): "
-                f"one sample needs {need / GIB:.2f} GiB, {usable / GIB:.2f} GiB usable "
+                f"one sample needs {format_gib(need)}, {format_gib(usable)} usable "
                 f"({w.device.memory_gib:g} GiB less a {margin:.0%} margin): "
-                f"short by {(need - usable) / GIB:.2f} GiB"
+                f"short by {format_gib(need - usable)}"
             )
         caps.append(cap)
     return tuple(caps)

@@ -44,7 +44,7 @@ from commsched.cluster import Cluster
 from commsched.formulas import ring_all_reduce_s
 from commsched.plan.batches import balanced_split, rank_compute_fn
 from commsched.plan.hetero import HeteroPlan, plan_heterogeneous
-from commsched.plan.memory import GIB, InfeasibleError, MemoryModel, usable_bytes
+from commsched.plan.memory import InfeasibleError, MemoryModel, format_gib, usable_bytes
 from commsched.plan.pipeline import Chain, LayerCosts, best_cuts, chain_ms, evaluate, layer_costs
 from commsched.schedule import CommPlan, make_knobs
 from commsched.schedule.base import CommTask, NetworkEstimate, Segment
@@ -173,7 +173,7 @@ def plan_stages(
         need = sum(costs.state_bytes) + sum(costs.activation_bytes)
         raise InfeasibleError(
             f"plan: {workload.model} does not fit even in pipeline stages over all {n} ranks of {cluster.name}: "
-            f"one sample needs {need / GIB:.2f} GiB, together they have {sum(usable) / GIB:.2f} GiB usable"
+            f"one sample needs {format_gib(need)}, together they have {format_gib(sum(usable))} usable"
         )
     plan = best[1]
     return StagedPlan(

@@ -56,6 +56,14 @@ def bind_stages(model: nn.Module, plan: CommPlan, world: int) -> BoundStages:
         if head not in model._modules:
             raise PlanMismatchError(f"plan: layer {layer.name!r} is not inside a child of the nn.Sequential")
         child_of.append(names.index(head))
+    for s in range(1, layout.num_stages):
+        first = layout.starts[s]
+        if child_of[first - 1] == child_of[first]:
+            raise PlanMismatchError(
+                f"plan: stage {s} starts at layer {w.layers[first].name!r}, inside child {names[child_of[first]]!r} "
+                f"of the nn.Sequential, which also holds layer {w.layers[first - 1].name!r} of stage {s - 1}; "
+                "stage cuts must fall between children"
+            )
     first_child = [0] + [child_of[layout.starts[s]] for s in range(1, layout.num_stages)] + [len(names)]
     for li, layer in enumerate(w.layers):
         s = layout.stage_of_layer(li)
