@@ -38,13 +38,16 @@ def hetero(
     staged_runs: list[tuple[str, str]],
     caps: list[float],
     steps: int,
+    bn_plan: str | None = None,
 ) -> None:
-    """Every PS run, then every staged run (with the memory caps), in one set of processes."""
+    """Every PS run, every staged run (with the memory caps), the BatchNorm run, in one set of processes."""
     W.init(rank, world, port)
     results: dict[str, Any] = {}
     try:
         ps_plans(rank, ps_runs, steps, results)
         staged_plans(rank, world, staged_runs, caps, steps, results)
+        if bn_plan is not None:
+            batchnorm_micro_batches(rank, bn_plan, steps, results)
     except Exception:
         results["error"] = traceback.format_exc()
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
@@ -149,3 +152,65 @@ def staged_plans(
         except MemoryCapError as exc:
             results["dp_under_cap"] = str(exc)
         wrapped.close()
+
+
+# ---- BatchNorm: equal micro-batches, uneven accumulation counts ----
+
+
+class BatchNormNet(torch.nn.Module):
+    """No bias before the BatchNorm (its gradient is zero up to rounding, which AdamW would magnify)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(U.FEATURES, 16, bias=False)
+        self.bn = torch.nn.BatchNorm1d(16)
+        self.out = torch.nn.Linear(16, U.CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.bn(self.inp(x))))
+
+
+def batchnorm_net() -> BatchNormNet:
+    torch.manual_seed(0)
+    return BatchNormNet().double()
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    inner = getattr(model, "module", model)
+    return {k: v.detach().clone() for k, v in inner.named_parameters()}
+
+
+def batchnorm_micro_batches(rank: int, path: str, steps: int, results: dict[str, Any]) -> None:
+    """The plan's equal micro-batches (uneven counts per rank) vs one process accumulating the same
+    micro-batches of the global batch; the control runs each rank's batch in one pass."""
+    from commsched.data import micro_batches
+
+    loss_fn = torch.nn.CrossEntropyLoss()
+    model = batchnorm_net()
+    wrapped, opt = parallelize(model, U.make_optimizer("adamw", model), plan=path)
+    sizes, m = wrapped.batch_sizes, wrapped.micro_batch
+    B = sum(sizes)
+    data = U.dataset(B * steps)
+    for x, y in DataLoader(data, batch_sampler=SplitBatchSampler(len(data), sizes, rank, seed=U.SEED)):
+        for xs, ys, weight in micro_batches(wrapped, x, y):
+            (loss_fn(wrapped(xs), ys) * weight).backward()
+        opt.step()
+        opt.zero_grad()
+    wrapped.flush()
+    got = _weights(wrapped)
+    wrapped.close()
+    ref = batchnorm_net()
+    ref_opt = U.make_optimizer("adamw", ref)
+    for x, y in DataLoader(data, batch_sampler=SplitBatchSampler(len(data), [B], 0, seed=U.SEED)):
+        for xs, ys in zip(x.split(m), y.split(m), strict=True):
+            (loss_fn(ref(xs), ys) * (m / B)).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    results["bn/micro_batches"] = max((got[k] - v).abs().max().item() for k, v in _weights(ref).items())
+    results["bn/sizes"] = [sizes, m]
+    # the control: the same batches, each rank's in one pass
+    model = batchnorm_net()
+    wrapped, opt = parallelize(model, U.make_optimizer("adamw", model), policy="ddp", batch_sizes=sizes, warmup_iters=1)
+    U.train(wrapped, opt, DataLoader(data, batch_sampler=SplitBatchSampler(len(data), sizes, rank, seed=U.SEED)))
+    results["bn/one_pass"] = max((_weights(wrapped)[k] - v).abs().max().item() for k, v in _weights(ref).items())
+    wrapped.close()

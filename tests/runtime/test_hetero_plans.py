@@ -128,22 +128,21 @@ def runs(request: pytest.FixtureRequest, workload: Workload, tmp_path_factory: p
     world = request.param
     out = tmp_path_factory.mktemp(f"hetero{world}")
     spec = cluster(world)
-    ps = {
-        "mixed_owner0": (mixed(workload, world, (0,)), ("sgd", "adamw")),  # reduce-to-owner on rank 0
-        "mixed_every_rank": (mixed(workload, world, None), ("sgd",)),
+    # SGD and AdamW on each world, with buckets by PS; one process per world runs them all (spawns are costly)
+    ps: dict[str, tuple[CommPlan, tuple[str, ...]]] = {}
+    if world == 2:
+        ps["mixed_owner0"] = (mixed(workload, world, (0,)), ("sgd", "adamw"))  # reduce-to-owner on rank 0
         # DeAR's reduce-scatter/all-gather pairs on the parameter server (a server on every rank)
-        "dear_ps": (
-            dataclasses.replace(
-                with_sync(plan_for(workload, spec, "dear", **SMALL_KNOBS["dear"]), "ps", spec, SimOptions()),
-                batch_sizes=SIZES[world],
-            ),
-            ("adamw",),
-        ),
-        "planner": (
-            plan_heterogeneous(workload, spec, global_batch=sum(SIZES[world]), budget_s=1, trials=1).plan,
-            ("adamw",),
-        ),
-    }
+        dear = with_sync(plan_for(workload, spec, "dear", **SMALL_KNOBS["dear"]), "ps", spec, SimOptions())
+        ps["dear_ps"] = (dataclasses.replace(dear, batch_sizes=SIZES[world]), ("adamw",))
+    else:
+        ps["mixed_owner0"] = (mixed(workload, world, (0,)), ("adamw",))
+        ps["mixed_every_rank"] = (mixed(workload, world, None), ("sgd",))
+        planned_ps = plan_heterogeneous(workload, spec, global_batch=sum(SIZES[world]), budget_s=1, trials=1)
+        assert planned_ps.plan.servers in (None, (0,))
+        ps["planner"] = (planned_ps.plan, ("adamw",))
+    mixed_tasks = ps["mixed_owner0"][0].tasks
+    assert len(mixed_tasks) >= 3 and {t.transport for t in mixed_tasks} == {"collective", "ps"}
     tw = staged_workload()
     units = cut_units(tw)
     small = small_memory_bytes(tw)
@@ -151,13 +150,13 @@ def runs(request: pytest.FixtureRequest, workload: Workload, tmp_path_factory: p
     planned = None
     if world == 2:
         two = Pipeline((0, 1), (0, 1), 3, 3)
-        staged["two_stages_1f1b"] = (constructed(tw, 2, StageLayout((0, units[3]), (two,), "1f1b")), ("sgd", "adamw"))
+        staged["two_stages_1f1b"] = (constructed(tw, 2, StageLayout((0, units[3]), (two,), "1f1b")), ("sgd",))
         staged["two_stages_gpipe"] = (constructed(tw, 2, StageLayout((0, units[3]), (two,), "gpipe")), ("adamw",))
         caps = [small, small]
     else:
         planned = plan_deployment(tw, staged_cluster(tw), global_batch=6, budget_s=1, trials=1)
         assert isinstance(planned, StagedPlan)
-        staged["planned_stages"] = (planned.plan, ("sgd", "adamw"))
+        staged["planned_stages"] = (planned.plan, ("sgd",))
         # a rank running two stages, a micro-batched whole-model pipeline, GPipe
         layout = StageLayout(
             (0, units[3], units[4]), (Pipeline((0,), (0,), 4, 2), Pipeline((1, 2), (0, 1), 2, 2)), "gpipe"
@@ -169,7 +168,16 @@ def runs(request: pytest.FixtureRequest, workload: Workload, tmp_path_factory: p
         for name, (plan, optimizers) in plans.items():
             plan.save(out / f"{name}.json")
             files[kind] += [(str(out / f"{name}.json"), o) for o in optimizers]
-    results = spawn(H.hetero, world, out, files["ps"], files["staged"], caps, STEPS)
+    bn = None
+    if world == 2:  # BatchNorm: the planner's split in equal micro-batches of 2
+        x, y = U.dataset(4).tensors
+        bn_workload = profile_model(
+            H.batchnorm_net(), lambda: (x, y), torch.nn.CrossEntropyLoss(), batch_size=4, model_name="BN", repeats=2
+        )
+        bn_plan = plan_heterogeneous(bn_workload, spec, global_batch=6, budget_s=1, trials=1, micro_batch=2).plan
+        bn_plan.save(out / "batchnorm.json")
+        bn = str(out / "batchnorm.json")
+    results = spawn(H.hetero, world, out, files["ps"], files["staged"], caps, STEPS, bn)
     for rank, r in enumerate(results):
         assert "error" not in r and "missing" not in r, (rank, [x.get("error", x) for x in results])
     return Runs(world, files["ps"], files["staged"], caps, results, planned)
@@ -181,10 +189,12 @@ def test_plans_mixing_ps_and_all_reduce_buckets_equal_one_process(runs: Runs) ->
         for path, optname in runs.ps:
             key = f"{Path(path).stem}/{optname}"
             assert r[key] < TOL, f"rank {rank} {key}: parameters differ from one process by {r[key]}"
-        assert r["mixed_owner0/sgd/transports"] == ["collective", "ps"]
-        assert r["mixed_owner0/sgd/servers"] == [0]
-        assert r["mixed_every_rank/sgd/servers"] is None
-        assert r["dear_ps/adamw/transports"] == ["ps"]
+        assert r["mixed_owner0/adamw/transports"] == ["collective", "ps"]
+        assert r["mixed_owner0/adamw/servers"] == [0]
+        if runs.world == 3:
+            assert r["mixed_every_rank/sgd/servers"] is None
+        else:
+            assert r["dear_ps/adamw/transports"] == ["ps"]
 
 
 def test_pipeline_stages_equal_one_process_on_the_global_batch(runs: Runs) -> None:
@@ -220,3 +230,16 @@ def test_a_model_over_the_small_devices_memory_trains_in_stages_where_data_paral
         assert "rank 1 (small on node n1)" in plan.dp_refusal and "short by" in plan.dp_refusal
         assert [p.ranks for p in plan.layout.pipelines] == [(0,), (1, 2)]
         assert all(u <= c for u, c in zip(plan.used_bytes, plan.usable_bytes, strict=True))
+
+
+def test_batchnorm_with_equal_micro_batches_and_uneven_counts_equals_one_process_on_those_micro_batches(
+    runs: Runs,
+) -> None:
+    if runs.world != 2:
+        pytest.skip("run on 2 ranks")
+    for r in runs.results:
+        sizes, micro = r["bn/sizes"]
+        assert micro == 2 and all(b % 2 == 0 for b in sizes) and len(set(sizes)) == 2  # uneven counts
+        assert r["bn/micro_batches"] < TOL
+        # each rank's batch in one pass: BatchNorm's statistics over 2 and 4 samples, not the micro-batches'
+        assert r["bn/one_pass"] > 1e5 * TOL

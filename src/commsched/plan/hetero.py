@@ -51,7 +51,7 @@ from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.errors import ScheduleError
-from commsched.plan.batches import balanced_split, blend, even_split, proportional_split, rank_compute_fn
+from commsched.plan.batches import balanced_split, candidate_splits, even_split, proportional_split, rank_compute_fn
 from commsched.plan.memory import InfeasibleError, MemoryModel, RankMemory, batch_caps, rank_memory
 from commsched.plan.search import Candidate, Progress, Simulated, search_policies, simulate_candidate
 from commsched.plan.servers import runtime_servers
@@ -114,12 +114,14 @@ class HeteroPlan(Simulated):
     notes: tuple[str, ...] = ()
     #: the ranks that run the parameter servers of the plan's PS tasks (None: every rank, or no PS task)
     servers: tuple[int, ...] | None = None
+    #: every batch a multiple of it, accumulated in micro-batches of this size (None: one pass per step)
+    micro_batch: int | None = None
 
     @cached_property
     def plan(self) -> CommPlan:
         """The simulated CommPlan carrying this plan's per-rank batches (``batch_sizes``) and parameter-server
         ranks (``servers``): what :meth:`save` writes and ``parallelize(model, optimizer, plan=...)`` runs."""
-        return replace(super().plan, batch_sizes=self.batch_sizes, servers=self.servers)
+        return replace(super().plan, batch_sizes=self.batch_sizes, servers=self.servers, micro_batch=self.micro_batch)
 
     @property
     def transports(self) -> tuple[str, ...]:
@@ -205,8 +207,14 @@ def plan_heterogeneous(
     iterations: int = 20,
     warmup: int = 3,
     progress: Progress | None = None,
+    micro_batch: int | None = None,
 ) -> HeteroPlan:
     """The plan of the module docstring for ``workload`` on ``cluster``.
+
+    ``micro_batch``: every rank's batch a multiple of it, run as equal
+    micro-batches with uneven accumulation counts (BatchNorm's statistics are
+    then over equal batches on every rank; only one micro-batch's activations
+    need to fit). The plan carries it (``CommPlan.micro_batch``).
 
     ``global_batch``: samples per iteration over all ranks (default: the
     workload's batch on every rank). ``memory_margin``: the fraction of each
@@ -234,18 +242,11 @@ def plan_heterogeneous(
     has_servers = cluster.servers is not None
     syncs = ("collective", "ps", "cheaper") if has_servers else ("collective",)
 
-    # candidate splits
+    # candidate splits (in whole micro-batches when there are micro-batches)
     speeds = [
         workload.batch_size / compute_s(r, workload.batch_size) for r in range(n)
     ]  # samples/s at the profile batch
-    even = even_split(B, n)
-    proportional = proportional_split(B, speeds)
-    balanced = balanced_split(B, caps, compute_s, n)
-    splits: dict[tuple[int, ...], str] = {}
-    for name, split in (("balanced", balanced), ("proportional", proportional), ("even", even)):
-        splits.setdefault(split, name)
-    for weight in (0.25, 0.5, 0.75):
-        splits.setdefault(blend(balanced, even, weight, B), f"balanced-even {weight:g}")
+    caps, splits, even, proportional = candidate_splits(B, caps, compute_s, speeds, micro_batch, cluster)
     fits = {s: all(b <= c for b, c in zip(s, caps, strict=True)) for s in splits}
 
     # screen: the overlap bound under each sync's cost model, no simulation
@@ -357,7 +358,7 @@ def plan_heterogeneous(
         sync=sync,
         result=result,
         baselines=tuple(baselines),
-        memory=rank_memory(workload, cluster, memory, memory_margin, split),
+        memory=rank_memory(workload, cluster, memory, memory_margin, tuple(min(b, micro_batch or b) for b in split)),
         chosen=chosen,
         splits_screened=len(screened),
         splits_searched=searched,
@@ -366,6 +367,7 @@ def plan_heterogeneous(
         budget_s=budget_s,
         notes=tuple(notes),
         servers=servers,
+        micro_batch=micro_batch,
     )
 
 

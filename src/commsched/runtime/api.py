@@ -103,6 +103,11 @@ class ParallelModule(nn.Module):
         return None if sizes is None else sizes[self._engine.rank]
 
     @property
+    def micro_batch(self) -> int | None:
+        """The plan's micro-batch (every rank's batch a multiple of it: :func:`commsched.data.micro_batches`)."""
+        return self._engine.plan.micro_batch
+
+    @property
     def engine(self) -> Engine:
         return self._engine
 

@@ -64,7 +64,7 @@ PLAN_VERSION = 3
 #: no ``servers`` (a server on every rank) and no ``stages`` (every rank the whole model).
 READABLE_VERSIONS = (1, 2, 3)
 #: The fields each version added, refused in files of earlier versions.
-_ADDED_IN = {"batch_sizes": 2, "servers": 3, "stages": 3}
+_ADDED_IN = {"batch_sizes": 2, "servers": 3, "stages": 3, "micro_batch": 3}
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,10 @@ class CommPlan:
     servers: tuple[int, ...] | None = None
     #: Pipeline stages and the pipelines that run them, or None: every rank the whole model.
     stages: StageLayout | None = None
+    #: Equal micro-batches: every entry of ``batch_sizes`` is a multiple of it, rank ``r`` accumulates
+    #: ``b_r / micro_batch`` of them per step (per-micro-batch statistics such as BatchNorm's then match
+    #: across ranks); None: each rank its batch in one pass.
+    micro_batch: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_sizes", "servers"):
@@ -161,6 +165,12 @@ class CommPlan:
             problems += self.stages.problems(len(w.layers), self.network.world_size)
             if self.batch_sizes is not None:
                 problems.append("batch_sizes: must be null when the plan has stages (each pipeline has its batch)")
+        if self.micro_batch is not None:
+            m = self.micro_batch
+            if isinstance(m, bool) or not isinstance(m, int) or m < 1 or self.batch_sizes is None:
+                problems.append(f"micro_batch: a whole number >= 1 dividing every entry of batch_sizes, got {m!r}")
+            elif any(b % m for b in self.batch_sizes):
+                problems.append(f"micro_batch: {m} does not divide every entry of batch_sizes {list(self.batch_sizes)}")
         if problems:
             raise ScheduleError(f"{self.policy}: {'; '.join(problems)}")
         for i, task in enumerate(self.tasks):
@@ -204,6 +214,7 @@ class CommPlan:
             "batch_sizes": None if self.batch_sizes is None else list(self.batch_sizes),
             "servers": None if self.servers is None else list(self.servers),
             "stages": None if self.stages is None else self.stages.to_dict(),
+            "micro_batch": self.micro_batch,
             "network": self.network.to_dict(),
             "tasks": [_task_to_dict(t) for t in self.tasks],
             "workload": json.loads(self.workload.to_json(indent=None)),
@@ -263,7 +274,10 @@ class CommPlan:
             workload = Workload.from_dict(data["workload"], source=f"{source}: workload")
             tasks = tuple(_task_from_dict(i, t) for i, t in enumerate(data["tasks"]))
             stages = None if data.get("stages") is None else StageLayout.from_dict(data["stages"])
-            return cls(data["policy"], workload, network, tasks, data["update"], knobs, batch_sizes, servers, stages)
+            micro = data.get("micro_batch")
+            return cls(
+                data["policy"], workload, network, tasks, data["update"], knobs, batch_sizes, servers, stages, micro
+            )
         except (ScheduleError, TypeError, KeyError, ValueError) as exc:
             if isinstance(exc, SpecError):
                 raise
