@@ -8,8 +8,9 @@ refusal (naming the device and the shortfall) and places layer ranges on
 devices instead, as HetPipe's virtual workers do (Park et al., ATC 2020):
 
 * every rank that holds the whole model and one sample is a pipeline of its
-  own; the others (the *small* ranks: those that cannot hold one sample, or,
-  when the global batch is what does not fit, those below an even share) are
+  own (its batch in the fewest equal micro-batches that fit); the others
+  (the *small* ranks: those that cannot hold one sample, or, when the global
+  batch is what does not fit, those below an even share) are
   grouped, in node order, into chains of ``d`` ranks (the extra ones joining
   the last chains), for a few ``d`` from 2 up; when the small ranks alone
   cannot hold the model, the whole ranks with the least memory join them;
@@ -233,7 +234,7 @@ def _candidate(
         found = chain_plan(u - len(whole), batch)
         return math.inf if found is None else found[0] / 1e3
 
-    unit_caps = [caps[r] for r in whole] + [B] * len(chains)  # micro-batches of one sample fit any batch
+    unit_caps = [B] * len(units)  # in micro-batches that fit (one sample each at least), any batch fits
     try:
         split = balanced_split(B, unit_caps, unit_s, len(units))
     except InfeasibleError:
@@ -241,7 +242,7 @@ def _candidate(
     chosen = [chain_plan(c, split[len(whole) + c]) for c in range(len(chains))]
     if any(x is None for x in chosen):
         return None
-    return _assemble(workload, cluster, whole, split, chosen, usable, compute_s, costs, schedule)
+    return _assemble(workload, cluster, whole, split, chosen, usable, compute_s, costs, schedule, caps)
 
 
 def _assemble(
@@ -254,14 +255,17 @@ def _assemble(
     compute_s: Any,
     costs: LayerCosts,
     schedule: str,
+    caps: list[int],
 ) -> StagedPlan:
     n = cluster.num_workers
     starts = sorted({s for x in chosen for s in x[1].starts} | {0})
-    pipelines = [Pipeline((r,), (0,), split[i], 1) for i, r in enumerate(whole)]
+    # a whole-model rank runs its batch in the fewest equal micro-batches that fit its memory
+    micro = [max(m for m in range(1, min(b, caps[r]) + 1) if b % m == 0) for r, b in zip(whole, split, strict=False)]
+    pipelines = [Pipeline((r,), (0,), split[i], split[i] // micro[i]) for i, r in enumerate(whole)]
     used = [0.0] * n
     pipeline_ms = [compute_s(r, split[i]) * 1e3 for i, r in enumerate(whole)]
-    for r, b in zip(whole, split, strict=False):
-        used[r] = sum(costs.state_bytes) + sum(costs.activation_bytes) * b
+    for r, m in zip(whole, micro, strict=True):
+        used[r] = sum(costs.state_bytes) + sum(costs.activation_bytes) * m
     for c, (ms, chain, count) in enumerate(chosen):
         first = tuple(starts.index(s) for s in chain.starts)
         pipelines.append(Pipeline(tuple(chain.ranks), first, split[len(whole) + c], count))
