@@ -51,7 +51,30 @@ def hetero(
     except Exception:
         results["error"] = traceback.format_exc()
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+    if world == 2 and staged_runs and "error" not in results:
+        dead_peer_in_a_pipeline(rank, staged_runs[0][0], results, Path(out, f"rank{rank}.json"))
     dist.destroy_process_group()
+
+
+def dead_peer_in_a_pipeline(rank: int, path: str, results: dict[str, Any], out: Path) -> None:
+    """The last rank of a pipeline dies before a step; the first must end with a RuntimeCommError, in time."""
+    import os
+    import time
+
+    model = transformer()
+    wrapped, _ = parallelize(model, U.make_optimizer("sgd", model), plan=path, timeout_s=20)
+    if rank == 1:
+        os._exit(0)
+    x, y = sequences(wrapped.batch_size).tensors
+    start = time.monotonic()
+    try:
+        wrapped.train_step(x, y, torch.nn.CrossEntropyLoss())
+        results["dead_peer"] = "no error"
+    except Exception as exc:
+        results["dead_peer"] = f"{type(exc).__name__}: {exc}"
+    results["dead_peer_s"] = time.monotonic() - start
+    out.write_text(json.dumps(results))
+    os._exit(0)
 
 
 def ps_plans(rank: int, runs: list[tuple[str, str]], steps: int, results: dict[str, Any]) -> None:
@@ -137,7 +160,7 @@ def staged_plans(
         results[f"{key}/held_bytes"] = cap.peak.total_bytes if cap.peak else None
         results[f"{key}/losses"] = losses
         results[f"{key}/moved"] = max((mine[k] - transformer().state_dict()[k]).abs().max().item() for k in mine)
-    if runs:  # the control: every rank the whole model, even batches, under the same caps
+    if runs and world == 3:  # the control: every rank the whole model, even batches, under the same caps
         model = transformer()
         wrapped, opt = parallelize(model, U.make_optimizer("adamw", model), policy="ddp", warmup_iters=1)
         cap = MemoryCap(caps[rank], rank=rank, device="small" if caps[rank] == min(caps) else "big")

@@ -9,6 +9,7 @@ the global batch is matched to summation order (far below 1e-10).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import _hetero_workers as H
@@ -79,6 +80,7 @@ def mixed(workload: Workload, world: int, servers: tuple[int, ...] | None) -> Co
     return dataclasses.replace(by_ps, tasks=tasks, batch_sizes=SIZES[world], servers=servers)
 
 
+@functools.cache
 def staged_workload() -> Workload:
     """The transformer's profile, with its activation memory per sample measured."""
     model = H.transformer()
@@ -138,7 +140,7 @@ def runs(request: pytest.FixtureRequest, workload: Workload, tmp_path_factory: p
     else:
         ps["mixed_owner0"] = (mixed(workload, world, (0,)), ("adamw",))
         ps["mixed_every_rank"] = (mixed(workload, world, None), ("sgd",))
-        planned_ps = plan_heterogeneous(workload, spec, global_batch=sum(SIZES[world]), budget_s=1, trials=1)
+        planned_ps = plan_heterogeneous(workload, spec, global_batch=sum(SIZES[world]), budget_s=0.5, trials=1)
         assert planned_ps.plan.servers in (None, (0,))
         ps["planner"] = (planned_ps.plan, ("adamw",))
     mixed_tasks = ps["mixed_owner0"][0].tasks
@@ -174,7 +176,7 @@ def runs(request: pytest.FixtureRequest, workload: Workload, tmp_path_factory: p
         bn_workload = profile_model(
             H.batchnorm_net(), lambda: (x, y), torch.nn.CrossEntropyLoss(), batch_size=4, model_name="BN", repeats=2
         )
-        bn_plan = plan_heterogeneous(bn_workload, spec, global_batch=6, budget_s=1, trials=1, micro_batch=2).plan
+        bn_plan = plan_heterogeneous(bn_workload, spec, global_batch=6, budget_s=0.5, trials=1, micro_batch=2).plan
         bn_plan.save(out / "batchnorm.json")
         bn = str(out / "batchnorm.json")
     results = spawn(H.hetero, world, out, files["ps"], files["staged"], caps, STEPS, bn)
@@ -220,7 +222,9 @@ def test_a_model_over_the_small_devices_memory_trains_in_stages_where_data_paral
         for path, optname in runs.staged:
             held = r[f"{Path(path).stem}/{optname}/held_bytes"]
             assert 0 < held <= runs.caps[rank]
-        if runs.caps[rank] < max(runs.caps) or runs.world == 2:
+        if runs.world == 2:
+            continue  # data parallelism under the caps is tried on 3 ranks
+        if runs.caps[rank] < max(runs.caps):
             assert r["dp_under_cap"].startswith(f"rank {rank} (small): the step held"), r["dp_under_cap"]
             assert "over its cap of" in r["dp_under_cap"]
         else:
@@ -243,3 +247,11 @@ def test_batchnorm_with_equal_micro_batches_and_uneven_counts_equals_one_process
         assert r["bn/micro_batches"] < TOL
         # each rank's batch in one pass: BatchNorm's statistics over 2 and 4 samples, not the micro-batches'
         assert r["bn/one_pass"] > 1e5 * TOL
+
+
+def test_a_dead_peer_ends_the_pipeline_with_a_clear_error_within_the_timeout(runs: Runs) -> None:
+    if runs.world != 2:
+        pytest.skip("run on 2 ranks")
+    r = runs.results[0]
+    assert r["dead_peer"].startswith("RuntimeCommError: pipeline 0 (rank 0 of its 2) failed, a peer may have"), r
+    assert r["dead_peer_s"] < 25  # the plan's timeout_s=20, plus a margin

@@ -31,7 +31,8 @@ reduced as zeros).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -41,12 +42,25 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from commsched.data import SplitBatchSampler
-from commsched.errors import UnsupportedError
+from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.runtime import startup
 from commsched.runtime.stages import BoundStages, bind_stages
 from commsched.schedule import CommPlan
 
 LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+@contextmanager
+def _peer_failures(what: str) -> Iterator[None]:
+    """A peer that crashed or hung becomes a RuntimeCommError naming ``what``: the backend's errors
+    (``DistBackendError``; gloo raises a plain RuntimeError whose message names its transport, for a closed
+    connection as for a timeout). Errors of the model or the loss pass through as they are."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if isinstance(exc, dist.DistBackendError) or "gloo/transport" in str(exc):
+            raise RuntimeCommError(f"{what} failed, a peer may have crashed or hung: {exc}") from exc
+        raise
 
 
 def staged_refusals(max_grad_norm: float | None, grad_scaler: object, batch_sizes: object, trace: bool) -> str:
@@ -203,13 +217,15 @@ class PipelineModule(nn.Module):
         else:
             schedule = self._schedule or self._make_schedule(m / B)
             losses: list[torch.Tensor] = []
-            if self.first_stage:
-                schedule.step(inputs)
-            elif self.last_stage:
-                schedule.step(target=target, losses=losses)
+            with _peer_failures(f"pipeline {self.pipeline_index} (rank {self._position} of its {self._pipe.depth})"):
+                if self.first_stage:
+                    schedule.step(inputs)
+                elif self.last_stage:
+                    schedule.step(target=target, losses=losses)
+                else:
+                    schedule.step()
+            if self.last_stage:
                 total = sum((loss.detach().double() for loss in losses), torch.zeros((), dtype=torch.float64))
-            else:
-                schedule.step()
         self._reduce()
         return None if total is None else total * (B / b)
 
