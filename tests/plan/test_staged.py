@@ -11,7 +11,7 @@ import pytest
 from commsched import zoo
 from commsched.cluster import Cluster, load_cluster
 from commsched.plan.hetero import HeteroPlan
-from commsched.plan.memory import GIB, InfeasibleError, MemoryModel
+from commsched.plan.memory import GIB, InfeasibleError, MemoryModel, OutOfMemoryError
 from commsched.plan.pipeline import LayerCosts, best_cuts, evaluate
 from commsched.plan.staged import StagedPlan, plan_deployment
 from commsched.schedule import CommPlan
@@ -69,8 +69,10 @@ def test_best_cuts_minimise_the_bottleneck_within_memory_as_brute_force_does() -
 
 def test_a_model_over_the_small_devices_memory_is_staged_where_data_parallelism_is_refused(tmp_path: Path) -> None:
     workload, cluster = _bert_at(1.5)
-    with pytest.raises(InfeasibleError, match=r"rank 1 \(T4 on node s1\): one sample needs .* short by \d+\.\d\d GiB"):
+    with pytest.raises(OutOfMemoryError, match=r"rank 1 \(T4 on node s1\): one sample needs .* short by \d+\.\d\d GiB"):
         plan_deployment(workload, cluster, budget_s=1, trials=1, stages=False)
+    with pytest.raises(InfeasibleError, match=r"memory_margin must be in \[0, 1\)"):  # not a memory problem: no stages
+        plan_deployment(workload, cluster, memory_margin=1.5, budget_s=1, trials=1)
     plan = plan_deployment(workload, cluster, budget_s=1, trials=1)
     assert isinstance(plan, StagedPlan)
     assert "rank 1 (T4 on node s1)" in plan.dp_refusal and "short by" in plan.dp_refusal

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from functools import cache
 
 from commsched.cluster import Cluster
-from commsched.plan.memory import InfeasibleError
+from commsched.plan.memory import InfeasibleError, OutOfMemoryError
 from commsched.sim.compute import PROFILE, ComputeModel, ProfileCompute, WorkerClass
 from commsched.workload import Workload
 
@@ -73,7 +73,7 @@ def balanced_split(
     if global_batch < workers:
         raise InfeasibleError(f"plan: global batch {global_batch} is smaller than the {workers} ranks")
     if sum(caps) < global_batch:
-        raise InfeasibleError(
+        raise OutOfMemoryError(
             f"plan: global batch {global_batch} does not fit: the devices hold at most {sum(caps)} samples "
             f"together (short by {global_batch - sum(caps)})"
         )
@@ -124,7 +124,7 @@ def micro_units(
         raise InfeasibleError(f"plan: global batch {global_batch} is not a multiple of micro_batch {micro_batch}")
     for w, cap in zip(cluster.workers, caps, strict=True):
         if cap < micro_batch:
-            raise InfeasibleError(
+            raise OutOfMemoryError(
                 f"plan: rank {w.rank} ({w.device.name} on node {w.node_name}) holds {cap} sample(s), "
                 f"less than one micro-batch of {micro_batch}"
             )

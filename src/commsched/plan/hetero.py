@@ -53,7 +53,7 @@ from commsched.cluster import Cluster
 from commsched.errors import ScheduleError
 from commsched.plan.batches import balanced_split, candidate_splits, even_split, proportional_split, rank_compute_fn
 from commsched.plan.budget import Budget
-from commsched.plan.memory import InfeasibleError, MemoryModel, RankMemory, batch_caps, rank_memory
+from commsched.plan.memory import InfeasibleError, MemoryModel, OutOfMemoryError, RankMemory, batch_caps, rank_memory
 from commsched.plan.search import Candidate, Progress, Simulated, search_policies, simulate_candidate
 from commsched.plan.servers import runtime_servers
 from commsched.schedule import CommPlan
@@ -175,6 +175,7 @@ class HeteroPlan(Simulated):
             ],
             "baselines": [b.to_dict() for b in self.baselines],
             "servers": None if self.servers is None else list(self.servers),
+            "micro_batch": self.micro_batch,
             "speedup_over_even_allreduce": self.speedup_over("even_allreduce"),
             "splits_screened": self.splits_screened,
             "splits_searched": self.splits_searched,
@@ -365,7 +366,7 @@ def plan_heterogeneous(
     feasible = [b for b in baselines if b.fits]
     fallback = min(feasible, key=lambda b: b.iteration_ms) if feasible else None
     if best is None and fallback is None:
-        raise InfeasibleError(f"plan: no split of batch {B} fits on {cluster.name}")
+        raise OutOfMemoryError(f"plan: no split of batch {B} fits on {cluster.name}")
     if best is not None and (fallback is None or best[0].iteration_ms <= fallback.iteration_ms):
         cand, split = best
         policy, knobs, sync, result, chosen = cand.policy, cand.knobs, cand.sync, cand.result, "search"

@@ -35,6 +35,11 @@ class InfeasibleError(CommschedError, ValueError):
     """No plan fits: a device cannot hold even one sample, or the global batch exceeds what all devices hold."""
 
 
+class OutOfMemoryError(InfeasibleError):
+    """Data parallelism does not fit in memory: a device cannot hold the model and one sample, or the devices
+    together cannot hold the global batch (pipeline stages may still fit: :mod:`commsched.plan.staged`)."""
+
+
 @dataclass(frozen=True)
 class MemoryModel:
     """The memory model of the module docstring. ``activation_bytes_per_sample=None``: read it from the workload."""
@@ -106,7 +111,7 @@ def batch_caps(workload: Workload, cluster: Cluster, memory: MemoryModel, margin
         cap = memory.max_batch(workload, usable)
         if cap < 1:
             need = memory.bytes_for(workload, 1)
-            raise InfeasibleError(
+            raise OutOfMemoryError(
                 f"plan: {workload.model} does not fit on rank {w.rank} ({w.device.name} on node {w.node_name}): "
                 f"one sample needs {format_gib(need)}, {format_gib(usable)} usable "
                 f"({w.device.memory_gib:g} GiB less a {margin:.0%} margin): "

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from commsched.cluster import Cluster
 from commsched.formulas import ring_all_reduce_s
 from commsched.plan.batches import balanced_split, rank_compute_fn
 from commsched.plan.hetero import HeteroPlan, plan_heterogeneous
-from commsched.plan.memory import InfeasibleError, MemoryModel, format_gib, usable_bytes
+from commsched.plan.memory import InfeasibleError, MemoryModel, OutOfMemoryError, format_gib, usable_bytes
 from commsched.plan.pipeline import Chain, LayerCosts, best_cuts, chain_ms, evaluate, layer_costs
 from commsched.schedule import CommPlan, make_knobs
 from commsched.schedule.base import CommTask, NetworkEstimate, Segment
@@ -119,13 +119,14 @@ def plan_deployment(
     stages: bool = True,
     **search: Any,
 ) -> HeteroPlan | StagedPlan:
-    """:func:`plan_heterogeneous`, or, when it is refused for memory and ``stages``, :func:`plan_stages`."""
+    """:func:`plan_heterogeneous`, or, when it is refused for memory (:class:`OutOfMemoryError`) and
+    ``stages``, :func:`plan_stages`."""
     try:
         return plan_heterogeneous(
             workload, cluster, global_batch=global_batch, memory_margin=memory_margin, memory=memory, **search
         )
-    except InfeasibleError as exc:
-        if not stages or "smaller than the" in str(exc):
+    except OutOfMemoryError as exc:
+        if not stages:
             raise
         B = workload.batch_size * cluster.num_workers if global_batch is None else global_batch
         return plan_stages(workload, cluster, B, memory_margin=memory_margin, memory=memory, dp_refusal=str(exc))
@@ -176,10 +177,7 @@ def plan_stages(
             f"plan: {workload.model} does not fit even in pipeline stages over all {n} ranks of {cluster.name}: "
             f"one sample needs {format_gib(need)}, together they have {format_gib(sum(usable))} usable"
         )
-    plan = best[1]
-    return StagedPlan(
-        **{**plan.__dict__, "dp_refusal": dp_refusal, "candidates": tried, "search_s": time.perf_counter() - start}
-    )
+    return replace(best[1], dp_refusal=dp_refusal, candidates=tried, search_s=time.perf_counter() - start)
 
 
 def _candidate(
