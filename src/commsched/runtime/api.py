@@ -27,7 +27,9 @@ from commsched.runtime.batches import (
 )
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.engine import Engine, Planner
+from commsched.runtime.pipeline import PipelineModule, staged_refusals
 from commsched.runtime.replan import DriftPolicy
+from commsched.runtime.servers import run_transport_options
 from commsched.runtime.switching import AutoPlanner, plan_by_name
 from commsched.schedule import (
     AUTO,
@@ -101,6 +103,11 @@ class ParallelModule(nn.Module):
         return None if sizes is None else sizes[self._engine.rank]
 
     @property
+    def micro_batch(self) -> int | None:
+        """The plan's micro-batch (every rank's batch a multiple of it: :func:`commsched.data.micro_batches`)."""
+        return self._engine.plan.micro_batch
+
+    @property
     def engine(self) -> Engine:
         return self._engine
 
@@ -148,8 +155,12 @@ def parallelize(
     simulate ... --save-plan``) to run instead of a policy by name; it must fit
     the model (parameter names and shapes) and the world size, skips the
     warm-up, and the first iteration checks that the model runs in the plan's
-    order. ``policy="torch_ddp"`` returns ``DistributedDataParallel(model)``
-    (the baseline). ``knobs`` are the policy's (``commsched.schedule.knob_class(policy)``).
+    order. A plan with pipeline stages (``commsched plan`` makes them when the
+    model does not fit a device) returns a
+    :class:`~commsched.runtime.pipeline.PipelineModule` instead: an
+    ``nn.Sequential`` model, trained by ``model.train_step(x, y, loss_fn)``.
+    ``policy="torch_ddp"`` returns ``DistributedDataParallel(model)`` (the baseline).
+    ``knobs`` are the policy's (``commsched.schedule.knob_class(policy)``).
     ``max_grad_norm`` clips the global norm of the averaged gradients.
     ``grad_scaler``: the ``torch.amp.GradScaler`` the loop will use, so a policy
     that cannot take one is refused now rather than at its first step.
@@ -172,7 +183,8 @@ def parallelize(
     assumed to have the same batch and gradients are averaged, as under DDP.
     ``transport_options``: where a socket transport (parameter server,
     bounded-loss) binds and how it authenticates
-    (:class:`~commsched.transport.TransportOptions`); the collectives ignore it.
+    (:class:`~commsched.transport.TransportOptions`, ``servers=``: the ranks that run
+    parameter servers; a plan may name them); the collectives ignore it.
     ``timeout_s`` bounds every wait: a crashed or hung peer ends training with
     :class:`commsched.errors.RuntimeCommError`.
 
@@ -188,6 +200,11 @@ def parallelize(
         if knobs:
             raise ValueError(f"parallelize: knobs come from the plan; got {', '.join(sorted(knobs))} as well")
         plan = plan if isinstance(plan, CommPlan) else CommPlan.load(plan)
+        if plan.stages is not None:
+            refused = staged_refusals(max_grad_norm, grad_scaler, batch_sizes, trace)
+            if refused:
+                raise UnsupportedError(refused)
+            return PipelineModule(model, plan, process_group, timeout_s), optimizer  # type: ignore[arg-type]
         policy = plan.policy
         bind_plan(model, plan, world)
         check_transports(t.transport for t in plan.tasks)
@@ -229,6 +246,7 @@ def parallelize(
     if bandwidth_gbps is not None:
         network = NetworkEstimate(world, gbps_to_bytes_per_s(bandwidth_gbps), latency_us / 1e6)
     run_sizes = plan.batch_sizes if plan is not None else run_batch_sizes(None, batch_sizes, world)
+    transport_options = run_transport_options(plan, transport_options, world)
     engine = Engine(
         model,
         optimizer,

@@ -26,11 +26,15 @@ class TransportOptions:
     the runtime's process group; not secret from anyone who can read that
     group's traffic). ``paths``: local addresses to spread datagrams over (a
     bounded-loss transport sprays packets across them; empty: ``bind`` only).
+    ``servers``: the ranks that run the ``"ps"`` transport's servers, each
+    owning an even slice of every task (``None``: every rank; ``(0,)``: every
+    push reduced on rank 0); a plan that names its servers sets them.
     """
 
     bind: str | None = None
     key: bytes | None = None
     paths: tuple[str, ...] = ()
+    servers: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
