@@ -8,6 +8,10 @@ and sends what the rate allows (at most 64 datagrams a turn, so receiving
 keeps up). The training thread only posts transfers and cancels them, under
 the same lock; so a receive's buffer is written only while its slot is
 posted, and never after it finished or was cancelled.
+
+A PROBE is answered only once the data sockets were read dry: the datagrams
+still queued in a socket when it arrives were sent before it, and a receive
+that may end at its bound on a probe must not give them up.
 """
 
 from __future__ import annotations
@@ -59,12 +63,15 @@ class Engine:
     def __init__(
         self, rank: int, world: int, sockets: LinkSockets, peers: Sequence[Endpoints], key: bytes,
         stats: LinkStats, *, timeout_s: float, rate: RateParams, ack_every: int, early_limit_bytes: int,
-        stale_steps: int, drop: Callable[[int, int], bool] | None,
+        stale_steps: int, drop: Callable[[int, int], bool] | None, stop_at_count: bool = False,
     ) -> None:  # fmt: skip
         self.rank, self.world, self.stats, self.timeout_s = rank, world, stats, timeout_s
         self.codec = Codec(key, world)
         self._sockets, self._peers, self._drop = sockets, list(peers), drop
         self._early_limit_bytes, self._stale_steps = early_limit_bytes, stale_steps
+        self._stop_at_count = stop_at_count
+        self._backlog = False  # a data socket was not read dry this turn
+        self._held_probes: dict[Slot, int] = {}  # probes that wait for the backlog to be read
         self._lock = threading.Lock()
         self._closing = False
         now = time.monotonic()
@@ -115,7 +122,9 @@ class Engine:
             else:
                 if k in self._recvs or k in self._ended:
                     raise ValueError(f"dlcp: a receive from rank {slot.peer} with key {slot.key} was already posted")
-                slot.state = ReceiverState(slot.numel, slot.loss_bound, now + self.timeout_s)
+                slot.state = ReceiverState(
+                    slot.numel, slot.loss_bound, now + self.timeout_s, stop_at_count=self._stop_at_count
+                )
                 self._recvs[k] = slot
                 if slot.key.step > self._newest_step:
                     self._newest_step = slot.key.step
@@ -125,7 +134,7 @@ class Engine:
                     self._on_data(self.codec.decode(raw), raw)
                 probe = self._early_probes.pop(k, None)
                 if probe is not None and k in self._recvs:
-                    self._on_probe(slot, probe)
+                    self._held_probes[k] = probe  # the I/O thread answers it once the sockets are read dry
                 if slot.state.ended is not None and k in self._recvs:
                     self._finish_recv(slot)
         self._wake()
@@ -190,8 +199,11 @@ class Engine:
                     if self._closing:
                         break
                     now = time.monotonic()
-                    for key, _mask in events:
+                    self._backlog = False
+                    for key, _mask in sorted(events, key=lambda e: not isinstance(e[0].data, tuple)):  # data first
                         self._on_event(key, buf, now)
+                    if self._held_probes and not self._backlog:
+                        self._answer_held_probes()
                     if now >= next_tick_s:
                         self._tick(now)
                         next_tick_s = now + TICK_S
@@ -251,6 +263,7 @@ class Engine:
             self._feedback[d.rank].on_data(d.seq, ecn == 3, now, acts)
             self._emit(d.rank, acts, None)
             self._on_data(d, view[:n])
+        self._backlog = True  # more may be queued: read it before answering a probe
 
     def _on_data(self, d: Datagram, raw: memoryview | bytes) -> None:
         k = (d.rank, TransferKey(d.step, d.task, d.phase))
@@ -321,7 +334,7 @@ class Engine:
         if d.kind == Kind.PROBE:
             recv = self._recvs.get(k)
             if recv is not None and (recv.numel, recv.dtype) == (d.total, d.dtype):
-                self._on_probe(recv, d.seq)
+                self._held_probes[k] = d.seq  # answered once the data sockets are read dry
             elif k in self._ended:
                 self._send_control(peer, Kind.STOP, k[1], offset=self._ended[k], total=d.total, dtype=d.dtype)
             elif recv is None and d.step >= self._newest_step - self._stale_steps and len(self._early_probes) < 65536:
@@ -337,6 +350,13 @@ class Engine:
             self._finish_send(send)
         elif d.kind == Kind.BITMAP:
             send.state.on_bitmap(d.seq, check_holes(d.payload, d.total))
+
+    def _answer_held_probes(self) -> None:
+        held, self._held_probes = self._held_probes, {}
+        for k, seq in held.items():
+            recv = self._recvs.get(k)
+            if recv is not None:
+                self._on_probe(recv, seq)
 
     def _on_probe(self, slot: RecvSlot, seq: int) -> None:
         acts: list[Action] = []

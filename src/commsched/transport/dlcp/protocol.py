@@ -148,22 +148,41 @@ def allowed_missing(numel: int, loss_bound: float) -> int:
 class ReceiverState:
     """One receive of ``numel`` elements that may end with at most ``floor(loss_bound · numel)`` missing.
 
+    When it may end short of every element: by default (the bound as an
+    allowance for what the network lost) only once the sender has sent every
+    packet once — its first :class:`Probe` — so a network that loses nothing
+    loses nothing here: the receive ends ``"complete"`` with the last packet,
+    and a probe finds the holes the network made; within the bound the
+    receive ends at once instead of waiting for re-sends (the retransmission
+    tail DLCP removes), beyond it a :class:`Bitmap` asks for them and the
+    receive ends as soon as the re-sends bring it within the bound. With
+    ``stop_at_count`` (MLT's rule, NSDI'24 §4) it ends as soon as ``1 −
+    loss_bound`` of the elements arrived, probe or not: the last packets are
+    given up even on a loss-free network, saving their time on the wire.
+
     Guarantees: the receive ends (``ended`` set, one :class:`Stop` emitted)
-    as soon as the elements missing are within the bound, and never before
-    unless :meth:`deadline` or :meth:`cancel` ends it (``"deadline"``,
-    ``"cancelled"``); ``ended`` is ``"complete"`` (nothing missing) or
-    ``"bound"`` otherwise. At ``loss_bound`` 0 it ends only with every
+    under that rule, and never before unless :meth:`deadline` or
+    :meth:`cancel` ends it (``"deadline"``, ``"cancelled"``); ``ended`` is
+    ``"complete"`` (nothing missing) or ``"bound"`` otherwise, never with
+    more than the bound missing. At ``loss_bound`` 0 it ends only with every
     element. After it ends, every packet is LATE (never to be written). The
     packet grid (``stride``) is learnt from the first packet; packets on
     another grid are MISMATCH.
     """
 
-    __slots__ = ("_got", "allowed", "deadline_s", "duplicates", "ended", "numel", "received", "stride")
+    __slots__ = (
+        "_got", "allowed", "deadline_s", "duplicates", "ended", "numel", "probed", "received", "stop_at_count",
+        "stride",
+    )  # fmt: skip
 
-    def __init__(self, numel: int, loss_bound: float = 0.0, deadline_s: float = INF) -> None:
+    def __init__(
+        self, numel: int, loss_bound: float = 0.0, deadline_s: float = INF, *, stop_at_count: bool = False
+    ) -> None:
         self.numel = numel
         self.allowed = allowed_missing(numel, loss_bound)
         self.deadline_s = deadline_s
+        self.stop_at_count = stop_at_count
+        self.probed = False  # the sender has sent every packet once
         self.stride = 0
         self._got: np.ndarray | None = None
         self.received = 0
@@ -189,13 +208,19 @@ class ReceiverState:
             return Accept.DUPLICATE
         self._got[index] = True
         self.received += numel
-        if self.numel - self.received <= self.allowed:
-            self.ended = "complete" if self.received == self.numel else "bound"
+        if self.received == self.numel:
+            self.ended = "complete"
+            out.append(Stop(self.received))
+        elif (self.probed or self.stop_at_count) and self.numel - self.received <= self.allowed:
+            self.ended = "bound"
             out.append(Stop(self.received))
         return Accept.NEW
 
     def on_probe(self, seq: int, out: list[Action]) -> None:
-        """Answer probe ``seq``: a Bitmap of the holes, or Stop again if the receive has ended."""
+        """Answer probe ``seq``: Stop if the receive has ended or the holes are within the bound, else a Bitmap."""
+        self.probed = True
+        if self.ended is None and self.numel - self.received <= self.allowed:
+            self.ended = "bound"
         if self.ended is not None:
             out.append(Stop(self.received))
         else:
