@@ -362,6 +362,8 @@ class Engine:
         acts: list[Action] = []
         slot.state.on_probe(seq, acts)
         self._emit(slot.peer, acts, slot)
+        if slot.state.ended is not None and self._recvs.get((slot.peer, slot.key)) is slot:
+            self._finish_recv(slot)  # the holes were within the bound: the receive ends on the probe
 
     def _finish_send(self, slot: SendSlot) -> None:
         del self._sends[(slot.peer, slot.key)]
@@ -432,6 +434,12 @@ class Engine:
     def _send_datagram(self, slot: SendSlot, act: Data, rate: RateControl, now: float) -> None:
         start = act.offset * slot.itemsize
         payload = slot.view[start : start + act.numel * slot.itemsize]
+        if self._drop is not None and self._drop(slot.peer, act.offset):
+            # emulated loss, before the datagram is numbered: the receiver sees no gap and the rate
+            # control no congestion (loss that signals congestion comes from a network that drops)
+            self.stats.dropped_by_hook += 1
+            self.stats.resent += act.resend
+            return
         seq = rate.on_send(len(payload) + 94, now)  # + header, MAC, IP and UDP
         k = slot.key
         wire = self.codec.encode(
@@ -442,9 +450,6 @@ class Engine:
         self.stats.sent += 1
         self.stats.resent += act.resend
         self.stats.sent_bytes += len(wire)
-        if self._drop is not None and self._drop(slot.peer, act.offset):
-            self.stats.dropped_by_hook += 1
-            return
         paths = self._sockets.data
         dests = self._peers[slot.peer].data
         try:

@@ -10,8 +10,12 @@ dropped.
 
 This is emulation, not a network: every datagram is lost independently with
 the same probability (Bernoulli loss, as netem's ``loss random``), with no
-bursts, no queueing and no preference for unimportant packets, and the rate
-control sees the drops as losses. Seeded, so the sequence of decisions is
+bursts, no queueing and no preference for unimportant packets. A dropped
+datagram is never numbered for the rate control, so it emulates loss without
+congestion: the sender does not slow down (at 15 % loss the controller would
+otherwise settle near its floor of 1 MB/s, since every acknowledgement would
+report losses); loss that signals congestion comes from a network that drops
+(the testbed's queues). Seeded, so the sequence of decisions is
 reproducible; which datagram meets which decision still depends on the
 order the I/O thread sends them in, which depends on timing.
 """

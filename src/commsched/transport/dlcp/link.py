@@ -149,6 +149,8 @@ class DlcpLink:
         self.mtu_bytes = mtu_bytes
         self.quantile = quantile
         self.important_layer_classes = important_layer_classes
+        #: the local UDP ports of the data paths (where the kernel counts this link's receive drops)
+        self.data_ports = tuple(port for _, port in sockets.endpoints.data)
         self.stats = LinkStats(
             rcvbuf_requested_bytes=sockets.rcvbuf_requested_bytes,
             rcvbuf_granted_bytes=sockets.rcvbuf_granted_bytes,
