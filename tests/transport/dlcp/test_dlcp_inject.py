@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_dlcp_link import check_written, data, pair
+from test_dlcp_link import check_written, data, eventually, pair
 
 from commsched.transport import TransportOptions
 from commsched.transport.dlcp.inject import RandomDrop
+from commsched.transport.dlcp.wire import packet_numel
 from commsched.transport.links import TransferKey
 
 
@@ -19,8 +20,9 @@ def transfer(bound: float, numel: int = 200_000, **knobs: object) -> tuple[int, 
         out = torch.full_like(sent, float("nan"))
         recv = b.recv(0, TransferKey(3, 1, 0), out, loss_bound=bound)
         send = a.send(1, TransferKey(3, 1, 0), sent)
-        got = recv.wait(20.0)
-        send.wait(20.0)
+        send.wait(20.0)  # the receiver said STOP: its receive has ended (well before the 20 s deadline)
+        assert eventually(recv.is_completed, 10.0)
+        got = recv.wait(0.0)
         check_written(out, sent, got)
         assert got.lost <= int(bound * numel)
         return got.lost, b.stats.records[-1].ended, a.stats.dropped_by_hook
@@ -54,3 +56,18 @@ def test_random_drop_is_seeded_per_rank_and_drops_about_its_fraction() -> None:
 def test_transport_options_refuse_an_injected_loss_outside_0_to_1(bad: object) -> None:
     with pytest.raises(ValueError, match=r"TransportOptions\.inject_loss: must be a number in \[0, 1\), got"):
         TransportOptions(inject_loss=bad)  # type: ignore[arg-type]
+
+
+def test_holes_within_the_bound_end_the_receive_on_the_senders_probe_without_a_resend() -> None:
+    stride = packet_numel(1500, 4)
+    lost_offsets = {0, 10 * stride}
+    first_time: set[int] = set()
+
+    def drop_two_once(_peer: int, offset: int) -> bool:
+        if offset in lost_offsets and offset not in first_time:
+            first_time.add(offset)
+            return True
+        return False
+
+    lost, ended, dropped = transfer(0.05, numel=20_000, drop=drop_two_once)
+    assert (lost, ended, dropped) == (2 * stride, "bound", 2)
