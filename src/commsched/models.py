@@ -1,6 +1,6 @@
 """Small real models for benchmarks, examples and profiling, each with a synthetic batch.
 
-Three models, all deterministic given a seed (weights and data):
+Four models, all deterministic given a seed (weights and data):
 
 ``resnet5m``
     The anchor of the emulated-network measurements: a ResNet for 32×32
@@ -12,6 +12,13 @@ Three models, all deterministic given a seed (weights and data):
 ``transformer``
     The small GPT-style language model of ``examples/train.py`` (vocabulary
     2000, width 128, two layers, sequence 64, output tied to the embedding).
+``gpt5m``
+    The transformer-shaped counterpart of ``resnet5m`` for the emulated-network
+    measurements: vocabulary 8192, width 256, four layers of four heads,
+    sequence 64, output tied to the embedding: 5,273,088 parameters (20.1 MiB
+    of gradients), about resnet5m's compute per sample at batch 8. Its largest
+    tensor, the tied embedding (2.1 M), gets its gradient last: at the very end
+    of backward, where a CNN's first layers are small.
 
 Example::
 
@@ -108,9 +115,16 @@ def _image_batch(batch_size: int, g: torch.Generator) -> Batch:
     return torch.randn(batch_size, 3, 32, 32, generator=g), torch.randint(0, 10, (batch_size,), generator=g)
 
 
-def _token_batch(batch_size: int, g: torch.Generator) -> Batch:
-    tokens = torch.randint(0, 2000, (batch_size, 64), generator=g)
-    return tokens, torch.roll(tokens, -1, dims=1)
+def _token_batch(vocab: int) -> Callable[[int, torch.Generator], Batch]:
+    def batch(batch_size: int, g: torch.Generator) -> Batch:
+        tokens = torch.randint(0, vocab, (batch_size, 64), generator=g)
+        return tokens, torch.roll(tokens, -1, dims=1)
+
+    return batch
+
+
+def gpt5m() -> nn.Module:
+    return SmallTransformer(vocab=8192, dim=256, layers=4)
 
 
 @dataclass(frozen=True)
@@ -127,7 +141,10 @@ MODELS: dict[str, ModelInfo] = {
         ModelInfo("resnet5m", "ResNet-18 widths, 32×32 inputs, 5.24 M parameters", ResNet5M, _image_batch),
         ModelInfo("cnn", "small CNN of examples/train.py, 32×32 inputs, 0.67 M parameters", small_cnn, _image_batch),
         ModelInfo(
-            "transformer", "2-layer GPT-style LM, sequence 64, 0.66 M parameters", SmallTransformer, _token_batch
+            "transformer", "2-layer GPT-style LM, sequence 64, 0.66 M parameters", SmallTransformer, _token_batch(2000)
+        ),
+        ModelInfo(
+            "gpt5m", "4-layer GPT-style LM, width 256, sequence 64, 5.27 M parameters", gpt5m, _token_batch(8192)
         ),
     )
 }

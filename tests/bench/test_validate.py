@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from commsched import zoo
-from commsched.bench.validate import gloo_options, predict
+from commsched.bench.validate import predict
+from commsched.plan.gloo import gloo_options
 from commsched.profile import measured_cluster
 from commsched.sim import simulate
 

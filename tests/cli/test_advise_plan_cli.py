@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,19 @@ def test_plan_reports_a_device_that_cannot_hold_one_sample() -> None:
     )
     assert result.exit_code == 1
     assert "does not fit on rank 2 (GTX-1080Ti" in result.output and "short by" in result.output
+
+
+def test_plan_table_shows_plan_and_baselines_with_time_and_throughput_and_the_search_time() -> None:
+    args = ["plan", "-m", "resnet18", "-c", "hetero-8", "--budget-s", "2", "--policies", "ddp,horovod"]
+    result = CliRunner().invoke(cli, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    for row in ("chosen", "even_allreduce", "proportional_allreduce"):
+        line = next(line for line in lines if row in line)
+        assert re.search(r"\d+\.\d\d .* [\d,]+ .* \d\.\d\dx", line), line  # iteration ms, samples/s, speed-up
+    assert "64×8" in result.stdout  # even DP's per-rank batches, run-length
+    assert re.search(r"simulations in \d+\.\d\d s \(budget 2 s", result.stdout)
+    assert "baseline even_ps not simulated: hetero-8 lists no parameter servers" in result.stdout
+    assert next(line for line in lines if "chosen" in line).split("│")[2].strip() in ("ddp", "horovod")
+    bad = CliRunner().invoke(cli, ["plan", "-m", "resnet18", "-c", "hetero-8", "--policies", "ddp,topk"])
+    assert bad.exit_code == 2 and "not lossless policies: topk" in bad.output

@@ -176,7 +176,9 @@ def test_switching_plans_mid_run_between_update_modes_still_trains_like_ddp(tmp_
 
 def test_auto_runs_what_advise_ranks_first_and_replans_without_changing_the_result(tmp_path: Path) -> None:
     from commsched.plan import advise
+    from commsched.plan.gloo import gloo_options
     from commsched.profile.network import measured_cluster
+    from commsched.sim import SimOptions
 
     res = spawn(S.auto_policy, 2, tmp_path, 12)
     for r in res:
@@ -185,8 +187,16 @@ def test_auto_runs_what_advise_ranks_first_and_replans_without_changing_the_resu
         assert r["replans"] >= 1
     first = CommPlan.from_json(res[0]["first_plan"])
     net = first.network
+    assert net.cpu_per_message_s > 0, "the warm-up measured no CPU cost of a message"
     cluster = measured_cluster(net.latency_s, 1.0 / net.bandwidth_bytes_per_s, net.world_size)
-    advice = advise(first.workload, cluster, budget_s=30.0)
+    cpu = {"cpu_per_task_ms": net.cpu_per_message_s * 1e3, "cpu_ms_per_mb": net.cpu_s_per_byte * 2**20 * 1e3}
+    advice = advise(
+        first.workload,
+        cluster,
+        budget_s=30.0,
+        sim_options=SimOptions(cpu_per_task_ms=cpu["cpu_per_task_ms"], cpu_ms_per_mb=cpu["cpu_ms_per_mb"]),
+        options_for=lambda policy, knobs: gloo_options(first.workload, cluster, policy, **cpu, **knobs),
+    )
     assert not advice.budget_exhausted
     assert (first.policy, first.knobs.to_dict()) == (advice.winner.policy, advice.winner.knobs)
 

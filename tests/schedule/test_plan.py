@@ -124,3 +124,18 @@ def test_a_plan_made_in_code_with_bad_batch_sizes_is_refused(resnet18: object) -
     with pytest.raises(ScheduleError, match=r"batch_sizes: expected one entry per rank \(2\), got 1: \[8\]"):
         dataclasses.replace(plan, batch_sizes=(8,))
     assert dataclasses.replace(plan, batch_sizes=[3, 5]).batch_sizes == (3, 5)  # type: ignore[arg-type]
+
+
+def test_a_measured_cpu_cost_of_communication_travels_with_the_plan(resnet18: object) -> None:
+    network = NetworkEstimate(2, 1e9, 50e-6, cpu_per_message_s=2e-4, cpu_s_per_byte=1e-9)
+    plan = build_plan("ddp", resnet18, network)  # type: ignore[arg-type]
+    again = CommPlan.from_json(plan.to_json())
+    assert again.network == network
+    assert again.to_dict()["network"]["cpu_per_message_s"] == 2e-4
+
+
+@pytest.mark.parametrize("field", ["latency_s", "cpu_per_message_s", "cpu_s_per_byte"])
+@pytest.mark.parametrize("value", [-1e-6, float("nan"), float("inf"), True])
+def test_a_network_estimate_refuses_a_cost_that_is_not_a_finite_number_at_least_zero(field: str, value: object) -> None:
+    with pytest.raises(ScheduleError, match=f"{field} must be a finite number >= 0"):
+        NetworkEstimate(2, 1e9, **{field: value})  # type: ignore[arg-type]

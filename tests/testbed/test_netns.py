@@ -18,8 +18,8 @@ import pytest
 
 from commsched.bench.baselines import DDP_GRID
 from commsched.bench.run import BenchConfig, run_bench
-from commsched.bench.validate import gloo_options
 from commsched.cluster import Cluster
+from commsched.plan.gloo import gloo_options
 from commsched.sim import simulate
 from commsched.testbed import (
     LinkShape,

@@ -11,8 +11,10 @@ import click
 from rich.console import Console
 
 from commsched.bench.baselines import DEFAULT_DDP, YARDSTICK
-from commsched.bench.report import grid_table, plot, session_table, validation_table
+from commsched.bench.report import grid_table, plot, session_table, shaping, validation_table
 from commsched.bench.run import DEFAULT_POLICIES, MIN_WARMUP, BenchConfig, run_bench
+from commsched.bench.significance import auto_vs_best
+from commsched.cli import bench_plan
 from commsched.cli.inputs import KNOB_HELP, KnobAssignment, knobs_by_policy
 from commsched.cli.progress import progress
 from commsched.errors import ScheduleError
@@ -79,6 +81,24 @@ from commsched.testbed import LinkShape, parse_rate
     help="auto: namespaces when root, else plain local processes (unshaped)",
 )
 @click.option(
+    "--plan",
+    "plan",
+    metavar="PLAN.json|auto",
+    help="measure a heterogeneous plan (a `commsched plan -o` file, or auto: planned on the testbed as measured) "
+    "against even DP (default DDP) and speed-proportional DP on workers of different CPU speed and link rate "
+    "(needs root); see --worker-cpu, --worker-links",
+)
+@click.option("--worker-cpu", help=bench_plan.CPU_HELP)
+@click.option("--worker-links", help=bench_plan.LINKS_HELP)
+@click.option("--global-batch", type=click.IntRange(1), help="with --plan: samples per iteration [16 x workers]")
+@click.option(
+    "--plan-budget-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="with --plan auto: the planner's search budget",
+)
+@click.option(
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -106,6 +126,11 @@ def command(
     no_probe: bool,
     validate: bool,
     isolation: str,
+    plan: str | None,
+    worker_cpu: str | None,
+    worker_links: str | None,
+    global_batch: int | None,
+    plan_budget_s: float,
     out_dir: Path,
 ) -> None:
     """Train for real on an emulated cluster on this machine and compare policies with PyTorch DDP.
@@ -131,7 +156,30 @@ def command(
     measured iteration time per policy; the calibrated workload.json and
     cluster.yaml are saved so that `commsched compare --measured TRACE`
     can compare one policy task by task.
+
+    With --plan, the testbed's workers differ (CPU share, link rate) and the
+    run measures that plan against even DP and speed-proportional DP instead:
+
+    \b
+        sudo commsched bench --plan auto --model resnet5m
     """
+    if plan is not None:
+        bench_plan.run(
+            plan=plan,
+            model=model,
+            worker_cpu=worker_cpu,
+            worker_links=worker_links,
+            global_batch=global_batch,
+            budget_s=plan_budget_s,
+            iters=iters,
+            warmup=warmup,
+            repeats=repeats,
+            threads=threads,
+            seed=seed,
+            comm_timeout=comm_timeout,
+            out_dir=out_dir,
+        )
+        return
     try:
         shapes = tuple(
             LinkShape(rate_bps=parse_rate(b), delay_ms=delay, jitter_ms=jitter, loss_pct=loss)
@@ -202,6 +250,9 @@ def command(
         grid = grid_table(report, session)
         if grid is not None:
             console.print(grid)
+        versus = auto_vs_best(session)
+        if versus is not None:
+            console.print(f"{shaping(session)}: {versus.describe()}", highlight=False)
     if validate:
         console.print(validation_table(report))
     plot(report, out_dir / "bench.png")

@@ -229,8 +229,8 @@ def _compare_measured(
     skip_measured: int,
 ) -> None:
     """Predicted vs measured for one policy: per task, then per iteration."""
-    from commsched.bench.validate import gloo_options
     from commsched.cli.profile import comparison_summary, comparison_table, require_common_tasks
+    from commsched.plan.gloo import gloo_options
     from commsched.trace import Trace
     from commsched.trace.compare import compare_traces, trace_iteration_ms
 

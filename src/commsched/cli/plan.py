@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -15,22 +16,35 @@ from commsched.cli.simulate import format_bytes
 from commsched.cluster import load_cluster
 from commsched.plan.hetero import HeteroPlan, plan_heterogeneous
 from commsched.plan.memory import MemoryModel
+from commsched.schedule import LOSSLESS
 from commsched.units import MiB
 
 
 def _batches(batch_sizes: tuple[int, ...]) -> str:
-    return " ".join(str(b) for b in batch_sizes)
+    """``84×2 61×4 50×2``: runs of equal batches in rank order (``--json`` lists each rank)."""
+    runs: list[list[int]] = []
+    for b in batch_sizes:
+        if runs and runs[-1][0] == b:
+            runs[-1][1] += 1
+        else:
+            runs.append([b, 1])
+    return " ".join(f"{b}×{k}" if k > 1 else str(b) for b, k in runs)
+
+
+def _transports(plan: HeteroPlan) -> str:
+    """What the plan's tasks are sent by: ``collective``, ``ps`` or ``collective+ps``."""
+    return "+".join(sorted(set(plan.transports)))
 
 
 def plans_table(plan: HeteroPlan) -> Table:
     table = Table(title=f"plan · {plan.model} · {plan.cluster} · global batch {plan.global_batch}")
-    for column in ("plan", "policy", "sync", "iter ms", "samples/s", "speed-up", "fits", "per-rank batch"):
+    for column in ("plan", "policy", "sent by", "iter ms", "samples/s", "speed-up", "fits", "per-rank batch"):
         table.add_column(column, justify="right" if column in ("iter ms", "samples/s", "speed-up") else "left")
     even = plan.baseline("even_allreduce").iteration_ms
     table.add_row(
         f"[bold]chosen ({plan.chosen})[/bold]",
         plan.policy,
-        plan.sync,
+        _transports(plan),
         f"{plan.iteration_ms:.2f}",
         f"{plan.samples_per_s:,.0f}",
         f"{even / plan.iteration_ms:.2f}x",
@@ -104,6 +118,12 @@ def buckets_table(plan: HeteroPlan) -> Table:
     "--optimizer-states", default=2.0, show_default=True, type=click.FloatRange(min=0), help="Adam 2, SGD+momentum 1."
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the knob search.")
+@click.option(
+    "--policies",
+    "policy_list",
+    metavar="P1,P2,...",
+    help="Search only these lossless policies (comma list) [every lossless policy].",
+)
 @click.option("--sim", "sim_pairs", multiple=True, metavar="KEY=VALUE", help=SIM_HELP)
 @click.option(
     "--out",
@@ -122,6 +142,7 @@ def command(
     activation_mb_per_sample: float | None,
     optimizer_states: float,
     seed: int,
+    policy_list: str | None,
     sim_pairs: tuple[str, ...],
     out_path: Path | None,
     as_json: bool,
@@ -135,6 +156,15 @@ def command(
       commsched plan -m bert_large -c hetero-8 --activation-mb-per-sample 300 -o plan.json
     """
     sim_options = parse_sim_options(sim_pairs)
+    policies = None
+    if policy_list:
+        policies = [p.strip() for p in policy_list.split(",") if p.strip()]
+        unknown = [p for p in policies if p not in LOSSLESS]
+        if unknown or not policies:
+            raise click.BadParameter(
+                f"not lossless policies: {', '.join(unknown) or '(none given)'}; known: {', '.join(sorted(LOSSLESS))}",
+                param_hint="'--policies'",
+            )
     workload = load_workload(model)
     spec = load_cluster(cluster)
     activation = None if activation_mb_per_sample is None else activation_mb_per_sample * MiB
@@ -150,6 +180,7 @@ def command(
             memory=memory,
             sim_options=sim_options,
             seed=seed,
+            policies=policies,
             progress=lambda what, done: bar.update(task, completed=done),
         )
     written = result.save(out_path) if out_path else None
@@ -159,15 +190,16 @@ def command(
             data["written"] = {"plan": str(written)}
         click.echo(json.dumps(data, indent=1, default=str))
         return
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 150)  # piped: whole rows, not 80 columns
     console.print(plans_table(result))
     console.print(ranks_table(result))
     console.print(buckets_table(result))
     knobs = ", ".join(f"{k}={v}" for k, v in result.knobs.items()) or "-"
     console.print(f"policy {result.policy}, knobs {knobs}")
+    reached = "; the budget cut the search short" if result.budget_exhausted else ""
     console.print(
         f"search: {result.splits_screened} splits screened, {result.splits_searched} searched, "
-        f"{result.simulations} simulations in {result.search_s:.2f} s (budget {budget_s:g} s)"
+        f"{result.simulations} simulations in {result.search_s:.2f} s (budget {budget_s:g} s{reached})"
     )
     for note in result.notes:
         console.print(f"note: {note}", markup=False)

@@ -15,20 +15,28 @@ from functools import cache
 
 from commsched.cluster import Cluster
 from commsched.plan.memory import InfeasibleError
-from commsched.sim.compute import PROFILE, ComputeModel, WorkerClass
+from commsched.sim.compute import PROFILE, ComputeModel, ProfileCompute, WorkerClass
 from commsched.workload import Workload
 
 
 def rank_compute_fn(
     workload: Workload, cluster: Cluster, compute: ComputeModel = PROFILE, update_ms: float = 0.0
 ) -> Callable[[int, int], float]:
-    """``t(rank, b)``: seconds of forward + backward + update of ``rank`` at local batch ``b`` (memoised by speed)."""
+    """``t(rank, b)``: seconds of forward + backward + update of ``rank`` at local batch ``b`` (memoised by speed).
+
+    Under the profile compute model time is linear in the batch (:class:`~commsched.sim.compute.ProfileCompute`),
+    so each speed's time is computed once, at the profile's batch, and scaled: the bisection of
+    :func:`balanced_split` asks for hundreds of batches, and a full per-layer timing each cost a second at 16 ranks.
+    """
     speeds = cluster.worker_speeds(workload.model)
 
     @cache
     def by_speed(speed: float, batch: int) -> float:
         return compute.timings(workload, WorkerClass(0, speed, (0,), batch), update_ms).compute_s
 
+    if isinstance(compute, ProfileCompute):
+        profile_batch = workload.batch_size
+        return lambda rank, batch: by_speed(speeds[rank], profile_batch) * batch / profile_batch
     return lambda rank, batch: by_speed(speeds[rank], batch)
 
 

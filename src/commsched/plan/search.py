@@ -17,11 +17,13 @@ runs it on per-rank batch splits of a heterogeneous cluster. What it searches:
   the simulator prices it under the ``ps`` cost model.
 
 Trials simulate ``max(4, iterations // 4)`` iterations after 2 warm-up ones
-without a trace; each policy's best trial is then simulated with
-``iterations`` (and its defaults too, the better kept). The search is
-deterministic for a seed as long as the budget is not reached (the result
-says whether it was); the budget is wall-clock time including the final
-simulations, whose cost is estimated from the first round and reserved.
+without a trace; the best policies' best trials are then simulated with
+``iterations`` (and their defaults too, the better kept). The budget is a
+hard bound on wall-clock time (:class:`~commsched.plan.budget.Budget`): a
+simulation starts only when its estimated cost, plus the final simulations'
+reserved, ends before the deadline; what does not fit is skipped, and the
+result says so (``budget_exhausted``). The search is deterministic for a
+seed as long as the budget is not reached.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
+from commsched.plan.budget import Budget
 from commsched.plan.tune import KnobSearch
 from commsched.schedule import LOSSLESS, CommPlan
 from commsched.schedule import knobs as policy_knobs
@@ -49,6 +52,9 @@ SYNC_MODES: tuple[str, ...] = ("collective", "ps", "cheaper")
 
 #: Called after each simulation with (what was simulated, simulations done so far).
 Progress = Callable[[str, int], None]
+
+#: The simulator options of one candidate, from its policy and knobs.
+OptionsFor = Callable[[str, Mapping[str, Any]], SimOptions]
 
 
 class Simulated:
@@ -79,6 +85,8 @@ class Candidate(Simulated):
     sync: str
     trials: int
     result: SimResult = field(repr=False)
+    #: steady iterations its result simulated: the search's ``iterations``, or fewer for a trial's result
+    iterations: int = 0
 
     @property
     def changed_knobs(self) -> dict[str, Any]:
@@ -95,6 +103,7 @@ class Candidate(Simulated):
             "iteration_ms": self.iteration_ms,
             "samples_per_s": self.samples_per_s,
             "exposed_comm_ms": self.result.exposed_comm_ms,
+            "simulated_iterations": self.iterations,
         }
 
 
@@ -107,8 +116,6 @@ class SearchOutcome:
     search_s: float
     budget_s: float
     budget_exhausted: bool
-    #: what the parts that the budget never cuts took (every policy's defaults, the final simulations)
-    floor_s: float = 0.0
 
 
 def with_sync(plan: CommPlan, sync: str, cluster: Cluster, options: SimOptions) -> CommPlan:
@@ -177,112 +184,129 @@ def search_policies(
     syncs: Sequence[str] = ("collective",),
     batch_sizes: Sequence[int] | None = None,
     sim_options: SimOptions | Mapping[str, Any] | None = None,
+    options_for: OptionsFor | None = None,
     budget_s: float = 5.0,
     trials: int = 30,
     seed: int = 0,
     iterations: int = 20,
     warmup: int = 3,
     progress: Progress | None = None,
+    budget: Budget | None = None,
+    top: int | None = None,
+    finals: int | None = None,
 ) -> SearchOutcome:
-    """The search of the module docstring; candidates ranked by simulated iteration time (ties: policy name)."""
-    if budget_s <= 0 or not math.isfinite(budget_s):
-        raise ScheduleError(f"plan: budget_s must be a finite number > 0, got {budget_s!r}")
+    """The search of the module docstring; candidates ranked by simulated iteration time (ties: policy name).
+
+    ``options_for(policy, knobs)``: the simulator options of each candidate (e.g. the runtime on gloo,
+    :func:`commsched.plan.gloo.gloo_options`), instead of ``sim_options`` for all.
+    ``budget`` (default: a new one of ``budget_s``) is shared when several searches make one plan: no
+    simulation starts unless it is expected to end before its deadline (:mod:`commsched.plan.budget`).
+    ``top``: how many policies, best by their defaults, get the knob search (default: all).
+    ``finals``: how many candidates, best first, are simulated with ``iterations`` (default: all); the
+    others keep their trial's result (``Candidate.iterations`` says which).
+    """
+    if budget is None:
+        if budget_s <= 0 or not math.isfinite(budget_s):
+            raise ScheduleError(f"plan: budget_s must be a finite number > 0, got {budget_s!r}")
+        budget = Budget(budget_s)
     if trials < 1:
         raise ScheduleError(f"plan: trials must be >= 1, got {trials}")
     names = sorted(LOSSLESS if policies is None else policies)
     opts = SimOptions.from_mapping(sim_options)
     start = time.perf_counter()
-    deadline = start + budget_s
     quick = max(4, iterations // 4)
+    quick_total, full_total = (quick + 2) * len(syncs), iterations + warmup
     done = 0
+    exhausted = False
 
     def run(policy: str, knobs: Mapping[str, Any], sync: str, n: int, w: int) -> SimResult | None:
         nonlocal done
-        try:
-            result = simulate_candidate(
-                workload,
-                cluster,
-                policy,
-                knobs,
-                sync=sync,
-                batch_sizes=batch_sizes,
-                options=opts,
-                iterations=n,
-                warmup=w,
-            )
-        except CommschedError:
-            result = None
+
+        options = opts if options_for is None else options_for(policy, knobs)
+
+        def simulate() -> SimResult | None:
+            try:
+                return simulate_candidate(
+                    workload, cluster, policy, knobs, sync=sync, batch_sizes=batch_sizes, options=options,
+                    iterations=n, warmup=w,
+                )  # fmt: skip
+            except CommschedError:
+                return None
+
+        result = budget.run(policy, n + w, simulate)
         done += 1
         if progress is not None:
             progress(f"{policy} ({sync})", done)
         return result
 
-    trial_s: dict[str, float] = {}  # the fastest trial of each policy so far: what the next one will cost
-
-    def trial(policy: str, knobs: Mapping[str, Any]) -> tuple[float, str]:
-        began = time.perf_counter()
-        best = (math.inf, syncs[0])
+    def trial(policy: str, knobs: Mapping[str, Any]) -> tuple[float, str, SimResult | None]:
+        best: tuple[float, str, SimResult | None] = (math.inf, syncs[0], None)
         for sync in syncs:
             result = run(policy, knobs, sync, quick, 2)
             if result is not None and result.iteration_ms < best[0]:
-                best = (result.iteration_ms, sync)
-        trial_s[policy] = min(trial_s.get(policy, math.inf), time.perf_counter() - began)
+                best = (result.iteration_ms, sync, result)
         return best
 
+    n_finals = len(names) if finals is None else min(finals, len(names))
+
     def reserve_s() -> float:
-        """The final simulations: about (iterations + warmup) / (quick + 2) trials, twice per policy."""
-        return sum(trial_s.values()) / len(syncs) * 2 * (iterations + warmup) / (quick + 2)
+        """The final simulations of the best candidates (their defaults too)."""
+        return n_finals * 2 * budget.estimate_s(names[0], full_total)
 
     searches = {p: KnobSearch(p, seed=seed + i) for i, p in enumerate(names)}
-    floor_start = time.perf_counter()
-    best: dict[str, tuple[float, dict[str, Any], str]] = {}
+    best: dict[str, tuple[float, dict[str, Any], str, SimResult | None]] = {}
     counts = dict.fromkeys(names, 0)
-    # round 0, never cut short: every policy's defaults
+    # round 0: every policy's defaults; the first policy's always run (a search returns at least one candidate)
     for p in names:
+        if best and not budget.fits(p, quick_total):
+            exhausted = True
+            budget.skipped += 1
+            continue
         knobs = searches[p].ask()
-        value, sync = trial(p, knobs)
+        value, sync, result = trial(p, knobs)
         searches[p].tell(value)
         counts[p] += 1
-        best[p] = (value, knobs, sync)
-    floor_s = time.perf_counter() - floor_start
-    exhausted = False
+        best[p] = (value, knobs, sync, result)
+    ranked = sorted(best, key=lambda p: (best[p][0], p))
+    searched = ranked if top is None else ranked[:top]
     for _ in range(1, trials):
-        open_ = [p for p in names if searches[p].searchable]
-        if not open_:
+        open_ = [p for p in searched if searches[p].searchable]
+        if not open_ or exhausted:
             break
         for p in open_:
-            if time.perf_counter() + trial_s[p] + reserve_s() > deadline:
+            if not budget.fits(p, quick_total, reserve_s()):
                 exhausted = True
+                budget.skipped += 1
                 break
             knobs = searches[p].ask()
-            value, sync = trial(p, knobs)
+            value, sync, result = trial(p, knobs)
             searches[p].tell(value)
             counts[p] += 1
             if value < best[p][0]:
-                best[p] = (value, knobs, sync)
-        if exhausted:
-            break
+                best[p] = (value, knobs, sync, result)
 
     candidates = []
-    final_start = time.perf_counter()
-    for p in names:
-        value, knobs, sync = best[p]
-        if not math.isfinite(value):
+    for rank, p in enumerate(sorted(best, key=lambda p: (best[p][0], p))):
+        value, knobs, sync, quick_result = best[p]
+        if not math.isfinite(value) or quick_result is None:
             continue  # every setting tried was refused by the policy or the simulator
-        final = run(p, knobs, sync, iterations, warmup)
+        final: SimResult | None = None
         changed = any(v != policy_knobs(p)[k] for k, v in knobs.items())
-        default = run(p, {}, sync, iterations, warmup) if changed else None
-        if final is None or (default is not None and default.iteration_ms <= final.iteration_ms):
-            if default is None:
-                continue
-            final, knobs = default, {}
+        if rank < n_finals and budget.fits(p, full_total * (2 if changed else 1)):
+            final = run(p, knobs, sync, iterations, warmup)
+            default = run(p, {}, sync, iterations, warmup) if changed else None
+            if default is not None and (final is None or default.iteration_ms <= final.iteration_ms):
+                final, knobs = default, {}
+        elif rank < n_finals:
+            exhausted = True
+            budget.skipped += 1
+        result, simulated = (final, iterations) if final is not None else (quick_result, quick)
         full = {**policy_knobs(p), **knobs}
-        candidates.append(Candidate(p, full, sync, counts[p], final))
+        candidates.append(Candidate(p, full, sync, counts[p], result, simulated))
     candidates.sort(key=lambda c: (c.iteration_ms, c.policy))
     if not candidates:
         raise ScheduleError(f"plan: no policy could be simulated for {workload.model} on {cluster.name}")
-    floor_s += time.perf_counter() - final_start
-    return SearchOutcome(tuple(candidates), done, time.perf_counter() - start, budget_s, exhausted, floor_s)
+    return SearchOutcome(tuple(candidates), done, time.perf_counter() - start, budget.budget_s, exhausted)
 
 
 @dataclass(frozen=True)
@@ -336,6 +360,7 @@ def advise(
     *,
     budget_s: float = 5.0,
     sim_options: SimOptions | Mapping[str, Any] | None = None,
+    options_for: OptionsFor | None = None,
     progress: Progress | None = None,
     seed: int = 0,
     trials: int = 30,
@@ -350,7 +375,9 @@ def advise(
     ``Advice.search_s`` reports what it took and ``budget_exhausted`` whether the
     budget cut the knob search short (results are then no longer reproducible
     by seed alone). The overlap bound (:func:`commsched.sim.ideal.ideal`) comes
-    with it: no lossless schedule beats it under the same cost model.
+    with it: no lossless schedule beats it under the same cost model
+    (``sim_options``). ``options_for``: per-candidate simulator options
+    (:func:`search_policies`).
 
     >>> advice = advise(zoo.load("resnet50"), load_cluster("8xV100-10GbE"))  # doctest: +SKIP
     >>> advice.winner.policy, advice.parallelize_call()  # doctest: +SKIP
@@ -360,6 +387,7 @@ def advise(
         cluster,
         policies=policies,
         sim_options=sim_options,
+        options_for=options_for,
         budget_s=budget_s,
         trials=trials,
         seed=seed,

@@ -246,7 +246,8 @@ def parallelize(
         step_only = tuple(n for n in POLICIES if POLICIES[n].update_mode == "step" and n in LOSSLESS)
         choices = step_only if grad_scaler is not None else None
         defers = grad_scaler is None
-        planner: Planner = AutoPlanner(auto_budget_s, choices)
+        on_gloo = "gloo" in str(dist.get_backend(process_group)) and all(not p.is_cuda for p in model.parameters())
+        planner: Planner = AutoPlanner(auto_budget_s, choices, gloo=on_gloo)
     else:
         planner = functools.partial(plan_by_name, policy, knob_values)
     if replan is None:

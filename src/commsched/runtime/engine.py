@@ -259,11 +259,13 @@ class Engine:
         if self.replanner is not None:
             self.replanner.backward_ends()
         if self.plan.update == "step":
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             for task in range(len(self.plan.tasks)):
                 self._wait(task, self._instance)
             if self._warming and self.world > 1:
                 self.recorder.allreduce_s.append(time.perf_counter() - start)
+                self.recorder.allreduce_cpu_s.append(time.process_time() - cpu)
+                self.recorder.allreduce_messages = len(self.plan.tasks)
             self.buffers.write_averaged_grads([g == self._instance for g in self._got_grad])
 
     # ------------------------------------------------------------------ step

@@ -136,18 +136,19 @@ def peers(what: str) -> Iterator[None]:
         raise RuntimeCommError(f"{what} failed, a peer may have crashed or hung: {exc}") from exc
 
 
-def tiny_allreduce_s(group: dist.ProcessGroup, repeats: int, device: torch.device) -> list[float]:
-    """Seconds of ``repeats`` all-reduces of one element on ``group`` (collective: every rank calls it)."""
+def tiny_allreduces(group: dist.ProcessGroup, repeats: int, device: torch.device) -> list[tuple[float, float]]:
+    """``(seconds, CPU seconds)`` of ``repeats`` all-reduces of one element on ``group`` (collective: every
+    rank calls it); CPU time is this process's, every thread (``time.process_time``)."""
     one = torch.zeros(1, device=device)
     out = []
     with peers("timing a one-element all-reduce"):
         dist.all_reduce(one, group=group)  # connections warm
         for _ in range(repeats):
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             dist.all_reduce(one, group=group)
             if one.is_cuda:
                 torch.cuda.synchronize(device)
-            out.append(time.perf_counter() - start)
+            out.append((time.perf_counter() - start, time.process_time() - cpu))
     return out
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -44,7 +45,9 @@ def replan_after_warmup(engine: Engine) -> None:
     """After the warm-up: rank 0 plans from what it measured and sends the plan to every rank."""
     payload: list[Any] = [None]
     if engine.world > 1 and engine.network is None:  # the per-message cost: a few one-element all-reduces
-        engine.recorder.latency_s.extend(startup.tiny_allreduce_s(engine.groups.sync, 5, engine._params[0].device))
+        for wall_s, cpu_s in startup.tiny_allreduces(engine.groups.sync, 5, engine._params[0].device):
+            engine.recorder.latency_s.append(wall_s)
+            engine.recorder.latency_cpu_s.append(cpu_s)
     start = time.perf_counter()
     if engine.rank == 0:
         workload, _ = warmup.measured_workload(engine.module, engine.recorder)
@@ -145,13 +148,19 @@ class AutoPlanner:
     """``policy="auto"``'s planner: the plan ``commsched advise`` ranks first for the measured model and
     network. The ranking is kept, so a replacement (a plan excluded after measuring slower than the
     warm-up) is the next candidate of the same search, at no new search's cost; with every candidate of
-    the ranking excluded, the provisional plan the warm-up measured."""
+    the ranking excluded, the provisional plan the warm-up measured.
 
-    __slots__ = ("_ranking", "budget_s", "policies")
+    ``gloo``: the runtime runs on gloo with CPU tensors, so candidates are simulated as it runs them there
+    (:func:`commsched.plan.gloo.gloo_options`), with communication's CPU work as the warm-up measured it
+    (:class:`~commsched.schedule.NetworkEstimate`'s ``cpu_per_message_s``, ``cpu_s_per_byte``).
+    """
 
-    def __init__(self, budget_s: float, policies: tuple[str, ...] | None) -> None:
+    __slots__ = ("_ranking", "budget_s", "gloo", "policies")
+
+    def __init__(self, budget_s: float, policies: tuple[str, ...] | None, gloo: bool = False) -> None:
         self.budget_s = budget_s
         self.policies = policies
+        self.gloo = gloo
         self._ranking: tuple[int, list[tuple[str, dict[str, Any], float]]] | None = None
 
     def __call__(self, workload: Workload, network: NetworkEstimate, exclude: frozenset[str]) -> CommPlan:
@@ -167,10 +176,29 @@ class AutoPlanner:
 
     def _search(self, workload: Workload, network: NetworkEstimate) -> list[tuple[str, dict[str, Any], float]]:
         from commsched.plan import advise
+        from commsched.plan.gloo import gloo_options
         from commsched.profile.network import measured_cluster
+        from commsched.sim import SimOptions
 
         cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)
-        advice = advise(workload, cluster, budget_s=self.budget_s, policies=self.policies)
+        cpu = {
+            "cpu_per_task_ms": network.cpu_per_message_s * 1e3,
+            "cpu_ms_per_mb": network.cpu_s_per_byte * 2**20 * 1e3,
+        }
+
+        def options_for(policy: str, knobs: Mapping[str, Any]) -> SimOptions:
+            return gloo_options(workload, cluster, policy, **cpu, **knobs)
+
+        advice = advise(
+            workload,
+            cluster,
+            budget_s=self.budget_s,
+            policies=self.policies,
+            sim_options=SimOptions(cpu_per_task_ms=cpu["cpu_per_task_ms"], cpu_ms_per_mb=cpu["cpu_ms_per_mb"])
+            if self.gloo
+            else None,
+            options_for=options_for if self.gloo else None,
+        )
         log.info(
             "commsched auto: %d simulations in %.1f s of a %.1f s budget",
             advice.simulations, advice.search_s, self.budget_s,

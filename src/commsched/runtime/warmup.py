@@ -17,6 +17,7 @@ the plan.
 from __future__ import annotations
 
 import itertools
+import statistics
 import time
 from collections.abc import Sequence
 
@@ -35,15 +36,28 @@ DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16
 class Recorder:
     """Forward call order and times, gradient-ready times, all-reduce seconds of one iteration."""
 
-    __slots__ = ("active", "allreduce_s", "called", "forward_s", "latency_s", "ready_s")
+    __slots__ = (
+        "active",
+        "allreduce_cpu_s",
+        "allreduce_messages",
+        "allreduce_s",
+        "called",
+        "forward_s",
+        "latency_cpu_s",
+        "latency_s",
+        "ready_s",
+    )
 
     def __init__(self) -> None:
         self.active = False
         self.called: dict[int, int] = {}  # id(module) -> rank of its first call
         self.forward_s: dict[int, float] = {}  # id(module) -> time of its first call
         self.ready_s: dict[int, float] = {}  # id(param) -> time its gradient was ready
-        self.allreduce_s: list[float] = []
+        self.allreduce_s: list[float] = []  # the warm-up's all-reduces of every gradient after backward
+        self.allreduce_cpu_s: list[float] = []  # this process's CPU time (every thread) during each of them
+        self.allreduce_messages = 1  # messages each of them takes (the provisional plan's tasks)
         self.latency_s: list[float] = []  # all-reduces of one element: the per-message cost
+        self.latency_cpu_s: list[float] = []  # and the CPU time each took
 
     def forward_pre(self, module: nn.Module) -> None:
         if self.active and id(module) not in self.called:
@@ -116,13 +130,23 @@ def dtype_name(p: nn.Parameter) -> str:
 
 def measured_network(world: int, gradient_bytes: int, rec: Recorder) -> NetworkEstimate | None:
     """α from the tiny all-reduces (``T₀ / 2(p-1)``), then β from the fastest warm-up all-reduce of every
-    gradient: ``B = 2(p-1)/p · n / (T - 2(p-1)·α)`` (the ring formula solved for B)."""
+    gradient: ``B = 2(p-1)/p · n / (T - 2(p-1)·α)`` (the ring formula solved for B).
+
+    The CPU cost of communication the same way: per message the median CPU time of a tiny all-reduce
+    ``c₀``; per byte ``(C - m·c₀) / n`` from the least CPU time ``C`` of the warm-up's all-reduces of
+    ``n`` bytes in ``m`` messages (kept >= 0). CPU time is this process's, every thread
+    (``time.process_time``): the collective's threads and the kernel's work on their behalf.
+    """
     if world < 2 or not rec.allreduce_s:
         return None
     steps, volume = ring_factors("all_reduce", world)
     alpha_s = min(rec.latency_s) / steps if rec.latency_s else 0.0
     transfer_s = max(min(rec.allreduce_s) - steps * alpha_s, 1e-9)
-    return NetworkEstimate(world, volume * gradient_bytes / transfer_s, alpha_s)
+    cpu_message_s = statistics.median(rec.latency_cpu_s) if rec.latency_cpu_s else 0.0
+    cpu_byte_s = 0.0
+    if rec.allreduce_cpu_s and gradient_bytes > 0:
+        cpu_byte_s = max(0.0, min(rec.allreduce_cpu_s) - rec.allreduce_messages * cpu_message_s) / gradient_bytes
+    return NetworkEstimate(world, volume * gradient_bytes / transfer_s, alpha_s, cpu_message_s, cpu_byte_s)
 
 
 def first_iteration_mismatch(

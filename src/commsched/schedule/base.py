@@ -152,30 +152,45 @@ class NetworkEstimate:
     The simulator derives it from the cluster spec; the runtime measures it.
     ``bandwidth_bytes_per_s`` is the per-worker bottleneck bandwidth,
     ``latency_s`` the per-message startup cost (alpha).
+    ``cpu_per_message_s`` and ``cpu_s_per_byte``: the host CPU time one
+    message costs (the collective's threads, the kernel's TCP), which a host
+    that computes on the same cores loses from compute; 0 where communication
+    runs beside compute (a GPU's copy engines). The runtime measures them in
+    its warm-up; ``policy="auto"`` simulates with them.
     """
 
     world_size: int
     bandwidth_bytes_per_s: float
     latency_s: float = 0.0
+    cpu_per_message_s: float = 0.0
+    cpu_s_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ScheduleError(f"world_size must be >= 1, got {self.world_size}")
         if not (self.bandwidth_bytes_per_s > 0 and math.isfinite(self.bandwidth_bytes_per_s)):
             raise ScheduleError(f"bandwidth_bytes_per_s must be > 0, got {self.bandwidth_bytes_per_s}")
-        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
-            raise ScheduleError(f"latency_s must be >= 0, got {self.latency_s}")
+        for name in ("latency_s", "cpu_per_message_s", "cpu_s_per_byte"):
+            value = getattr(self, name)
+            finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            if not (finite and value >= 0):
+                raise ScheduleError(f"{name} must be a finite number >= 0, got {value!r}")
 
     def allreduce_s(self, nbytes: float) -> float:
         """Ring all-reduce estimate (:func:`commsched.formulas.ring_all_reduce_s`)."""
         return ring_all_reduce_s(nbytes, self.world_size, self.latency_s, self.bandwidth_bytes_per_s)
 
     def to_dict(self) -> dict[str, float | int]:
-        return {
+        """The fields; the CPU costs only where measured (plans made from a cluster spec stay as before)."""
+        out: dict[str, float | int] = {
             "world_size": self.world_size,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "latency_s": self.latency_s,
         }
+        if self.cpu_per_message_s or self.cpu_s_per_byte:
+            out["cpu_per_message_s"] = self.cpu_per_message_s
+            out["cpu_s_per_byte"] = self.cpu_s_per_byte
+        return out
 
 
 class Scheduler(ABC):

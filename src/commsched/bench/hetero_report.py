@@ -1,0 +1,132 @@
+"""Tables of a ``commsched bench --plan`` report (the dict :func:`commsched.bench.hetero.run_hetero_bench` returns)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.table import Table
+
+from commsched.bench.hetero import LABELS
+
+#: The targets the setup of docs/planning.md is measured against.
+TARGET_VS_EVEN = 1.6
+TARGET_VS_PROPORTIONAL = 1.05
+TARGET_ERROR_PCT = 15.0
+
+COLUMNS = (
+    "configuration",
+    "per-rank batch",
+    "predicted ms",
+    "measured ms",
+    "min–max",
+    "error",
+    "samples/s",
+    "vs even DP",
+    "vs proportional DP",
+    "max |Δp| vs even DP",
+)
+
+
+def rows(report: dict[str, Any]) -> list[list[str]]:
+    out = []
+    for name, label in LABELS.items():
+        s = report["summary"].get(name)
+        if s is None:
+            continue
+        sizes = report["batch_sizes"][name]
+        cells = [
+            label,
+            " ".join(str(b) for b in sizes),
+            f"{s['predicted_ms']:.0f}" if "predicted_ms" in s else "—",
+            f"{s['median_ms']:.0f}",
+            f"{s['min_ms']:.0f}–{s['max_ms']:.0f}",
+            f"{s['error_pct']:+.1f} %" if "error_pct" in s else "—",
+            f"{sum(sizes) / s['median_ms'] * 1e3:.1f}",
+            f"{s['speedup_vs_even_ddp']:.2f}×" if "speedup_vs_even_ddp" in s else "",
+            f"{s['speedup_vs_proportional_dp']:.2f}×" if "speedup_vs_proportional_dp" in s else "",
+            f"{s['max_param_diff']:.1e}" if "max_param_diff" in s and name != "even_ddp" else "",
+        ]
+        out.append(cells)
+    return out
+
+
+def targets(report: dict[str, Any]) -> list[tuple[str, bool]]:
+    """Each target of the setup (plan vs even DP, vs proportional DP, prediction error) and whether it was met."""
+    s = report["summary"]
+    plan = s.get("plan", {})
+    out = []
+    if "speedup_vs_even_ddp" in plan:
+        v = plan["speedup_vs_even_ddp"]
+        out.append((f"plan {v:.2f}× even DP (target ≥ {TARGET_VS_EVEN}×)", v >= TARGET_VS_EVEN))
+    if "speedup_vs_proportional_dp" in plan:
+        v = plan["speedup_vs_proportional_dp"]
+        out.append(
+            (f"plan {v:.2f}× speed-proportional DP (target ≥ {TARGET_VS_PROPORTIONAL}×)", v >= TARGET_VS_PROPORTIONAL)
+        )
+    errors = {name: row["error_pct"] for name, row in s.items() if "error_pct" in row}
+    if errors:
+        worst = max(errors, key=lambda k: abs(errors[k]))
+        out.append(
+            (
+                f"largest prediction error {errors[worst]:+.1f} % ({LABELS.get(worst, worst)}; target within "
+                f"±{TARGET_ERROR_PCT:g} %)",
+                abs(errors[worst]) <= TARGET_ERROR_PCT,
+            )
+        )
+    return out
+
+
+def spec_rows(report: dict[str, Any]) -> list[list[str]]:
+    """Per worker: its CPU share and link as set, and as measured (what the planner saw)."""
+    cfg, measured = report["meta"]["config"], report["measured"]
+    out = []
+    for r, (cpu, link, rate) in enumerate(zip(cfg["cpu"], cfg["links"], measured["links"], strict=True)):
+        cores = "any" if cpu["cpus"] is None else ",".join(map(str, cpu["cpus"]))
+        quota = "100 %" if cpu["quota"] is None else f"{cpu['quota'] * 100:g} %"
+        shaped = "unshaped" if link["rate_bps"] is None else f"{link['rate_bps'] / 1e6:g} Mbit/s"
+        out.append(
+            [
+                f"w{r}",
+                f"core {cores} @ {quota}",
+                shaped,
+                f"{rate['throughput_mbit_s']:.0f} Mbit/s",
+                f"{measured['rank_compute_ms'][r]:.1f}",
+                f"{measured['speeds'][r]:.3f}",
+            ]
+        )
+    return out
+
+
+def tables(report: dict[str, Any]) -> list[Table]:
+    """The measured spec, then the configurations side by side (console)."""
+    m = report["measured"]
+    spec = Table(
+        title=f"testbed as measured (profile batch {m['profile_batch']}; gloo all-reduce {m['allreduce_mbit_s']:.0f} "
+        f"Mbit/s, α {m['alpha_us']:.0f} µs; update {m['update_ms']:.1f} ms)",
+        title_justify="left",
+    )
+    for col in ("worker", "CPU (set)", "link (set)", "link (measured)", "fwd+bwd ms", "speed"):
+        spec.add_column(col, justify="left" if col in ("worker", "CPU (set)") else "right")
+    for cells in spec_rows(report):
+        spec.add_row(*cells)
+    cfg = report["meta"]["config"]
+    main = Table(
+        title=f"{cfg['model']}, global batch {report['global_batch']}, {cfg['repeats']} repeats × {cfg['iters']} "
+        f"timed iterations; plan: {report['plan'].get('policy', '?')} ({report['plan']['source']})",
+        title_justify="left",
+        caption="measured: median over repeats of the slowest rank's mean iteration time; predicted: the simulator "
+        "on the measured spec; speed-ups paired by repeat",
+        caption_justify="left",
+    )
+    for i, col in enumerate(COLUMNS):
+        main.add_column(col, justify="left" if i < 2 else "right")
+    for cells in rows(report):
+        main.add_row(*cells)
+    return [spec, main]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    header = [c.replace("|", "\\|") for c in COLUMNS]
+    lines = [f"| {' | '.join(header)} |", "|---" * len(COLUMNS) + "|"]
+    lines += [f"| {' | '.join(cells)} |" for cells in rows(report)]
+    return "\n".join(lines)

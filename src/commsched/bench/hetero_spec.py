@@ -1,0 +1,167 @@
+"""The cluster spec of a heterogeneous testbed, from measurement: what ``commsched bench --plan`` plans on.
+
+Nothing in it is typed in. Before anything is timed, the workers (each in
+its cgroup, on its shaped link) run the ``calibrate`` task of
+:mod:`commsched.bench.worker`: the α-β probe of gloo's collectives over the
+shaped links, then every rank profiles its own replica layer by layer at the
+same time, in lock-step, under its own CPU quota; and each worker's link is
+probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
+:func:`measured_spec` turns that into:
+
+* the **workload**: rank 0's profile (its layers, tensors and times);
+* per rank a **speed** relative to rank 0: rank 0's forward + backward time
+  over the rank's own, both measured at the same batch;
+* per rank a one-device node whose **NIC** runs at the link's measured TCP
+  rate, with the collective probe's per-step latency α (``latency_us``), as
+  :func:`commsched.profile.network.measured_cluster` does for one rate;
+* the simulator **options** of the runtime on gloo
+  (:func:`commsched.bench.validate.gloo_options`), the measured optimizer
+  step (``update_ms``) and communication's CPU work (``cpu_per_task_ms``,
+  ``cpu_ms_per_mb``, from rank 0's probe).
+
+``memory_gib`` fills the devices' memory (the testbed's workers share the
+machine's memory; a per-worker cap is not part of this spec).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from commsched.bench.validate import gloo_options
+from commsched.cluster import Cluster
+from commsched.errors import SpecError
+from commsched.plan.search import simulate_candidate
+from commsched.profile.network import CpuFit, ProbeSample, fit_alpha_beta, fit_cpu
+from commsched.schedule import LOSSLESS, CommPlan, make_knobs, policy_class
+from commsched.sim.simulator import SimOptions, simulate_plan
+from commsched.testbed.linkrate import LinkRate
+from commsched.transport import TRANSPORTS
+from commsched.workload import Workload
+
+__all__ = ["MeasuredSpec", "measured_spec", "plan_command", "runnable_policies"]
+
+
+@dataclass(frozen=True)
+class MeasuredSpec:
+    """A testbed as measured: the workload (rank 0's profile), the cluster and the simulator's options."""
+
+    workload: Workload
+    cluster: Cluster
+    rank_compute_ms: tuple[float, ...]  # forward + backward at the profile batch, per rank
+    update_ms: float
+    alpha_s: float
+    allreduce_mbit_s: float  # what gloo's all-reduce sustained over the shaped links (the probe's β)
+    cpu: CpuFit | None
+
+    @property
+    def speeds(self) -> tuple[float, ...]:
+        return self.cluster.worker_speeds(self.workload.model)
+
+    def options(self, policy: str = "ddp", knobs: Mapping[str, Any] | None = None) -> SimOptions:
+        """The runtime on gloo for ``policy`` (:func:`gloo_options`), with the measured update and CPU work."""
+        base = gloo_options(self.workload, self.cluster, policy, **dict(knobs or {}))
+        return replace(
+            base,
+            update_ms=self.update_ms,
+            cpu_per_task_ms=self.cpu.per_op_ms if self.cpu is not None else 0.0,
+            cpu_ms_per_mb=self.cpu.ms_per_mb if self.cpu is not None else 0.0,
+        )
+
+    def predict_ms(self, policy: str, knobs: Mapping[str, Any], batch_sizes: Sequence[int]) -> float:
+        """Simulated iteration time of ``policy`` with ``knobs`` at per-rank ``batch_sizes``."""
+        result = simulate_candidate(
+            self.workload,
+            self.cluster,
+            policy,
+            knobs,
+            batch_sizes=batch_sizes,
+            options=self.options(policy, knobs),
+        )
+        return result.iteration_ms
+
+    def predict_plan_ms(self, plan: CommPlan) -> float:
+        """Simulated iteration time of a plan file's plan on this cluster, at its own per-rank batches."""
+        options = self.options(plan.policy, plan.knobs.to_dict())
+        return simulate_plan(
+            plan, self.cluster, options=options, trace=False, batch_sizes=plan.batch_sizes
+        ).iteration_ms
+
+    def sim_pairs(self) -> list[str]:
+        """The options as ``commsched plan --sim KEY=VALUE`` pairs (what ``--plan auto`` planned with)."""
+        o = self.options()
+        pairs = {
+            "algorithm": o.algorithm,
+            "max_concurrent": o.max_concurrent,
+            "update_ms": f"{o.update_ms:.4g}",
+            "cpu_per_task_ms": f"{o.cpu_per_task_ms:.4g}",
+            "cpu_ms_per_mb": f"{o.cpu_ms_per_mb:.4g}",
+        }
+        return [f"{k}={v}" for k, v in pairs.items()]
+
+
+def measured_spec(
+    ranks: Sequence[Mapping[str, Any]], links: Sequence[LinkRate], *, memory_gib: float, name: str = "testbed"
+) -> MeasuredSpec:
+    """The spec of the module docstring from every rank's ``calibrate`` output and every link's probe.
+
+    ``ranks[r]``: what rank r of the ``calibrate`` job wrote (its ``workload``,
+    ``update_ms``; rank 0 also the probe's ``samples``). Raises SpecError when
+    the ranks disagree on the model or batch, or a measurement is missing.
+    """
+    if len(ranks) != len(links) or not ranks:
+        raise SpecError(name, [f"ranks: {len(ranks)} calibrations for {len(links)} link probes"])
+    workloads = [Workload.from_json(json.dumps(r["workload"]), source=f"{name}: rank {i}") for i, r in enumerate(ranks)]
+    ref = workloads[0]
+    problems = []
+    for i, w in enumerate(workloads):
+        if (w.model, w.batch_size, w.num_params) != (ref.model, ref.batch_size, ref.num_params):
+            problems.append(
+                f"ranks[{i}]: profiled {w.model} at batch {w.batch_size}, rank 0 {ref.model} at {ref.batch_size}"
+            )
+    for link in links:
+        if not link.throughput_mbit_s > 0:
+            problems.append(f"links[{link.rank}].throughput_mbit_s: must be > 0, got {link.throughput_mbit_s!r}")
+    if problems:
+        raise SpecError(name, problems)
+    compute_ms = tuple(w.forward_ms + w.backward_ms for w in workloads)
+    samples = tuple(
+        ProbeSample(**{**s, "seconds": tuple(s["seconds"]), "cpu_seconds": tuple(s.get("cpu_seconds", ()))})
+        for s in ranks[0]["samples"]
+    )
+    fit = fit_alpha_beta(samples, "all_reduce")
+    nodes = []
+    for r, (ms, link) in enumerate(zip(compute_ms, links, strict=True)):
+        device = {"name": f"cpu-w{r}", "speed": compute_ms[0] / ms, "memory_gib": memory_gib}
+        nic = {"bandwidth_gbps": link.throughput_mbit_s / 1e3, "latency_us": fit.alpha_s * 1e6}
+        nodes.append({"name": f"w{r}", "count": 1, "device": device, "nic": nic})
+    description = (
+        f"Measured on the testbed: per-rank speed from each rank's profile under its CPU quota (rank 0 = 1), "
+        f"NIC = the worker's TCP rate to the bridge, latency = gloo all-reduce step alpha {fit.alpha_s * 1e6:.1f} us"
+    )
+    cluster = Cluster.from_dict({"name": name, "description": description, "nodes": nodes}, source=name)
+    return MeasuredSpec(
+        workload=ref,
+        cluster=cluster,
+        rank_compute_ms=compute_ms,
+        update_ms=float(ranks[0]["update_ms"]),
+        alpha_s=fit.alpha_s,
+        allreduce_mbit_s=8.0 / fit.beta_s_per_byte / 1e6,
+        cpu=fit_cpu(samples, "all_reduce"),
+    )
+
+
+def runnable_policies() -> list[str]:
+    """The lossless policies whose every transport the runtime has (a plan of another could not run here)."""
+    return [p for p in sorted(LOSSLESS) if set(policy_class(p).transports(make_knobs(p, {}))) <= set(TRANSPORTS)]
+
+
+def plan_command(spec: MeasuredSpec, workload_path: str, cluster_path: str, global_batch: int, budget_s: float) -> str:
+    """The ``commsched plan`` command that makes the plan ``--plan auto`` makes (same search, same inputs)."""
+    sims = " ".join(f"--sim {p}" for p in spec.sim_pairs())
+    return (
+        f"commsched plan -m {workload_path} -c {cluster_path} --global-batch {global_batch} "
+        f"--budget-s {budget_s:g} --policies {','.join(runnable_policies())} {sims} -o plan.json"
+    )

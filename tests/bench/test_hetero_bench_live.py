@@ -1,0 +1,59 @@
+"""``commsched bench --plan auto`` for real, at the smallest scale: 3 workers of different CPU share and link rate.
+
+Root only (namespaces, tc, cgroups); skipped otherwise, with the reason.
+The model has no BatchNorm, so every configuration trains on the same
+global batches to the same parameters (float32 summation order aside).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from commsched.bench.hetero import HeteroBenchConfig, run_hetero_bench
+from commsched.schedule import CommPlan
+from commsched.testbed import CpuShare, LinkShape, cgroup_objects, cgroups_unavailable_reason, netns_unavailable_reason
+from commsched.testbed.commands import PREFIX
+
+_REASON = cgroups_unavailable_reason() or netns_unavailable_reason()
+pytestmark = [
+    pytest.mark.netns,
+    pytest.mark.multiproc,
+    pytest.mark.skipif(_REASON is not None, reason=f"testbed: {_REASON}"),
+]
+
+
+def test_bench_plan_auto_measures_the_testbed_plans_on_it_and_runs_plan_and_baselines(tmp_path: Path) -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs two cores: A alone on one, B and C on the other")
+    config = HeteroBenchConfig(
+        model="transformer",
+        # a half core rather than a quarter, so the workers start (import torch) in a few seconds
+        cpu=(CpuShare(cpus=(cores[0],)), CpuShare(cpus=(cores[1],), quota=0.5), CpuShare(cpus=(cores[1],), quota=0.5)),
+        links=(LinkShape(rate_bps=10**9), LinkShape(rate_bps=3 * 10**8), LinkShape(rate_bps=3 * 10**8)),
+        global_batch=6,
+        iters=1,
+        warmup=3,
+        repeats=1,
+        budget_s=1.0,
+        comm_timeout_s=30.0,
+    )
+    report = run_hetero_bench(config, tmp_path, log=lambda _: None)
+    measured = report["measured"]
+    rates = [link["throughput_mbit_s"] for link in measured["links"]]
+    assert rates[0] > 2 * rates[1] and 150 < rates[1] < 310, rates  # 1 Gbit/s vs 300 Mbit/s, TCP goodput
+    assert measured["speeds"][0] == 1.0 and max(measured["speeds"][1:]) < 0.8, measured["speeds"]
+    sizes = report["batch_sizes"]
+    assert sizes["even_ddp"] == [2, 2, 2] and sum(sizes["plan"]) == 6 and sum(sizes["proportional_dp"]) == 6
+    assert CommPlan.load(tmp_path / "plan.json").batch_sizes == tuple(sizes["plan"])
+    assert "commsched plan -m measured/workload.json -c measured/cluster.yaml" in report["plan"]["command"]
+    summary = report["summary"]
+    for name in ("even_ddp", "proportional_dp", "plan"):
+        row = summary[name]
+        assert row["median_ms"] > 0 and row["predicted_ms"] > 0, (name, row)
+        assert row["max_param_diff"] < 1e-4, (name, row)  # same global batches: the same training
+    assert (tmp_path / "hetero.json").is_file() and (tmp_path / "measured" / "cluster.yaml").is_file()
+    assert cgroup_objects(PREFIX + str(os.getpid())) == []

@@ -1,0 +1,42 @@
+"""The search budget is a hard bound: nothing starts that is not expected to end in time, beyond the floor."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from commsched import zoo
+from commsched.cluster import load_cluster
+from commsched.plan import search_policies
+from commsched.plan.budget import SAFETY, Budget
+from commsched.plan.hetero import plan_heterogeneous
+from commsched.schedule import LOSSLESS
+
+
+def test_the_budget_estimates_each_policy_by_its_slowest_iteration_and_refuses_what_would_end_late() -> None:
+    budget = Budget(3600.0)
+    assert budget.estimate_s("ddp", 10) == 0.0  # nothing seen yet
+    budget.run("ddp", 4, lambda: time.sleep(0.04))
+    per_iteration = budget.estimate_s("ddp", 1) / SAFETY
+    assert 0.01 <= per_iteration < 0.05
+    assert budget.estimate_s("wfbp", 10) == pytest.approx(10 * per_iteration * SAFETY)  # unseen: the slowest seen
+    assert budget.fits("ddp", 10) and not budget.fits("ddp", 10, reserve_s=3600.0)
+    share = budget.share(10.0)
+    assert share.deadline <= budget.deadline and share.estimate_s("ddp", 1) == budget.estimate_s("ddp", 1)
+    assert Budget(1.0).share(100.0).deadline <= time.perf_counter() + 1.0
+
+
+def test_a_budget_too_small_for_anything_runs_only_the_floor_and_says_so() -> None:
+    plan = plan_heterogeneous(zoo.load("resnet18"), load_cluster("hetero-16"), budget_s=1e-3)
+    assert plan.budget_exhausted
+    assert plan.simulations == len(plan.baselines) + 1  # the baselines, the first policy's defaults on the best split
+    assert plan.iteration_ms <= plan.baseline("even_allreduce").iteration_ms * (1 + 1e-9)
+
+
+def test_only_the_best_candidates_get_final_simulations() -> None:
+    workload, cluster = zoo.load("resnet18"), load_cluster("hetero-8")
+    outcome = search_policies(workload, cluster, trials=1, budget_s=60, finals=2, iterations=8)
+    assert len(outcome.candidates) == len(LOSSLESS) and not outcome.budget_exhausted
+    assert [c.iterations for c in outcome.candidates[:2]] == [8, 8]
+    assert {c.iterations for c in outcome.candidates[2:]} == {4}  # their trial's result

@@ -1,0 +1,38 @@
+"""What the warm-up's measurements make of the network: bandwidth, per-message latency and CPU cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from commsched.runtime.warmup import Recorder, measured_network
+
+
+def _recorder(latency: list[tuple[float, float]], allreduce: list[tuple[float, float]], messages: int) -> Recorder:
+    rec = Recorder()
+    rec.latency_s = [w for w, _ in latency]
+    rec.latency_cpu_s = [c for _, c in latency]
+    rec.allreduce_s = [w for w, _ in allreduce]
+    rec.allreduce_cpu_s = [c for _, c in allreduce]
+    rec.allreduce_messages = messages
+    return rec
+
+
+def test_cpu_per_message_is_the_median_of_the_tiny_all_reduces_and_per_byte_the_rest_of_the_big_one() -> None:
+    rec = _recorder([(4e-4, 1e-4), (6e-4, 3e-4), (5e-4, 2e-4)], [(0.2, 0.0104), (0.1, 0.0204)], messages=2)
+    net = measured_network(2, 10**7, rec)
+    assert net is not None
+    assert net.cpu_per_message_s == pytest.approx(2e-4)
+    # the least CPU time of the big all-reduces, less two messages' worth, over the bytes
+    assert net.cpu_s_per_byte == pytest.approx((0.0104 - 2 * 2e-4) / 1e7)
+    # α from the fastest tiny all-reduce over the ring's 2(p-1) steps; β from the fastest big one
+    assert net.latency_s == pytest.approx(4e-4 / 2)
+    assert net.bandwidth_bytes_per_s == pytest.approx(1.0 * 10**7 / (0.1 - 2 * 2e-4))
+
+
+def test_cpu_cost_is_never_negative_and_is_zero_when_nothing_was_measured() -> None:
+    rec = _recorder([(4e-4, 5e-3)], [(0.1, 1e-3)], messages=1)  # the big one took less CPU than a message
+    net = measured_network(2, 10**6, rec)
+    assert net is not None and net.cpu_s_per_byte == 0.0 and net.cpu_per_message_s == 5e-3
+    bare = measured_network(2, 10**6, _recorder([], [(0.1, 0.0)], messages=1))
+    assert bare is not None and bare.cpu_per_message_s == 0.0 and bare.cpu_s_per_byte == 0.0 and bare.latency_s == 0.0
+    assert measured_network(1, 10**6, rec) is None
