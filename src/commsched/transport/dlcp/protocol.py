@@ -148,32 +148,21 @@ def allowed_missing(numel: int, loss_bound: float) -> int:
 class ReceiverState:
     """One receive of ``numel`` elements that may end with at most ``floor(loss_bound · numel)`` missing.
 
-    When it may end short of every element: by default (the bound as an
-    allowance for what the network lost) only once the sender has sent every
-    packet once — its first :class:`Probe` — so a network that loses nothing
-    loses nothing here: the receive ends ``"complete"`` with the last packet,
-    and a probe finds the holes the network made; within the bound the
-    receive ends at once instead of waiting for re-sends (the retransmission
-    tail DLCP removes), beyond it a :class:`Bitmap` asks for them and the
-    receive ends as soon as the re-sends bring it within the bound. With
-    ``stop_at_count`` (MLT's rule, NSDI'24 §4) it ends as soon as ``1 −
-    loss_bound`` of the elements arrived, probe or not: the last packets are
-    given up even on a loss-free network, saving their time on the wire.
-
-    Guarantees: the receive ends (``ended`` set, one :class:`Stop` emitted)
-    under that rule, and never before unless :meth:`deadline` or
-    :meth:`cancel` ends it (``"deadline"``, ``"cancelled"``); ``ended`` is
-    ``"complete"`` (nothing missing) or ``"bound"`` otherwise, never with
-    more than the bound missing. At ``loss_bound`` 0 it ends only with every
-    element. After it ends, every packet is LATE (never to be written). The
-    packet grid (``stride``) is learnt from the first packet; packets on
-    another grid are MISMATCH.
+    When: by default only once the sender has sent every packet once (its
+    first :class:`Probe`), so a loss-free path loses nothing and the bound
+    only spares waiting for re-sends of what the network lost (beyond it, a
+    :class:`Bitmap` asks for them and the re-sends end it at the bound). With
+    ``stop_at_count`` (MLT's rule) as soon as ``1 − loss_bound`` arrived.
+    It ends (``ended``, one :class:`Stop`) under that rule, else only by
+    :meth:`deadline` or :meth:`cancel`; ``ended`` is ``"complete"`` (nothing
+    missing) or ``"bound"``, never with more than the bound missing; at
+    ``loss_bound`` 0 only with every element. After it ends, every packet is
+    LATE (never to be written). The packet grid (``stride``) is learnt from
+    the first packet; packets on another grid are MISMATCH.
     """
 
-    __slots__ = (
-        "_got", "allowed", "deadline_s", "duplicates", "ended", "numel", "probed", "received", "stop_at_count",
-        "stride",
-    )  # fmt: skip
+    __slots__ = ("_got", "allowed", "deadline_s", "duplicates", "ended", "numel", "probed", "received",
+                 "stop_at_count", "stride")  # fmt: skip
 
     def __init__(
         self, numel: int, loss_bound: float = 0.0, deadline_s: float = INF, *, stop_at_count: bool = False
