@@ -22,7 +22,7 @@ every pull (the largest must stay within its bound: the script fails
 otherwise), the datagrams dropped, and the replica checks.
 
     pip install -e ".[bench]"      # scikit-learn, for the data
-    nice -n 10 python benchmarks/convergence.py --out benchmarks/results/convergence.json \\
+    nice -n 10 python benchmarks/convergence.py --out benchmarks/results/convergence/digits.json \\
         --plot docs/img/convergence.png              # about 17 minutes on 2 busy cores
     python benchmarks/convergence.py --epochs 1 --seeds 0 --configs ps dlcp-1%  # a smoke test
 """
@@ -192,6 +192,24 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The table BENCHMARKS.md shows, from :func:`summarize`'s rows."""
+    lines = [
+        "| configuration | push bound | pull bound | injected loss | final accuracy (min-max) | vs ps, points "
+        "| push lost (largest one) | pull lost (largest one) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cfg, push, pull = row["config"], row.get("push", {}), row.get("pull", {})
+        lost = lambda x: f"{x.get('lost_fraction', 0):.3%} ({x.get('max_lost_fraction', 0):.3%})"  # noqa: E731
+        lines.append(
+            f"| {row['name']} | {cfg['loss_bound']:.1%} | {cfg['pull_loss_bound']:.1%} | {cfg['inject_loss']:.1%} "
+            f"| {row['final_accuracy_mean']:.2%} ({row['final_accuracy_min']:.2%}-{row['final_accuracy_max']:.2%}) "
+            f"| {row['gap_to_ps_points']:+.2f} | {lost(push) if push else '-'} | {lost(pull) if pull else '-'} |"
+        )
+    return "\n".join(lines)
+
+
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -244,6 +262,7 @@ def main() -> None:
             raise SystemExit(f"a rank failed (exit codes {[p.exitcode for p in procs]})")
         runs = [run for r in range(2) for run in json.loads(Path(tmp, f"rank{r}.json").read_text())]
     rows = summarize(runs)
+    print(markdown(rows))
     for row in rows:
         push, pull = row.get("push", {}), row.get("pull", {})
         print(f"{row['name']:>22}  accuracy {row['final_accuracy_mean']:.4f} ({row['gap_to_ps_points']:+.2f})  "

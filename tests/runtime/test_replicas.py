@@ -57,3 +57,17 @@ def test_replica_check_every_must_be_a_whole_number_at_least_zero(bad: object) -
     with pytest.raises(ValueError, match=r"replica_check_every: must be a whole number >= 0 \(0: never\), got"):
         check_every(bad)
     assert check_every(0) == 0 and check_every(7) == 7
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [({"replica_check_every": -5}, "replica_check_every: must be"), ({"qdisc_drops": 7}, "qdisc_drops: must be")],
+)
+def test_parallelize_refuses_a_bad_replica_check_or_drop_counter_before_any_communication(
+    world_of_one: None, kwargs: dict, message: str
+) -> None:
+    from commsched.runtime.api import parallelize
+
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(ValueError, match=message):
+        parallelize(model, torch.optim.SGD(model.parameters(), lr=0.1), policy="dlcp", **kwargs)
