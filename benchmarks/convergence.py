@@ -169,18 +169,33 @@ def free_port() -> int:
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per configuration: final accuracy (mean, min, max over seeds), its gap to ``ps``, the loss stats."""
+    """Per configuration (rank 0's runs; both ranks evaluate the same replica): final accuracy (mean, min, max
+    over seeds) and its gap to ``ps``, the largest gap to ``ps`` at any epoch of the same seed, the final
+    training loss, and the loss stats of both ranks."""
     names = list(dict.fromkeys(r["config"]["name"] for r in runs))
-    base = statistics.fmean(
-        r["curve"][-1]["test_accuracy"] for r in runs if r["config"]["name"] == "ps" and not r["rank"]
-    )
+    ps = {r["seed"]: r for r in runs if r["config"]["name"] == "ps" and r["rank"] == 0}
+    base = statistics.fmean(r["curve"][-1]["test_accuracy"] for r in ps.values())
     rows = []
     for name in names:
         mine = [r for r in runs if r["config"]["name"] == name]
-        acc = [r["curve"][-1]["test_accuracy"] for r in mine if r["rank"] == 0]
-        row: dict[str, Any] = {"name": name, "config": mine[0]["config"], "final_accuracy_mean": statistics.fmean(acc),
-                               "final_accuracy_min": min(acc), "final_accuracy_max": max(acc),
-                               "gap_to_ps_points": 100 * (statistics.fmean(acc) - base)}  # fmt: skip
+        first = [r for r in mine if r["rank"] == 0]
+        acc = [r["curve"][-1]["test_accuracy"] for r in first]
+        gaps = [
+            100 * abs(a["test_accuracy"] - b["test_accuracy"])
+            for r in first
+            if r["seed"] in ps
+            for a, b in zip(r["curve"], ps[r["seed"]]["curve"], strict=True)
+        ]
+        row: dict[str, Any] = {
+            "name": name,
+            "config": mine[0]["config"],
+            "final_accuracy_mean": statistics.fmean(acc),
+            "final_accuracy_min": min(acc),
+            "final_accuracy_max": max(acc),
+            "gap_to_ps_points": 100 * (statistics.fmean(acc) - base),
+            "largest_epoch_gap_points": max(gaps, default=0.0),
+            "final_train_loss": statistics.fmean(r["curve"][-1]["train_loss"] for r in first),
+        }
         for phase in ("push", "pull"):
             got = [r[phase] for r in mine if phase in r]
             if got:
@@ -196,8 +211,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The table BENCHMARKS.md shows, from :func:`summarize`'s rows."""
     lines = [
         "| configuration | push bound | pull bound | injected loss | final accuracy (min-max) | vs ps, points "
-        "| push lost (largest one) | pull lost (largest one) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| largest gap to ps in any epoch, points | final training loss | push lost (largest one) "
+        "| pull lost (largest one) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         cfg, push, pull = row["config"], row.get("push", {}), row.get("pull", {})
@@ -205,7 +221,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {row['name']} | {cfg['loss_bound']:.1%} | {cfg['pull_loss_bound']:.1%} | {cfg['inject_loss']:.1%} "
             f"| {row['final_accuracy_mean']:.2%} ({row['final_accuracy_min']:.2%}-{row['final_accuracy_max']:.2%}) "
-            f"| {row['gap_to_ps_points']:+.2f} | {lost(push) if push else '-'} | {lost(pull) if pull else '-'} |"
+            f"| {row['gap_to_ps_points']:+.2f} | {row['largest_epoch_gap_points']:.2f} | {row['final_train_loss']:.4f} "
+            f"| {lost(push) if push else '-'} | {lost(pull) if pull else '-'} |"
         )
     return "\n".join(lines)
 
@@ -223,9 +240,9 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         epochs = [p["epoch"] for p in mine[0]["curve"]]
         loss = [statistics.fmean(r["curve"][e]["train_loss"] for r in mine) for e in range(len(epochs))]
         acc = [statistics.fmean(r["curve"][e]["test_accuracy"] for r in mine) for e in range(len(epochs))]
-        style = (
-            {"color": "black", "linewidth": 2.2} if name == "ps" else {"color": plt.cm.tab10(i % 10), "linewidth": 1.2}
-        )
+        style: dict[str, Any] = {"color": plt.cm.tab10(i % 10), "linewidth": 1.2}
+        if name == "ps":  # drawn last, dashed, so it shows through the lines on top of it
+            style = {"color": "black", "linewidth": 1.6, "linestyle": "--", "zorder": 10}
         ax_loss.plot(epochs, loss, label=name, **style)
         ax_acc.plot(epochs, acc, label=name, **style)
     ax_loss.set(xlabel="epoch", ylabel="training loss", yscale="log", title="training loss (mean over seeds)")
@@ -245,7 +262,14 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=[c.name for c in CONFIGS], choices=[c.name for c in CONFIGS])
     parser.add_argument("--out", type=Path, default=None, help="results JSON (default: print only)")
     parser.add_argument("--plot", type=Path, default=None, help="loss and accuracy curves (PNG)")
+    parser.add_argument("--from-results", type=Path, default=None, help="table and plot of saved results, no runs")
     args = parser.parse_args()
+    if args.from_results is not None:
+        runs = json.loads(args.from_results.read_text())["runs"]
+        print(markdown(summarize(runs)))
+        if args.plot is not None:
+            plot(runs, args.plot)
+        return
     jobs = [(c, s) for s in args.seeds for c in CONFIGS if c.name in args.configs]
     import tempfile
 
