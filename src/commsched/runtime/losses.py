@@ -21,8 +21,10 @@ turns them into one :class:`StepLoss` per training iteration on this rank:
   whose ranks share one namespace, all of theirs) and ``qdisc`` (from the
   ``qdisc_drops`` source a testbed gives, e.g. the drops of its switch
   ports; None without one). Elements are lost only at the application,
-  which stops waiting at the bound; these counters say where the datagrams
-  it did not wait for went.
+  which stops waiting at the bound (count-based early completion); these
+  counters say where the datagrams it did not wait for went. A receive that
+  reaches its deadline with more than its bound missing is not recorded: it
+  fails the step with :class:`~commsched.errors.RuntimeCommError`.
 
 **Windows.** Iteration ``s``'s record is completed at the ``optimizer.step()``
 of iteration ``s + 1`` (by then every transfer of ``s`` has finished: a
