@@ -25,8 +25,10 @@ What is recorded, per model:
   parameter appears once, in the first layer that uses it; a later layer whose
   parameters are all tied (GPT-2's ``lm_head``, BERT's ``cls.predictions.decoder``)
   is kept with no tensors so that its compute time stays in the profile.
-  Modules with parameters that the forward never calls would be appended at
-  the end with a note; none of the shipped models has one.
+  A module with parameters that the forward never calls but whose enclosing
+  module uses them (``torch.nn.MultiheadAttention``'s ``out_proj``) joins the
+  nearest called ancestor's layer; others would be appended at the end with
+  a note (none of the shipped models has one).
 * **Forward FLOPs per layer**: ``torch.utils.flop_counter.FlopCounterMode`` on
   the meta device at the profile's batch size. Each counted operator is charged
   to the layer whose pre-hook fired last, so an operator of a parameter-free
@@ -35,6 +37,10 @@ What is recorded, per model:
   operator's backward has run; operators before the first layer go to the
   first layer. Nothing is counted twice: the per-layer sum equals the counter's
   global total (asserted).
+* **Activation memory per sample** (``extra["activation_bytes_per_sample"]``,
+  what the planner's memory model needs): the bytes autograd saves for
+  backward in one forward, at two batch sizes on CPU
+  (:func:`activation_bytes_per_sample`).
 * **Times** (estimated, no GPU involved)::
 
       forward_ms  = fwd_flops     / (PEAK * efficiency) * 1e3 + LAUNCH_FLOOR_MS
@@ -223,6 +229,44 @@ def _inception_bn() -> nn.Module:
     return InceptionBN()
 
 
+# The Transformer of "Attention Is All You Need" (Vaswani et al. 2017), base size (table 3: N=6, d_model=512,
+# d_ff=2048, h=8, dropout 0.1; "65 x 10^6" parameters), on its WMT 2014 English-German setting: one shared
+# source-target vocabulary of about 37000 BPE tokens (section 5.1), the embedding shared by both inputs and the
+# output projection (section 3.4). The layers are torch.nn.Transformer's (post-norm, as in the paper, with the
+# final LayerNorm of the encoder and of the decoder that torch adds); positions are the paper's sinusoids (no
+# parameters). HeteroG's artifact does not say which Transformer configuration it trained (research/heterog.md).
+TRANSFORMER_BASE = {"d_model": 512, "nhead": 8, "num_encoder_layers": 6, "num_decoder_layers": 6,
+                    "dim_feedforward": 2048, "dropout": 0.1}  # fmt: skip
+TRANSFORMER_VOCAB = 37000
+TRANSFORMER_SOURCE = "Vaswani et al. 2017, base model (table 3), shared 37000-token vocabulary (sections 3.4, 5.1)"
+
+
+class TransformerBase(nn.Module):
+    """Encoder-decoder Transformer base; one token tensor is the source and the (causally masked) target."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        d_model = TRANSFORMER_BASE["d_model"]
+        self.embed = nn.Embedding(TRANSFORMER_VOCAB, d_model)
+        self.transformer = nn.Transformer(**TRANSFORMER_BASE, batch_first=True)
+        self.out = nn.Linear(d_model, TRANSFORMER_VOCAB, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        seq, d_model = input_ids.shape[1], self.embed.embedding_dim
+        pos = torch.arange(seq, device=input_ids.device, dtype=torch.float32)[:, None]
+        rate = torch.exp(torch.arange(0, d_model, 2, device=input_ids.device) * (-math.log(10000.0) / d_model))
+        pe = torch.zeros(seq, d_model, device=input_ids.device)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos * rate), torch.cos(pos * rate)
+        x = self.embed(input_ids) * math.sqrt(d_model) + pe
+        mask = nn.Transformer.generate_square_subsequent_mask(seq, device=input_ids.device)
+        return self.out(self.transformer(x, x, tgt_mask=mask, tgt_is_causal=True))
+
+
+def _transformer_base() -> nn.Module:
+    return TransformerBase()
+
+
 BERT_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
 BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
 BERT_COMMON = {"vocab_size": 30522, "max_position_embeddings": 512, "type_vocab_size": 2}
@@ -249,7 +293,7 @@ def _gpt2(values: dict[str, int]) -> Callable[[], nn.Module]:
     return build
 
 
-def _kwargs(values: dict[str, int]) -> str:
+def _kwargs(values: dict[str, int] | dict[str, int | float]) -> str:
     return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
@@ -291,6 +335,25 @@ SPECS: tuple[ModelSpec, ...] = (
         _inception_bn,
         64,
         224,
+    ),
+    ModelSpec("resnet200", "timm", "timm.create_model('resnet200', pretrained=False)", _timm("resnet200"), 32, 224),
+    ModelSpec(
+        "mobilenet_v2",
+        "torchvision",
+        "torchvision.models.mobilenet_v2(weights=None)",
+        _torchvision("mobilenet_v2"),
+        64,
+        224,
+    ),
+    ModelSpec(
+        "transformer",
+        "paper-port",
+        f"scripts/make_zoo.py TransformerBase(): torch.nn.Transformer({_kwargs(TRANSFORMER_BASE)}) with a "
+        f"shared {TRANSFORMER_VOCAB}-token embedding and tied output ({TRANSFORMER_SOURCE})",
+        _transformer_base,
+        32,
+        seq_len=128,
+        vocab_size=TRANSFORMER_VOCAB,
     ),
     ModelSpec(
         "bert_base",
@@ -388,6 +451,15 @@ class _LayerFlopCounter(FlopCounterMode):
         return result
 
 
+def _called_ancestor(name: str, called: list[str]) -> str | None:
+    """The nearest enclosing module of ``name`` that the forward called (None: none did)."""
+    parts = name.split(".")
+    for k in range(len(parts) - 1, 0, -1):
+        if ".".join(parts[:k]) in called:
+            return ".".join(parts[:k])
+    return None
+
+
 def trace(model: nn.Module, spec: ModelSpec, inputs: dict[str, torch.Tensor]) -> ModelTrace:
     """Layers in forward order with their tensors and forward FLOPs (one forward pass)."""
     owners = param_owners(model)
@@ -412,12 +484,17 @@ def trace(model: nn.Module, spec: ModelSpec, inputs: dict[str, torch.Tensor]) ->
             handle.remove()
 
     uncalled = [name for name in owners if name not in order]
+    # A module whose parent uses its parameters without calling it (torch.nn.MultiheadAttention's out_proj on
+    # the fused path) belongs to that parent's layer: its gradients are ready when the parent's backward ends.
+    adopted = {name: parent for name in uncalled if (parent := _called_ancestor(name, order)) is not None}
+    uncalled = [name for name in uncalled if name not in adopted]
     global_name = {id(p): n for n, p in model.named_parameters()}
     seen: set[int] = set()
     layers: list[LayerTrace] = []
     for name in order + uncalled:
         tensors = []
-        for _, p in owners[name].named_parameters(recurse=False):
+        members = [name, *(child for child, parent in adopted.items() if parent == name)]
+        for _, p in (item for member in members for item in owners[member].named_parameters(recurse=False)):
             if p.requires_grad and id(p) not in seen:
                 seen.add(id(p))
                 tensors.append((global_name[id(p)], tuple(p.shape)))
@@ -457,6 +534,42 @@ def trace_model(spec: ModelSpec) -> tuple[ModelTrace, list[tuple[str, tuple[int,
     return full, ref
 
 
+#: Batches at which the saved tensors are measured (BatchNorm in training needs two samples per channel).
+ACTIVATION_BATCHES = (2, 4)
+
+
+def activation_bytes_per_sample(spec: ModelSpec) -> int:
+    """Bytes autograd keeps for backward per sample (fp32): what each sample of a batch adds to device memory.
+
+    One forward in train mode on CPU with real tensors at each of :data:`ACTIVATION_BATCHES`, under
+    ``torch.autograd.graph.saved_tensors_hooks``: every saved tensor's storage counted once, parameters left
+    out; the per-sample value is the difference between the two batches over their difference, so what does
+    not grow with the batch cancels. Not counted: the loss's own saved tensors, temporaries freed during the
+    forward, the allocator's caching and fragmentation, framework workspaces.
+    """
+    torch.manual_seed(0)
+    model = spec.build()
+    model.train()
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def saved_bytes(batch: int) -> int:
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in params:
+                storages[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        inputs = example_inputs(spec, batch, spec.seq_len, "cpu")
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(inputs["x"]) if spec.image_size is not None else model(**inputs)
+        return sum(storages.values())
+
+    small, large = ACTIVATION_BATCHES
+    return round((saved_bytes(large) - saved_bytes(small)) / (large - small))
+
+
 def efficiency_from_anchor(anchor: ModelTrace) -> float:
     """Solve ANCHOR_MS = 3 * F / (PEAK * eff) * 1e3 + 2 * L * LAUNCH_FLOOR_MS for eff."""
     compute_ms = ANCHOR_MS - 2 * len(anchor.layers) * LAUNCH_FLOOR_MS
@@ -468,7 +581,12 @@ def layer_ms(flops: int, efficiency: float) -> float:
 
 
 def build_workload(
-    spec: ModelSpec, model_trace: ModelTrace, efficiency: float, versions: dict[str, str], date: str
+    spec: ModelSpec,
+    model_trace: ModelTrace,
+    efficiency: float,
+    versions: dict[str, str],
+    date: str,
+    activation_bytes: int | None = None,
 ) -> Workload:
     layers = tuple(
         Layer(
@@ -505,6 +623,13 @@ def build_workload(
         "launch_floor_ms": LAUNCH_FLOOR_MS,
         "reference": spec.constructor,
     }
+    if activation_bytes is not None:
+        extra["activation_bytes_per_sample"] = activation_bytes
+        notes.append(
+            "activation_bytes_per_sample: bytes autograd saves for backward per sample in one train-mode forward on "
+            f"CPU (batches {ACTIVATION_BATCHES[0]} and {ACTIVATION_BATCHES[1]}, parameters and the loss left out); "
+            "see scripts/make_zoo.py activation_bytes_per_sample."
+        )
     if spec.seq_len is not None:
         extra["seq_len"] = spec.seq_len
     if spec.image_size is not None:
@@ -556,7 +681,7 @@ def check_flops_against_torchvision(spec: ModelSpec, model_trace: ModelTrace) ->
 
 
 #: Models ported in this file: their "package" is the source they were ported from, at this version.
-PORT_VERSIONS = {"mxnet-symbol": "apache/mxnet@59b402c"}
+PORT_VERSIONS = {"mxnet-symbol": "apache/mxnet@59b402c", "paper-port": "arXiv:1706.03762v7"}
 
 
 def package_version(package: str) -> str:
@@ -630,7 +755,8 @@ def main(argv: list[str] | None = None) -> int:
     REFERENCE_PATH.parent.mkdir(parents=True, exist_ok=True)
     rows = []
     for spec in specs:
-        workload = build_workload(spec, traces[spec.name], efficiency, versions, args.date)
+        activations = activation_bytes_per_sample(spec)
+        workload = build_workload(spec, traces[spec.name], efficiency, versions, args.date, activations)
         workload.save(DATA_DIR / f"{spec.name}.{DEVICE}.json")
         rows.append(
             f"{spec.name:<12} {spec.batch_size:>5} {workload.num_params:>12,} {len(workload.tensors):>7} "

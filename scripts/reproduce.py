@@ -14,6 +14,7 @@ Run from the repository root::
 
     PYTHONPATH=src python scripts/reproduce.py                 # print every table
     PYTHONPATH=src python scripts/reproduce.py --write-doc     # and rewrite them in docs/reproduction.md
+    PYTHONPATH=src python scripts/reproduce.py --section heterog   # HeteroG's setup (scripts/reproduce_heterog.py)
     PYTHONPATH=src python scripts/reproduce.py --section dear --models resnet50
 
 Everything is deterministic (the knob search is seeded), so the document can be checked against
@@ -37,6 +38,9 @@ from commsched.sim import simulate
 from commsched.sim.ideal import ideal
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the HeteroG section lives beside this script
+import reproduce_heterog as heterog  # noqa: E402
+
 DOC = ROOT / "docs" / "reproduction.md"
 
 ITERATIONS = 10
@@ -233,7 +237,7 @@ def replace_section(text: str, name: str, body: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--section", choices=("dear", "prophet", "all"), default="all")
+    parser.add_argument("--section", choices=("dear", "prophet", "heterog", "all"), default="all")
     parser.add_argument("--models", nargs="+", help="only these models (of the section's)")
     parser.add_argument("--iterations", type=int, default=ITERATIONS)
     parser.add_argument("--trials", type=int, default=TRIALS, help="knob-search trials per tuned policy")
@@ -250,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.section in ("prophet", "all"):
         models = [m for m in PROPHET_MODELS if not args.models or m in args.models]
         sections["prophet"] = prophet_tables(prophet_rows(models, settings))
+    if args.section in ("heterog", "all"):
+        models = [m for m in heterog.MODELS if not args.models or m in args.models]
+        trials = heterog.TRIALS if args.trials == TRIALS else args.trials
+        sections["heterog"] = heterog.heterog_tables(*heterog.heterog_rows(models, trials))
     for body in sections.values():
         print(body)
     if args.write_doc:

@@ -60,3 +60,26 @@ def test_the_document_keeps_its_generated_sections_and_published_figures(reprodu
     assert "up to 83 %" in DOCUMENT and "up to 15 %" in DOCUMENT and "up to 40 %" in DOCUMENT
     with pytest.raises(SystemExit):
         reproduce.main(["--write-doc", "--models", "resnet50"])
+
+
+def test_the_heterog_row_of_vgg19_is_in_the_document_beside_the_published_headline(
+    reproduce: ModuleType,
+) -> None:
+    heterog = reproduce.heterog
+    row = heterog.heterog_row("vgg19")
+    assert heterog.MAIN_HEADER in DOCUMENT
+    assert heterog.main_line(row) in DOCUMENT, heterog.main_line(row)
+    assert "<!-- BEGIN reproduce.py heterog -->" in DOCUMENT and "<!-- END reproduce.py heterog -->" in DOCUMENT
+    assert f"**{heterog.HEADLINE}**" in DOCUMENT
+    # the plan never loses to the baselines that fit, and the bound caps what any schedule of its split could do
+    assert row.plan.iteration_ms <= min(b.iteration_ms for b in row.plan.baselines if b.fits) * (1 + 1e-9)
+    assert row.bound_ms <= row.plan.iteration_ms * (1 + 1e-9)
+
+
+def test_the_larger_batch_is_where_even_dp_stops_fitting(reproduce: ModuleType) -> None:
+    heterog = reproduce.heterog
+    for model in heterog.LARGE_BATCH_MODELS:
+        batch = heterog.large_batch(model)
+        assert batch % 8 == 0 and f"| {model} ({batch}) |" in DOCUMENT
+        assert f"| {model} ({batch - 8}) |" not in DOCUMENT
+    assert heterog.LARGE_HEADER in DOCUMENT and "OOM: rank 2 (GTX-1080Ti)" in DOCUMENT

@@ -23,12 +23,15 @@ MODELS = (
     "resnet18",
     "resnet50",
     "resnet152",
+    "resnet200",
     "vgg16",
     "vgg19",
     "densenet201",
     "inception_v3",
     "inception_v4",
     "inception_bn",
+    "mobilenet_v2",
+    "transformer",
     "bert_base",
     "bert_large",
     "gpt2",
@@ -46,18 +49,27 @@ MODELS = (
 #   inception_bn: scripts/make_zoo.py's port of MXNet's Inception-BN symbol (apache/mxnet
 #   example/image-classification/symbols/inception-bn.py, 224x224), recorded with torch 2.13.0; 69 conv+BN+ReLU
 #   units (conv with bias, BN gamma and beta trained) and fc1, so 69 x 4 + 2 = 278 tensors;
+#   resnet200: timm 1.0.31 ``timm.create_model("resnet200")`` (He et al. 2016's 200-layer bottleneck ResNet,
+#   blocks 3, 24, 36, 3); mobilenet_v2: torchvision publishes 3,504,872 (MobileNet_V2_Weights.IMAGENET1K_V1);
+#   transformer: scripts/make_zoo.py's TransformerBase (torch.nn.Transformer at the base sizes of Vaswani et al.
+#   2017, table 3, with a shared 37000-token embedding tied to the output): 6 x 3,152,384 encoder and
+#   6 x 4,204,032 decoder parameters, two final LayerNorms (2 x 1,024) and 37000 x 512 embedding = 63,084,544
+#   (the paper's table rounds its base model to 65 x 10^6);
 #   GPT2LMHeadModel with transformers 5.23.0 and GPT-2's small / medium sizes (Radford et al. 2019, table 2:
 #   12 x 768 / 24 x 1024), lm_head tied to wte; OpenAI's released checkpoints are named 124M and 355M.
 PUBLISHED_NUM_PARAMS = {
     "resnet18": 11_689_512,
     "resnet50": 25_557_032,
     "resnet152": 60_192_808,
+    "resnet200": 64_673_832,
     "vgg16": 138_357_544,
     "vgg19": 143_667_240,
     "densenet201": 20_013_928,
     "inception_v3": 27_161_264,
     "inception_v4": 42_679_816,
     "inception_bn": 11_295_240,
+    "mobilenet_v2": 3_504_872,
+    "transformer": 63_084_544,
     "bert_base": 110_106_428,
     "bert_large": 336_226_108,
     "gpt2": 124_439_808,
@@ -104,8 +116,17 @@ def test_total_parameters_equal_the_published_count(name: str) -> None:
     assert zoo.load(name).num_params == PUBLISHED_NUM_PARAMS[name]
 
 
-def test_only_bert_differs_from_registration_order() -> None:
-    assert sorted(m for m, ref in _reference().items() if "forward_order" in ref) == ["bert_base", "bert_large"]
+def test_only_bert_and_the_transformer_differ_from_registration_order() -> None:
+    differ = sorted(m for m, ref in _reference().items() if "forward_order" in ref)
+    assert differ == ["bert_base", "bert_large", "transformer"]
+    # torch.nn.TransformerEncoderLayer registers linear1, linear2 before norm1, and runs norm1 first (post-norm);
+    # the attention's out_proj is used by its MultiheadAttention without being called: it joins that layer
+    layer0 = [n for n in _reference()["transformer"]["forward_order"] if ".encoder.layers.0." in n]
+    assert [n.split("layers.0.")[1] for n in layer0][2:7] == [
+        "self_attn.out_proj.weight", "self_attn.out_proj.bias", "norm1.weight", "norm1.bias", "linear1.weight",
+    ]  # fmt: skip
+    attention = next(layer for layer in zoo.load("transformer").layers if layer.name.endswith("layers.0.self_attn"))
+    assert [t.name.rsplit(".", 2)[-2] for t in attention.tensors] == ["self_attn", "self_attn", "out_proj", "out_proj"]
     order = _reference()["bert_base"]["forward_order"]
     assert order[:3] == [
         "bert.embeddings.word_embeddings.weight",
@@ -121,6 +142,7 @@ def test_only_bert_differs_from_registration_order() -> None:
         ("gpt2_medium", "transformer.wte", "lm_head", 50257),
         ("bert_base", "bert.embeddings.word_embeddings", "cls.predictions.decoder", 30522),
         ("bert_large", "bert.embeddings.word_embeddings", "cls.predictions.decoder", 30522),
+        ("transformer", "embed", "out", 37000),
     ],
 )
 def test_tied_weights_are_counted_once(name: str, owner: str, tied_layer: str, vocab: int) -> None:
@@ -182,12 +204,15 @@ def test_paper_batch_sizes() -> None:
         "resnet18": 64,
         "resnet50": 64,
         "resnet152": 32,
+        "resnet200": 32,
         "vgg16": 64,
         "vgg19": 64,
         "densenet201": 32,
         "inception_v3": 64,
         "inception_v4": 64,
         "inception_bn": 64,
+        "mobilenet_v2": 64,
+        "transformer": 32,
         "bert_base": 64,
         "bert_large": 32,
         "gpt2": 8,

@@ -9,22 +9,33 @@ import pytest
 from commsched import zoo
 from commsched.cluster import load_cluster
 from commsched.plan import search_policies
-from commsched.plan.budget import SAFETY, Budget
+from commsched.plan.budget import GRACE_S, SAFETY, Budget
 from commsched.plan.hetero import plan_heterogeneous
 from commsched.schedule import LOSSLESS
 
 
-def test_the_budget_estimates_each_policy_by_its_slowest_iteration_and_refuses_what_would_end_late() -> None:
+def test_the_budget_estimates_each_policy_by_its_mean_iteration_and_refuses_what_would_end_late() -> None:
     budget = Budget(3600.0)
     assert budget.estimate_s("ddp", 10) == 0.0  # nothing seen yet
     budget.run("ddp", 4, lambda: time.sleep(0.04))
     per_iteration = budget.estimate_s("ddp", 1) / SAFETY
     assert 0.01 <= per_iteration < 0.05
     assert budget.estimate_s("wfbp", 10) == pytest.approx(10 * per_iteration * SAFETY)  # unseen: the slowest seen
+    budget.run("ddp", 4, lambda: None)  # a cheaper run of the same policy lowers its mean
+    assert budget.estimate_s("ddp", 1) < per_iteration * SAFETY
     assert budget.fits("ddp", 10) and not budget.fits("ddp", 10, reserve_s=3600.0)
     share = budget.share(10.0)
     assert share.deadline <= budget.deadline and share.estimate_s("ddp", 1) == budget.estimate_s("ddp", 1)
     assert Budget(1.0).share(100.0).deadline <= time.perf_counter() + 1.0
+
+
+def test_a_simulation_still_running_past_the_deadline_is_interrupted_and_dropped() -> None:
+    budget = Budget(0.2)
+    began = time.perf_counter()
+    assert budget.run("slow", 1, lambda: time.sleep(30) or "done") is None
+    assert time.perf_counter() - began < 0.2 + GRACE_S + 1.0 and budget.skipped == 1
+    assert budget.run("slow", 1, lambda: "late") is None  # past the deadline: not even started
+    assert budget.run("floor", 1, lambda: "kept", interruptible=False) == "kept"
 
 
 def test_a_budget_too_small_for_anything_runs_only_the_floor_and_says_so() -> None:
@@ -39,4 +50,4 @@ def test_only_the_best_candidates_get_final_simulations() -> None:
     outcome = search_policies(workload, cluster, trials=1, budget_s=60, finals=2, iterations=8)
     assert len(outcome.candidates) == len(LOSSLESS) and not outcome.budget_exhausted
     assert [c.iterations for c in outcome.candidates[:2]] == [8, 8]
-    assert {c.iterations for c in outcome.candidates[2:]} == {4}  # their trial's result
+    assert {c.iterations for c in outcome.candidates[2:]} == {2}  # their trial's result: max(2, 8 // 4)

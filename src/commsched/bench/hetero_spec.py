@@ -15,7 +15,7 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
   rate, with the collective probe's per-step latency α (``latency_us``), as
   :func:`commsched.profile.network.measured_cluster` does for one rate;
 * the simulator **options** of the runtime on gloo
-  (:func:`commsched.bench.validate.gloo_options`), the measured optimizer
+  (:func:`commsched.plan.gloo.gloo_options`), the measured optimizer
   step (``update_ms``) and communication's CPU work (``cpu_per_task_ms``,
   ``cpu_ms_per_mb``, from rank 0's probe).
 
@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from commsched.bench.validate import gloo_options
 from commsched.cluster import Cluster
 from commsched.errors import SpecError
+from commsched.plan.gloo import gloo_options
 from commsched.plan.search import simulate_candidate
 from commsched.profile.network import CpuFit, ProbeSample, fit_alpha_beta, fit_cpu
 from commsched.schedule import LOSSLESS, CommPlan, make_knobs, policy_class
@@ -62,12 +62,14 @@ class MeasuredSpec:
 
     def options(self, policy: str = "ddp", knobs: Mapping[str, Any] | None = None) -> SimOptions:
         """The runtime on gloo for ``policy`` (:func:`gloo_options`), with the measured update and CPU work."""
-        base = gloo_options(self.workload, self.cluster, policy, **dict(knobs or {}))
-        return replace(
-            base,
+        return gloo_options(
+            self.workload,
+            self.cluster,
+            policy,
             update_ms=self.update_ms,
             cpu_per_task_ms=self.cpu.per_op_ms if self.cpu is not None else 0.0,
             cpu_ms_per_mb=self.cpu.ms_per_mb if self.cpu is not None else 0.0,
+            **dict(knobs or {}),
         )
 
     def predict_ms(self, policy: str, knobs: Mapping[str, Any], batch_sizes: Sequence[int]) -> float:

@@ -13,7 +13,8 @@ from rich.table import Table
 from commsched.cli.inputs import SIM_HELP, OutputFile, load_workload, parse_sim_options
 from commsched.cli.progress import progress
 from commsched.cluster import load_cluster
-from commsched.plan.search import Advice, advise, simulate_candidate
+from commsched.plan.advise import Advice, advise
+from commsched.plan.search import simulate_candidate
 from commsched.sim.plot import plot_timeline
 
 

@@ -13,6 +13,8 @@ from rich.console import Console
 from commsched.bench.hetero import DEFAULT_CPU, DEFAULT_LINKS, HeteroBenchConfig, run_hetero_bench
 from commsched.bench.hetero_report import markdown, tables, targets
 from commsched.cli.progress import progress
+from commsched.errors import CommschedError
+from commsched.schedule import CommPlan
 from commsched.testbed import CpuShare, LinkShape, cgroups_unavailable_reason, netns_unavailable_reason, parse_rate
 
 CPU_HELP = (
@@ -73,6 +75,16 @@ def run(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--worker-links'") from None
     links = links or (DEFAULT_LINKS if len(cpu) == len(DEFAULT_LINKS) else tuple(LinkShape() for _ in cpu))
+    if plan != "auto":
+        try:
+            sizes = CommPlan.load(plan).batch_sizes
+        except CommschedError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--plan'") from None
+        if sizes is not None and len(sizes) != len(cpu):
+            raise click.BadParameter(
+                f"the plan has batches for {len(sizes)} ranks, the testbed {len(cpu)} workers (--worker-cpu)",
+                param_hint="'--plan'",
+            )
     for reason in (netns_unavailable_reason(), cgroups_unavailable_reason()):
         if reason is not None:
             raise click.UsageError(f"--plan needs the heterogeneous testbed: {reason}")

@@ -3,12 +3,11 @@
 Every candidate is scored by :mod:`commsched.sim`; nothing here executes a plan.
 """
 
+from commsched.plan.advise import Advice, advise
 from commsched.plan.search import (
     SYNC_MODES,
-    Advice,
     Candidate,
     SearchOutcome,
-    advise,
     search_policies,
     simulate_candidate,
     with_sync,

@@ -44,149 +44,21 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from functools import cached_property
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.errors import ScheduleError
 from commsched.plan.batches import balanced_split, blend, even_split, proportional_split, rank_compute_fn
 from commsched.plan.budget import Budget
-from commsched.plan.memory import InfeasibleError, MemoryModel, RankMemory, batch_caps, rank_memory
-from commsched.plan.search import Candidate, Progress, Simulated, search_policies, simulate_candidate
-from commsched.schedule import CommPlan
+from commsched.plan.hetero_result import BASELINE_POLICY, Baseline, HeteroPlan
+from commsched.plan.memory import InfeasibleError, MemoryModel, batch_caps, rank_memory
+from commsched.plan.search import Candidate, Progress, search_policies, simulate_candidate
 from commsched.schedule import knobs as policy_knobs
 from commsched.sim.compute import PROFILE, ComputeModel
 from commsched.sim.ideal import ideal
-from commsched.sim.simulator import SimOptions, SimResult
+from commsched.sim.simulator import SimOptions
 from commsched.workload import Workload
-
-#: The policy and knobs every baseline runs: PyTorch DDP at its defaults.
-BASELINE_POLICY = "ddp"
-
-
-@dataclass(frozen=True)
-class Baseline(Simulated):
-    """A plan a user would run without a planner, simulated beside the plan."""
-
-    name: str
-    batch_sizes: tuple[int, ...]
-    sync: str
-    result: SimResult = field(repr=False)
-    fits: bool
-    memory_note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "policy": BASELINE_POLICY,
-            "sync": self.sync,
-            "batch_sizes": list(self.batch_sizes),
-            "iteration_ms": self.iteration_ms,
-            "samples_per_s": self.samples_per_s,
-            "fits": self.fits,
-            "memory_note": self.memory_note,
-        }
-
-
-@dataclass(frozen=True)
-class HeteroPlan(Simulated):
-    """The chosen plan: per-rank batches, policy and knobs, per-bucket transport; baselines beside it."""
-
-    model: str
-    cluster: str
-    global_batch: int
-    batch_sizes: tuple[int, ...]
-    policy: str
-    knobs: dict[str, Any]
-    sync: str
-    result: SimResult = field(repr=False)
-    baselines: tuple[Baseline, ...]
-    memory: tuple[RankMemory, ...]
-    #: "search", or "baseline:NAME" when no searched plan beat that baseline
-    chosen: str
-    splits_screened: int
-    splits_searched: int
-    simulations: int
-    search_s: float
-    budget_s: float
-    #: whether the budget cut the search short (a split, a knob trial or a final simulation skipped)
-    budget_exhausted: bool = False
-    notes: tuple[str, ...] = ()
-
-    @cached_property
-    def plan(self) -> CommPlan:
-        """The simulated CommPlan carrying this plan's per-rank batches (``batch_sizes``): what :meth:`save`
-        writes and ``parallelize(model, optimizer, plan=...)`` runs."""
-        return replace(super().plan, batch_sizes=self.batch_sizes)
-
-    @property
-    def transports(self) -> tuple[str, ...]:
-        """Per task of the plan: ``"collective"`` or ``"ps"``."""
-        return tuple(t.transport for t in self.plan.tasks)
-
-    def baseline(self, name: str) -> Baseline:
-        for b in self.baselines:
-            if b.name == name:
-                return b
-        raise KeyError(name)
-
-    def speedup_over(self, name: str = "even_allreduce") -> float:
-        """Baseline iteration time / this plan's (1.3 = 30 % faster)."""
-        return self.baseline(name).iteration_ms / self.iteration_ms
-
-    def ranks(self) -> list[dict[str, Any]]:
-        """Per rank: device, local batch and the weight ``b_i/B`` the runtime gives its gradient."""
-        return [
-            {
-                "rank": m.rank,
-                "device": m.device,
-                "node": m.node,
-                "local_batch": b,
-                "gradient_weight": b / self.global_batch,
-                "memory_used_bytes": m.used_bytes,
-                "memory_usable_bytes": m.usable_bytes,
-            }
-            for m, b in zip(self.memory, self.batch_sizes, strict=True)
-        ]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "cluster": self.cluster,
-            "global_batch": self.global_batch,
-            "chosen": self.chosen,
-            "policy": self.policy,
-            "knobs": self.knobs,
-            "sync": self.sync,
-            "iteration_ms": self.iteration_ms,
-            "samples_per_s": self.samples_per_s,
-            "batch_sizes": list(self.batch_sizes),
-            "ranks": self.ranks(),
-            "buckets": [
-                {"task": t.id, "name": t.name, "kind": t.kind, "bytes": t.bytes, "transport": t.transport}
-                for t in self.plan.tasks
-            ],
-            "baselines": [b.to_dict() for b in self.baselines],
-            "speedup_over_even_allreduce": self.speedup_over("even_allreduce"),
-            "splits_screened": self.splits_screened,
-            "splits_searched": self.splits_searched,
-            "simulations": self.simulations,
-            "search_s": self.search_s,
-            "budget_s": self.budget_s,
-            "budget_exhausted": self.budget_exhausted,
-            "notes": list(self.notes),
-        }
-
-    def save(self, path: str | Path) -> Path:
-        """Write the CommPlan, per-rank batches included (:attr:`plan`), to ``path``; returns it."""
-        path = Path(path)
-        self.plan.save(path)
-        return path
-
-
-# ---- the planner ----
 
 
 def plan_heterogeneous(
@@ -204,7 +76,7 @@ def plan_heterogeneous(
     search_top: int = 3,
     top_policies: int = 3,
     policies: Sequence[str] | None = None,
-    iterations: int = 6,
+    iterations: int = 4,
     warmup: int = 2,
     progress: Progress | None = None,
 ) -> HeteroPlan:
@@ -218,8 +90,9 @@ def plan_heterogeneous(
     final simulations, and are the only policies the later splits try.
     ``policies``: the policies searched (default: every lossless one).
     ``iterations`` (after ``warmup``) are simulated per candidate: the
-    flow-level simulation is periodic once warm, so 6 after 2 give the time of
-    20 after 3 to within 1e-12 on the shipped presets, at a third of the cost.
+    flow-level simulation is periodic once warm, so 4 after 2 (and the knob
+    trials' 2 after 2) give the time of 20 after 3 to within 1e-12 on the
+    presets and models tried, at a quarter of the cost.
     ``budget_s`` is a hard bound on the wall-clock time of the whole search
     (:mod:`commsched.plan.budget`; ``HeteroPlan.search_s`` reports it, and
     ``budget_exhausted`` whether it cut anything). Raises InfeasibleError
@@ -301,7 +174,9 @@ def plan_heterogeneous(
                 iterations=iterations,
                 warmup=warmup,
             ),
+            interruptible=False,  # the floor: a plan is always set beside its baselines
         )
+        assert result is not None
         count(name)
         over = [r for r in range(n) if split[r] > caps[r]]
         note = ""
@@ -317,7 +192,7 @@ def plan_heterogeneous(
     label = ""
     searched = 0
     searching: Sequence[str] | None = policies
-    quick_total = (max(4, iterations // 4) + 2) * len(syncs)
+    quick_total = (max(2, iterations // 4) + 2) * len(syncs)
 
     def relay(what: str, k: int) -> None:
         if progress is not None:

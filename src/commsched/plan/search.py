@@ -1,6 +1,6 @@
 """One plan search over policies, knobs and per-bucket sync, every candidate scored by the simulator.
 
-:func:`search_policies` is the search; :func:`advise` runs it on a cluster as
+:func:`search_policies` is the search; :func:`commsched.plan.advise.advise` runs it on a cluster as
 it is (every rank the workload's batch) and :func:`commsched.plan.hetero.plan_heterogeneous`
 runs it on per-rank batch splits of a heterogeneous cluster. What it searches:
 
@@ -16,7 +16,7 @@ runs it on per-rank batch splits of a heterogeneous cluster. What it searches:
   (``"cheaper"``). A bucket sent by PS is a task whose ``transport`` is ``"ps"``;
   the simulator prices it under the ``ps`` cost model.
 
-Trials simulate ``max(4, iterations // 4)`` iterations after 2 warm-up ones
+Trials simulate ``max(2, iterations // 4)`` iterations after 2 warm-up ones
 without a trace; the best policies' best trials are then simulated with
 ``iterations`` (and their defaults too, the better kept). The budget is a
 hard bound on wall-clock time (:class:`~commsched.plan.budget.Budget`): a
@@ -43,7 +43,6 @@ from commsched.schedule import LOSSLESS, CommPlan
 from commsched.schedule import knobs as policy_knobs
 from commsched.schedule.base import COLLECTIVE, PS_TRANSPORT
 from commsched.sim.costs import CommModel
-from commsched.sim.ideal import IdealResult, ideal
 from commsched.sim.simulator import SimOptions, SimResult, plan_for, simulate_plan
 from commsched.workload import Workload
 
@@ -214,12 +213,14 @@ def search_policies(
     names = sorted(LOSSLESS if policies is None else policies)
     opts = SimOptions.from_mapping(sim_options)
     start = time.perf_counter()
-    quick = max(4, iterations // 4)
+    quick = max(2, iterations // 4)
     quick_total, full_total = (quick + 2) * len(syncs), iterations + warmup
     done = 0
     exhausted = False
 
-    def run(policy: str, knobs: Mapping[str, Any], sync: str, n: int, w: int) -> SimResult | None:
+    def run(
+        policy: str, knobs: Mapping[str, Any], sync: str, n: int, w: int, interruptible: bool = True
+    ) -> SimResult | None:
         nonlocal done
 
         options = opts if options_for is None else options_for(policy, knobs)
@@ -233,25 +234,32 @@ def search_policies(
             except CommschedError:
                 return None
 
-        result = budget.run(policy, n + w, simulate)
+        result = budget.run(policy, n + w, simulate, interruptible=interruptible)
         done += 1
         if progress is not None:
             progress(f"{policy} ({sync})", done)
         return result
 
-    def trial(policy: str, knobs: Mapping[str, Any]) -> tuple[float, str, SimResult | None]:
+    def trial(policy: str, knobs: Mapping[str, Any], interruptible: bool = True) -> tuple[float, str, SimResult | None]:
         best: tuple[float, str, SimResult | None] = (math.inf, syncs[0], None)
         for sync in syncs:
-            result = run(policy, knobs, sync, quick, 2)
+            result = run(policy, knobs, sync, quick, 2, interruptible)
             if result is not None and result.iteration_ms < best[0]:
                 best = (result.iteration_ms, sync, result)
         return best
 
     n_finals = len(names) if finals is None else min(finals, len(names))
 
+    def changed(policy: str, knobs: Mapping[str, Any]) -> bool:
+        return any(v != policy_knobs(policy)[k] for k, v in knobs.items())
+
     def reserve_s() -> float:
-        """The final simulations of the best candidates (their defaults too)."""
-        return n_finals * 2 * budget.estimate_s(names[0], full_total)
+        """The final simulations of the best candidates so far, each policy at its own cost (defaults too when
+        its knobs changed), and one more in case a knob trial changes a candidate's knobs."""
+        leaders = sorted(best, key=lambda p: (best[p][0], p))[:n_finals]
+        return sum(budget.estimate_s(p, full_total) * (1 + changed(p, best[p][1])) for p in leaders) + max(
+            (budget.estimate_s(p, full_total) for p in leaders), default=0.0
+        )
 
     searches = {p: KnobSearch(p, seed=seed + i) for i, p in enumerate(names)}
     best: dict[str, tuple[float, dict[str, Any], str, SimResult | None]] = {}
@@ -263,7 +271,7 @@ def search_policies(
             budget.skipped += 1
             continue
         knobs = searches[p].ask()
-        value, sync, result = trial(p, knobs)
+        value, sync, result = trial(p, knobs, interruptible=bool(best))  # the first is the floor
         searches[p].tell(value)
         counts[p] += 1
         best[p] = (value, knobs, sync, result)
@@ -291,10 +299,10 @@ def search_policies(
         if not math.isfinite(value) or quick_result is None:
             continue  # every setting tried was refused by the policy or the simulator
         final: SimResult | None = None
-        changed = any(v != policy_knobs(p)[k] for k, v in knobs.items())
-        if rank < n_finals and budget.fits(p, full_total * (2 if changed else 1)):
+        knobs_changed = changed(p, knobs)
+        if rank < n_finals and budget.fits(p, full_total * (2 if knobs_changed else 1)):
             final = run(p, knobs, sync, iterations, warmup)
-            default = run(p, {}, sync, iterations, warmup) if changed else None
+            default = run(p, {}, sync, iterations, warmup) if knobs_changed else None
             if default is not None and (final is None or default.iteration_ms <= final.iteration_ms):
                 final, knobs = default, {}
         elif rank < n_finals:
@@ -304,105 +312,7 @@ def search_policies(
         full = {**policy_knobs(p), **knobs}
         candidates.append(Candidate(p, full, sync, counts[p], result, simulated))
     candidates.sort(key=lambda c: (c.iteration_ms, c.policy))
+    exhausted = exhausted or budget.skipped > 0
     if not candidates:
         raise ScheduleError(f"plan: no policy could be simulated for {workload.model} on {cluster.name}")
     return SearchOutcome(tuple(candidates), done, time.perf_counter() - start, budget.budget_s, exhausted)
-
-
-@dataclass(frozen=True)
-class Advice:
-    """What :func:`advise` found: every lossless policy ranked, the winner's plan and the overlap bound."""
-
-    model: str
-    cluster: str
-    candidates: tuple[Candidate, ...]
-    ideal: IdealResult
-    seed: int
-    simulations: int
-    search_s: float
-    budget_s: float
-    budget_exhausted: bool
-
-    @property
-    def winner(self) -> Candidate:
-        return self.candidates[0]
-
-    @property
-    def plan(self) -> CommPlan:
-        """The winner's plan (``plan.save(path)``; ``parallelize(model, opt, plan=path)`` runs it)."""
-        return self.winner.plan
-
-    def parallelize_call(self) -> str:
-        """The exact ``commsched.parallelize`` call for the winner (knobs that differ from the defaults)."""
-        w = self.winner
-        args = "".join(f", {k}={v!r}" for k, v in w.changed_knobs.items())
-        return f"model, optimizer = commsched.parallelize(model, optimizer, policy={w.policy!r}{args})"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "cluster": self.cluster,
-            "winner": self.winner.policy,
-            "parallelize": self.parallelize_call(),
-            "candidates": [c.to_dict() for c in self.candidates],
-            "ideal_iteration_ms": self.ideal.iteration_ms,
-            "seed": self.seed,
-            "simulations": self.simulations,
-            "search_s": self.search_s,
-            "budget_s": self.budget_s,
-            "budget_exhausted": self.budget_exhausted,
-        }
-
-
-def advise(
-    workload: Workload,
-    cluster: Cluster,
-    *,
-    budget_s: float = 5.0,
-    sim_options: SimOptions | Mapping[str, Any] | None = None,
-    options_for: OptionsFor | None = None,
-    progress: Progress | None = None,
-    seed: int = 0,
-    trials: int = 30,
-    iterations: int = 20,
-    warmup: int = 3,
-    policies: Sequence[str] | None = None,
-) -> Advice:
-    """Rank every lossless policy (or ``policies``), each with its knobs searched, by simulated iteration time.
-
-    Every rank runs the workload's batch; buckets go by collective (the
-    simulator's ``algorithm``). ``budget_s`` bounds the search's wall-clock time;
-    ``Advice.search_s`` reports what it took and ``budget_exhausted`` whether the
-    budget cut the knob search short (results are then no longer reproducible
-    by seed alone). The overlap bound (:func:`commsched.sim.ideal.ideal`) comes
-    with it: no lossless schedule beats it under the same cost model
-    (``sim_options``). ``options_for``: per-candidate simulator options
-    (:func:`search_policies`).
-
-    >>> advice = advise(zoo.load("resnet50"), load_cluster("8xV100-10GbE"))  # doctest: +SKIP
-    >>> advice.winner.policy, advice.parallelize_call()  # doctest: +SKIP
-    """
-    outcome = search_policies(
-        workload,
-        cluster,
-        policies=policies,
-        sim_options=sim_options,
-        options_for=options_for,
-        budget_s=budget_s,
-        trials=trials,
-        seed=seed,
-        iterations=iterations,
-        warmup=warmup,
-        progress=progress,
-    )
-    return Advice(
-        model=workload.model,
-        cluster=cluster.name,
-        candidates=outcome.candidates,
-        ideal=ideal(workload, cluster, sim_options),
-        seed=seed,
-        simulations=outcome.simulations,
-        search_s=outcome.search_s,
-        budget_s=budget_s,
-        budget_exhausted=outcome.budget_exhausted,
-    )

@@ -20,7 +20,13 @@ embedding), kept for their compute time. ``tests/data/zoo_reference.json``
 records every reference's ``named_parameters()``. ``inception_bn`` has no
 PyTorch package: it is ``scripts/make_zoo.py``'s layer-for-layer port of
 MXNet's Inception-BN symbol (``example/image-classification/symbols/inception-bn.py``,
-224x224), the model Prophet's experiments name.
+224x224), the model Prophet's experiments name; ``transformer`` is the
+Transformer base of Vaswani et al. (2017), built from ``torch.nn.Transformer``
+with the paper's sizes and a shared 37000-token vocabulary (``scripts/make_zoo.py``).
+The HeteroG models (vgg19, resnet200, inception_v3, mobilenet_v2,
+transformer, bert_large) also record ``extra["activation_bytes_per_sample"]``,
+the bytes autograd keeps for backward per sample, which the planner's memory
+model reads.
 
 The shipped V100 profiles are **estimates**, not measurements (provenance
 ``kind="estimated"``)::
@@ -46,12 +52,15 @@ model                     batch  params       tensors  layers  fwd ms  bwd ms
 resnet18                     64   11,689,512       62      41    25.9     51.4
 resnet50                     64   25,557,032      161     107    58.5    115.9
 resnet152                    32   60,192,808      467     311    83.9    164.8
+resnet200 (timm)             32   64,673,832      611     407   109.4    214.8
 vgg16                        64  138,357,544       32      16   217.4    434.6
 vgg19                        64  143,667,240       38      19   275.8    551.5
 densenet201                  32   20,013,928      604     402    34.1     64.3
 inception_v3 (with aux)      64   27,161,264      292     194    82.2    162.5
 inception_v4 (timm)          64   42,679,816      449     299   175.0    347.1
 inception_bn (MXNet)         64   11,295,240      278     139    29.3     57.2
+mobilenet_v2                 64    3,504,872      158     105     5.3      9.5
+transformer (seq 128)        32   63,084,544      185      76    59.5    118.2
 bert_base (seq 64)           64  110,106,428      206     106   100.0    199.0
 bert_large (seq 64)          32  336,226,108      398     202   153.6    305.3
 gpt2 (seq 1024)               8  124,439,808      148      76   256.7    512.6
