@@ -80,7 +80,8 @@ def records(wrapped: Any) -> list[dict[str, Any]]:
         for t in rec.transfers:
             out.append({"iteration": rec.iteration, "task": t.task, "phase": t.phase, "lost": t.lost_numel,
                         "received": t.received_numel, "bound": t.loss_bound, "by_tensor": sum(t.lost_by_tensor),
-                        "injected": rec.drops.injected})  # fmt: skip
+                        "injected": rec.drops.injected, "socket": rec.drops.socket, "late": rec.drops.late,
+                        "rcvbuf": rec.drops.rcvbuf, "send_errors": rec.drops.send_errors})  # fmt: skip
     return out
 
 
@@ -179,6 +180,7 @@ def fuzz(rank: int, world: int, results: dict[str, Any], *, examples: int, **_: 
                           "early_buffered": stats.early_buffered,
                           "received": stats.received, "written": stats.written}  # fmt: skip
     results["socket_drops"] = fuzzed.engine._transports["dlcp"].drop_counters().socket
+    results["send_errors"] = stats.send_errors
     results["fuzzed_lost"] = sum(r["lost"] for r in records(fuzzed))
     results["identical"] = bool(torch.equal(clean_params, flat(fuzzed)))
     results["max_diff"] = float((clean_params - flat(fuzzed)).abs().max())

@@ -60,7 +60,9 @@ def test_every_push_and_every_pull_stays_within_its_own_bound_under_heavy_inject
 def test_at_zero_loss_a_positive_bound_gives_up_nothing_and_gives_ddps_parameters(results: list[dict]) -> None:
     for res in part(results, "bounds"):
         zero = res["zero"]
-        assert zero["records"] and all(rec["lost"] == 0 for rec in zero["records"])
+        assert zero["records"] and all(rec["lost"] == 0 for rec in zero["records"]), [
+            r for r in zero["records"] if r["lost"] or r["late"] or r["socket"] or r["send_errors"]
+        ]
         assert zero["moved"] > 1e-3
         assert zero["diff"] < 1e-5, zero["diff"]
 
@@ -97,7 +99,7 @@ def test_a_flood_of_forged_and_malformed_datagrams_while_training_changes_nothin
     assert fuzz[0]["errors"] == []
     assert sum(sent.values()) >= EXAMPLES * 0.9 and set(sent) >= set(F.REJECTED)
     for res in fuzz:
-        assert res["clean_lost"] == 0 and res["fuzzed_lost"] == 0
+        assert res["clean_lost"] == 0 and res["fuzzed_lost"] == 0, (res["socket_drops"], res["send_errors"])
         assert res["identical"], res["max_diff"]
     drops = sum(res["socket_drops"] or 0 for res in fuzz)
     rejected = sum(sum(res["counted"]["rejected"].values()) for res in fuzz)

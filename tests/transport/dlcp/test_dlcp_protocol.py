@@ -258,3 +258,22 @@ def test_peer_feedback_counts_gaps_through_sequence_wrap_and_acks_every_n() -> N
     assert len(out) == 1
     fb.on_timer(1.0, out)
     assert out[-1] == Ack(start + 4, 4, 1, NO_ECHO)
+
+
+def test_a_packet_that_could_not_leave_the_host_goes_again_before_the_others_and_only_once() -> None:
+    tx = SenderState(50, 10)
+    out: list[Action] = []
+    tx.next_packets(0.0, 2, out)
+    tx.requeue(10)
+    tx.requeue(10)
+    out.clear()
+    tx.next_packets(0.0, 10, out)
+    assert [(d.offset, d.resend) for d in out if isinstance(d, Data)] == [
+        (10, True),
+        (20, False),
+        (30, False),
+        (40, False),
+    ]
+    tx.on_stop()
+    tx.requeue(0)
+    assert not tx.pending

@@ -402,6 +402,14 @@ class SenderState:
         self._queued.update(ordered)
         self.wake_s = INF
 
+    def requeue(self, offset: int) -> None:
+        """The packet at ``offset`` could not leave this host (a full send buffer): send it again next."""
+        index = offset // self.stride
+        if not self.done and index not in self._queued:
+            self._resend.appendleft(index)
+            self._queued.add(index)
+            self.wake_s = INF
+
     def on_stop(self) -> None:
         """The receiver is finished: send nothing more."""
         self.done = True
