@@ -27,8 +27,10 @@ from commsched.runtime.batches import (
 )
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.engine import Engine, Planner
+from commsched.runtime.losses import StepLoss
 from commsched.runtime.pipeline import PipelineModule, staged_refusals
 from commsched.runtime.replan import DriftPolicy
+from commsched.runtime.replicas import DEFAULT_EVERY, ReplicaCheck, check_every
 from commsched.runtime.servers import run_transport_options
 from commsched.runtime.switching import AutoPlanner, plan_by_name
 from commsched.schedule import (
@@ -111,6 +113,20 @@ class ParallelModule(nn.Module):
     def engine(self) -> Engine:
         return self._engine
 
+    def loss_records(self) -> list[StepLoss]:
+        """What a bounded-loss transport gave up on this rank, one record per iteration, oldest first
+        (:mod:`commsched.runtime.losses`; empty for lossless plans). Flushes first, so the last iteration's
+        record is complete."""
+        engine = self._engine
+        engine.flush()
+        engine.losses.finish(engine._iteration)
+        return list(engine.losses.records)
+
+    @property
+    def replica_checks(self) -> ReplicaCheck:
+        """The periodic replica check (:mod:`commsched.runtime.replicas`): ``checks``, ``mismatches``."""
+        return self._engine.replicas
+
     def close(self) -> None:
         """Apply pending updates and stop the communication threads."""
         self._engine.close()
@@ -135,6 +151,8 @@ def parallelize(
     replan: DriftPolicy | bool | None = None,
     transport_options: TransportOptions | None = None,
     batch_sizes: Sequence[int] | None = None,
+    replica_check_every: int = DEFAULT_EVERY,
+    qdisc_drops: Callable[[], int] | None = None,
     **knobs: Any,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Make ``model`` and ``optimizer`` train data-parallel under a communication policy.
@@ -187,6 +205,13 @@ def parallelize(
     parameter servers; a plan may name them); the collectives ignore it.
     ``timeout_s`` bounds every wait: a crashed or hung peer ends training with
     :class:`commsched.errors.RuntimeCommError`.
+    ``replica_check_every`` (default 50; 0: never): how often a plan whose
+    delivered results may differ between ranks (a lossy pull) compares the
+    ranks' parameters and optimizer state and re-broadcasts rank 0's on a
+    difference (:mod:`commsched.runtime.replicas`); lossless plans never check.
+    ``qdisc_drops``: a counter of packets the network's queues dropped (e.g. a
+    testbed's switch ports), read into the loss records of a bounded-loss
+    transport (``model.loss_records()``, :mod:`commsched.runtime.losses`).
 
     Every bad argument raises here, before any communication: an unknown
     policy, a knob's name, type or range, an optimizer or scaler the policy
@@ -195,6 +220,9 @@ def parallelize(
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeCommError("parallelize: torch.distributed is not initialised; call init_process_group first")
     _check_arguments(model, optimizer, max_grad_norm, timeout_s, warmup_iters, bandwidth_gbps, latency_us)
+    check_every(replica_check_every)
+    if qdisc_drops is not None and not callable(qdisc_drops):
+        raise ValueError(f"qdisc_drops: must be a callable returning a count, got {qdisc_drops!r}")
     world = dist.get_world_size(process_group)
     if plan is not None:
         if knobs:
@@ -264,6 +292,8 @@ def parallelize(
         trace=trace,
         transport_options=transport_options,
         batch_sizes=run_sizes,
+        replica_check_every=replica_check_every,
+        qdisc_drops=qdisc_drops,
     )
     _patch_optimizer(optimizer, engine, policy, defers)
     atexit.register(_close_at_exit, weakref.ref(engine))
