@@ -1,4 +1,4 @@
-"""Data loading for per-rank batches: every rank its share of each global batch.
+"""Data loading for per-rank batches: every rank its share of each global batch, optionally in micro-batches.
 
 With per-rank batches ``b_0 .. b_{N-1}`` (a plan's ``batch_sizes``, or
 ``parallelize(..., batch_sizes=...)``), one iteration consumes one *global
@@ -18,7 +18,9 @@ are exactly the global batch one process would take, so with the runtime's
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import torch
 from torch.utils.data import Sampler
@@ -106,3 +108,32 @@ class SplitBatchSampler(Sampler[list[int]]):
         for step in range(steps):
             first = step * self.global_batch + start
             yield order[first : first + self.batch_size]
+
+
+def micro_batches(model: Any, *tensors: torch.Tensor, size: int | None = None) -> Iterator[tuple[Any, ...]]:
+    """This rank's batch cut into equal micro-batches of ``size`` samples (default: ``model.micro_batch``, the
+    plan's), each yielded as ``(*chunks, weight)``; every one but the last inside ``model.no_sync()``.
+
+    ``weight = len(chunk) / len(batch)`` scales a mean-reduced loss, so the
+    accumulated gradient is the mean over the rank's samples, which the runtime
+    then weights by ``b_r / B``. Ranks with more samples accumulate more
+    micro-batches: equal micro-batches keep per-micro-batch statistics
+    (BatchNorm) alike on every rank, where uneven batches in one pass do not::
+
+        for x, y in loader:
+            for xs, ys, weight in micro_batches(model, x, y):
+                (loss_fn(model(xs), ys) * weight).backward()
+            optimizer.step(); optimizer.zero_grad()
+    """
+    size = size if size is not None else getattr(model, "micro_batch", None)
+    n = len(tensors[0]) if tensors else 0
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1 or n % size or n == 0:
+        raise SpecError("micro_batches", [f"size: must be a whole number >= 1 dividing the batch of {n}, got {size!r}"])
+    if any(len(t) != n for t in tensors):
+        raise SpecError("micro_batches", [f"tensors: every one must have {n} samples, got {[len(t) for t in tensors]}"])
+    count = n // size
+    for i in range(count):
+        chunk = tuple(t[i * size : (i + 1) * size] for t in tensors)
+        context = model.no_sync() if i < count - 1 else contextlib.nullcontext()
+        with context:
+            yield (*chunk, size / n)

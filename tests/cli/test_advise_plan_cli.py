@@ -60,11 +60,22 @@ def test_plan_json_and_out_file_load_as_a_comm_plan_carrying_the_per_rank_batche
 
 
 def test_plan_reports_a_device_that_cannot_hold_one_sample() -> None:
-    result = CliRunner().invoke(
-        cli, ["plan", "-m", "resnet18", "-c", "hetero-8", "--activation-mb-per-sample", "12000", "--budget-s", "1"]
-    )
+    args = ["plan", "-m", "resnet18", "-c", "hetero-8", "--activation-mb-per-sample", "12000", "--budget-s", "1"]
+    result = CliRunner().invoke(cli, [*args, "--no-stages"])
     assert result.exit_code == 1
     assert "does not fit on rank 2 (GTX-1080Ti" in result.output and "short by" in result.output
+
+
+def test_plan_places_stages_where_data_parallelism_is_refused(tmp_path: Path) -> None:
+    args = ["plan", "-m", "resnet18", "-c", "hetero-8", "--activation-mb-per-sample", "12000", "--budget-s", "1"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "data parallelism refused: plan: resnet18 does not fit on rank 2 (GTX-1080Ti" in result.output
+    assert "pipelines · schedule 1f1b" in result.output and "analytical estimate" in result.output
+    data = _json(*args, "--json", "-o", str(tmp_path / "staged.json"))
+    plan = CommPlan.load(tmp_path / "staged.json")
+    assert plan.stages is not None and plan.stages.to_dict() == data["stages"]
+    assert data["global_batch"] == plan.global_batch and "short by" in data["data_parallel_refused"]
 
 
 def test_plan_table_shows_plan_and_baselines_with_time_and_throughput_and_the_search_time() -> None:

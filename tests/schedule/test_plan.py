@@ -58,7 +58,7 @@ def _plan_dict(resnet18: object) -> dict:
     ("change", "message"),
     [
         (lambda d: d.update(format="other"), r"format: expected 'commsched.CommPlan'"),
-        (lambda d: d.update(version=99), r"version: this commsched reads versions 1 and 2, got 99"),
+        (lambda d: d.update(version=99), r"version: this commsched reads versions 1, 2, 3, got 99"),
         (
             lambda d: d.update(batch_sizes=[1, 2, 3]),
             r"batch_sizes: expected one entry per rank \(2\), got 3: \[1, 2, 3\]",
@@ -104,7 +104,7 @@ def test_per_rank_batch_sizes_survive_a_json_round_trip(resnet18: object, tmp_pa
     path = tmp_path / "plan.json"
     uneven.save(path)
     data = json.loads(path.read_text())
-    assert data["version"] == 2 and data["batch_sizes"] == [16, 32, 48]
+    assert data["version"] == 3 and data["batch_sizes"] == [16, 32, 48]
     again = CommPlan.load(path)
     assert again.batch_sizes == (16, 32, 48) and again.to_dict() == uneven.to_dict()
     assert CommPlan.from_dict(plan.to_dict()).batch_sizes is None
@@ -115,7 +115,7 @@ def test_a_version_1_file_loads_as_a_plan_with_even_batches(resnet18: object) ->
     data["version"] = 1
     del data["batch_sizes"]
     plan = CommPlan.from_dict(data)
-    assert plan.batch_sizes is None and plan.version == 2
+    assert plan.batch_sizes is None and plan.version == 3
     assert plan.tasks == CommPlan.from_dict(_plan_dict(resnet18)).tasks
 
 

@@ -11,11 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from commsched.cli.inputs import SIM_HELP, OutputFile, load_workload, parse_sim_options
+from commsched.cli.plan_stages import print_staged
 from commsched.cli.progress import progress
 from commsched.cli.simulate import format_bytes
 from commsched.cluster import load_cluster
-from commsched.plan.hetero import HeteroPlan, plan_heterogeneous
+from commsched.plan.hetero import HeteroPlan
 from commsched.plan.memory import MemoryModel
+from commsched.plan.staged import StagedPlan, plan_deployment
 from commsched.schedule import LOSSLESS
 from commsched.units import MiB
 
@@ -117,6 +119,17 @@ def buckets_table(plan: HeteroPlan) -> Table:
 @click.option(
     "--optimizer-states", default=2.0, show_default=True, type=click.FloatRange(min=0), help="Adam 2, SGD+momentum 1."
 )
+@click.option(
+    "--micro-batch",
+    type=click.IntRange(1),
+    help="Every rank's batch a multiple of it, accumulated in equal micro-batches (BatchNorm alike on every rank).",
+)
+@click.option(
+    "--stages/--no-stages",
+    default=True,
+    show_default=True,
+    help="Place layer ranges on devices (pipeline stages) when data parallelism does not fit in memory.",
+)
 @click.option("--seed", default=0, show_default=True, help="Seed of the knob search.")
 @click.option(
     "--policies",
@@ -141,6 +154,8 @@ def command(
     memory_margin: float,
     activation_mb_per_sample: float | None,
     optimizer_states: float,
+    micro_batch: int | None,
+    stages: bool,
     seed: int,
     policy_list: str | None,
     sim_pairs: tuple[str, ...],
@@ -154,6 +169,11 @@ def command(
     Example:
       commsched plan -m vgg19 -c hetero-8
       commsched plan -m bert_large -c hetero-8 --activation-mb-per-sample 300 -o plan.json
+
+    When a device cannot hold the model (or the batch does not fit), data
+    parallelism is refused, naming the device and the shortfall, and layer
+    ranges are placed on chains of devices instead (pipeline stages;
+    --no-stages to stop there).
     """
     sim_options = parse_sim_options(sim_pairs)
     policies = None
@@ -171,15 +191,17 @@ def command(
     memory = MemoryModel(optimizer_states=optimizer_states, activation_bytes_per_sample=activation)
     with progress(Console(stderr=True)) as bar:
         task = bar.add_task(f"plan: {workload.model} on {spec.name}", total=None)
-        result = plan_heterogeneous(
+        result = plan_deployment(
             workload,
             spec,
             global_batch=global_batch,
             budget_s=budget_s,
             memory_margin=memory_margin,
             memory=memory,
+            stages=stages,
             sim_options=sim_options,
             seed=seed,
+            micro_batch=micro_batch,
             policies=policies,
             progress=lambda what, done: bar.update(task, completed=done),
         )
@@ -191,6 +213,9 @@ def command(
         click.echo(json.dumps(data, indent=1, default=str))
         return
     console = Console(width=None if sys.stdout.isatty() else 150)  # piped: whole rows, not 80 columns
+    if isinstance(result, StagedPlan):
+        print_staged(console, result, written)
+        return
     console.print(plans_table(result))
     console.print(ranks_table(result))
     console.print(buckets_table(result))

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from functools import cache
 
 from commsched.cluster import Cluster
-from commsched.plan.memory import InfeasibleError
+from commsched.plan.memory import InfeasibleError, OutOfMemoryError
 from commsched.sim.compute import PROFILE, ComputeModel, ProfileCompute, WorkerClass
 from commsched.workload import Workload
 
@@ -73,7 +73,7 @@ def balanced_split(
     if global_batch < workers:
         raise InfeasibleError(f"plan: global batch {global_batch} is smaller than the {workers} ranks")
     if sum(caps) < global_batch:
-        raise InfeasibleError(
+        raise OutOfMemoryError(
             f"plan: global batch {global_batch} does not fit: the devices hold at most {sum(caps)} samples "
             f"together (short by {global_batch - sum(caps)})"
         )
@@ -107,11 +107,68 @@ def balanced_split(
     return tuple(split)
 
 
+def micro_units(
+    global_batch: int, caps: Sequence[int], micro_batch: int | None, cluster: Cluster
+) -> tuple[int, tuple[int, ...]]:
+    """The unit batches are split in (the micro-batch, or 1) and each rank's cap in units.
+
+    With micro-batches a rank holds one micro-batch's activations at a time, so
+    its batch is capped only by the global batch; InfeasibleError when the global
+    batch is not a whole number of micro-batches or a rank cannot hold one.
+    """
+    if micro_batch is None:
+        return 1, tuple(caps)
+    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+        raise InfeasibleError(f"plan: micro_batch must be a whole number >= 1, got {micro_batch!r}")
+    if global_batch % micro_batch:
+        raise InfeasibleError(f"plan: global batch {global_batch} is not a multiple of micro_batch {micro_batch}")
+    for w, cap in zip(cluster.workers, caps, strict=True):
+        if cap < micro_batch:
+            raise OutOfMemoryError(
+                f"plan: rank {w.rank} ({w.device.name} on node {w.node_name}) holds {cap} sample(s), "
+                f"less than one micro-batch of {micro_batch}"
+            )
+    units = global_batch // micro_batch
+    return micro_batch, (units,) * len(caps)
+
+
 def blend(a: Sequence[int], b: Sequence[int], weight: float, global_batch: int) -> tuple[int, ...]:
     """``(1 - weight)·a + weight·b``, rounded by largest remainder to sum to ``global_batch``."""
     return proportional_split(
         global_batch, [max(1e-9, (1 - weight) * x + weight * y - 1) for x, y in zip(a, b, strict=True)]
     )
+
+
+def candidate_splits(
+    global_batch: int,
+    caps: Sequence[int],
+    compute_s: Callable[[int, int], float],
+    speeds: Sequence[float],
+    micro_batch: int | None,
+    cluster: Cluster,
+) -> tuple[tuple[int, ...], dict[tuple[int, ...], str], tuple[int, ...], tuple[int, ...]]:
+    """The per-rank caps in samples (:func:`micro_units`), the candidate splits by name (balanced,
+    speed-proportional, even, and blends of balanced and even), the even and the proportional split; with
+    ``micro_batch``, every batch a multiple of it."""
+    unit, unit_caps = micro_units(global_batch, caps, micro_batch, cluster)
+    n, units = len(caps), global_batch // unit
+
+    def in_samples(split: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(b * unit for b in split)
+
+    balanced = balanced_split(units, unit_caps, lambda r, k: compute_s(r, k * unit), n)
+    splits: dict[tuple[int, ...], str] = {}
+    named = (
+        ("balanced", balanced),
+        ("proportional", proportional_split(units, speeds)),
+        ("even", even_split(units, n)),
+    )
+    for name, split in named:
+        splits.setdefault(in_samples(split), name)
+    for weight in (0.25, 0.5, 0.75):
+        splits.setdefault(in_samples(blend(balanced, even_split(units, n), weight, units)), f"balanced-even {weight:g}")
+    even, proportional = in_samples(named[2][1]), in_samples(named[1][1])
+    return tuple(c * unit for c in unit_caps), splits, even, proportional
 
 
 # ---- results ----

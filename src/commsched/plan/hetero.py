@@ -36,8 +36,11 @@ speed-proportional DP (shares ∝ samples/s, largest-remainder rounding). The
 planner never returns a plan its simulator scores slower than the best
 baseline that fits in memory: it returns that baseline instead and says so.
 
-Not covered: pipeline or model-parallel stage placement (HeteroG's
-single-device groups), dropping a device, gradient accumulation.
+Every rank holds the whole model here; when that does not fit, the refusal
+is an :class:`~commsched.plan.memory.OutOfMemoryError` and
+:mod:`commsched.plan.staged` places pipeline stages instead. Equal
+micro-batches with uneven accumulation counts: ``micro_batch``. Not covered:
+dropping a device.
 """
 
 from __future__ import annotations
@@ -49,11 +52,12 @@ from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.errors import ScheduleError
-from commsched.plan.batches import balanced_split, blend, even_split, proportional_split, rank_compute_fn
+from commsched.plan.batches import balanced_split, candidate_splits, even_split, proportional_split, rank_compute_fn
 from commsched.plan.budget import Budget
 from commsched.plan.hetero_result import BASELINE_POLICY, Baseline, HeteroPlan
-from commsched.plan.memory import InfeasibleError, MemoryModel, batch_caps, rank_memory
+from commsched.plan.memory import InfeasibleError, MemoryModel, OutOfMemoryError, batch_caps, rank_memory
 from commsched.plan.search import Candidate, Progress, search_policies, simulate_candidate
+from commsched.plan.servers import runtime_servers
 from commsched.schedule import knobs as policy_knobs
 from commsched.sim.compute import PROFILE, ComputeModel
 from commsched.sim.ideal import ideal
@@ -79,8 +83,14 @@ def plan_heterogeneous(
     iterations: int = 4,
     warmup: int = 2,
     progress: Progress | None = None,
+    micro_batch: int | None = None,
 ) -> HeteroPlan:
     """The plan of the module docstring for ``workload`` on ``cluster``.
+
+    ``micro_batch``: every rank's batch a multiple of it, run as equal
+    micro-batches with uneven accumulation counts (BatchNorm's statistics are
+    then over equal batches on every rank; only one micro-batch's activations
+    need to fit). The plan carries it (``CommPlan.micro_batch``).
 
     ``global_batch``: samples per iteration over all ranks (default: the
     workload's batch on every rank). ``memory_margin``: the fraction of each
@@ -117,18 +127,11 @@ def plan_heterogeneous(
     has_servers = cluster.servers is not None
     syncs = ("collective", "ps", "cheaper") if has_servers else ("collective",)
 
-    # candidate splits
+    # candidate splits (in whole micro-batches when there are micro-batches)
     speeds = [
         workload.batch_size / compute_s(r, workload.batch_size) for r in range(n)
     ]  # samples/s at the profile batch
-    even = even_split(B, n)
-    proportional = proportional_split(B, speeds)
-    balanced = balanced_split(B, caps, compute_s, n)
-    splits: dict[tuple[int, ...], str] = {}
-    for name, split in (("balanced", balanced), ("proportional", proportional), ("even", even)):
-        splits.setdefault(split, name)
-    for weight in (0.25, 0.5, 0.75):
-        splits.setdefault(blend(balanced, even, weight, B), f"balanced-even {weight:g}")
+    caps, splits, even, proportional = candidate_splits(B, caps, compute_s, speeds, micro_batch, cluster)
     fits = {s: all(b <= c for b, c in zip(s, caps, strict=True)) for s in splits}
 
     # screen: the overlap bound under each sync's cost model, no simulation
@@ -235,7 +238,7 @@ def plan_heterogeneous(
     feasible = [b for b in baselines if b.fits]
     fallback = min(feasible, key=lambda b: b.iteration_ms) if feasible else None
     if best is None and fallback is None:
-        raise InfeasibleError(f"plan: no split of batch {B} fits on {cluster.name}")
+        raise OutOfMemoryError(f"plan: no split of batch {B} fits on {cluster.name}")
     if best is not None and (fallback is None or best[0].iteration_ms <= fallback.iteration_ms):
         cand, split = best
         policy, knobs, sync, result, chosen = cand.policy, cand.knobs, cand.sync, cand.result, "search"
@@ -248,6 +251,9 @@ def plan_heterogeneous(
     if sync != "collective" and any(t.transport == "ps" for t in tasks):
         by_ps = sum(t.transport == "ps" for t in tasks)
         notes.append(f"sync {sync}: {by_ps} of the {policy} plan's {len(tasks)} tasks go by parameter server")
+    servers, server_note = runtime_servers(cluster, result.plan)
+    if server_note:
+        notes.append(server_note)
     return HeteroPlan(
         model=workload.model,
         cluster=cluster.name,
@@ -258,7 +264,7 @@ def plan_heterogeneous(
         sync=sync,
         result=result,
         baselines=tuple(baselines),
-        memory=rank_memory(workload, cluster, memory, memory_margin, split),
+        memory=rank_memory(workload, cluster, memory, memory_margin, tuple(min(b, micro_batch or b) for b in split)),
         chosen=chosen,
         splits_screened=len(screened),
         splits_searched=searched,
@@ -267,6 +273,8 @@ def plan_heterogeneous(
         budget_s=budget_s,
         budget_exhausted=exhausted,
         notes=tuple(notes),
+        servers=servers,
+        micro_batch=micro_batch,
     )
 
 

@@ -64,12 +64,17 @@ class HeteroPlan(Simulated):
     #: whether the budget cut the search short (a split, a knob trial or a final simulation skipped)
     budget_exhausted: bool = False
     notes: tuple[str, ...] = ()
+    #: the ranks that run the parameter servers of the plan's PS tasks (None: every rank, or no PS task)
+    servers: tuple[int, ...] | None = None
+    #: every batch a multiple of it, accumulated in micro-batches of this size (None: one pass per step)
+    micro_batch: int | None = None
 
     @cached_property
     def plan(self) -> CommPlan:
-        """The simulated CommPlan carrying this plan's per-rank batches (``batch_sizes``): what :meth:`save`
-        writes and ``parallelize(model, optimizer, plan=...)`` runs."""
-        return replace(super().plan, batch_sizes=self.batch_sizes)
+        """The simulated CommPlan carrying this plan's per-rank batches (``batch_sizes``), parameter-server
+        ranks (``servers``) and micro-batch: what :meth:`save` writes and ``parallelize(model, optimizer,
+        plan=...)`` runs."""
+        return replace(super().plan, batch_sizes=self.batch_sizes, servers=self.servers, micro_batch=self.micro_batch)
 
     @property
     def transports(self) -> tuple[str, ...]:
@@ -119,6 +124,8 @@ class HeteroPlan(Simulated):
                 for t in self.plan.tasks
             ],
             "baselines": [b.to_dict() for b in self.baselines],
+            "servers": None if self.servers is None else list(self.servers),
+            "micro_batch": self.micro_batch,
             "speedup_over_even_allreduce": self.speedup_over("even_allreduce"),
             "splits_screened": self.splits_screened,
             "splits_searched": self.splits_searched,

@@ -35,6 +35,11 @@ class InfeasibleError(CommschedError, ValueError):
     """No plan fits: a device cannot hold even one sample, or the global batch exceeds what all devices hold."""
 
 
+class OutOfMemoryError(InfeasibleError):
+    """Data parallelism does not fit in memory: a device cannot hold the model and one sample, or the devices
+    together cannot hold the global batch (pipeline stages may still fit: :mod:`commsched.plan.staged`)."""
+
+
 @dataclass(frozen=True)
 class MemoryModel:
     """The memory model of the module docstring. ``activation_bytes_per_sample=None``: read it from the workload."""
@@ -85,6 +90,13 @@ class RankMemory:
         return dict(self.__dict__)
 
 
+def format_gib(nbytes: float) -> str:
+    """``12.34 GiB``, or in MiB (``0.245 MiB``) below a tenth of a GiB, so small devices read sensibly."""
+    if abs(nbytes) >= GIB / 10:
+        return f"{nbytes / GIB:.2f} GiB"
+    return f"{nbytes / MiB:.3f} MiB"
+
+
 def usable_bytes(cluster: Cluster, margin: float) -> tuple[float, ...]:
     """Per rank, ``(1 - margin)`` of its device's memory."""
     return tuple(w.device.memory_gib * GIB * (1 - margin) for w in cluster.workers)
@@ -99,11 +111,11 @@ def batch_caps(workload: Workload, cluster: Cluster, memory: MemoryModel, margin
         cap = memory.max_batch(workload, usable)
         if cap < 1:
             need = memory.bytes_for(workload, 1)
-            raise InfeasibleError(
+            raise OutOfMemoryError(
                 f"plan: {workload.model} does not fit on rank {w.rank} ({w.device.name} on node {w.node_name}): "
-                f"one sample needs {need / GIB:.2f} GiB, {usable / GIB:.2f} GiB usable "
+                f"one sample needs {format_gib(need)}, {format_gib(usable)} usable "
                 f"({w.device.memory_gib:g} GiB less a {margin:.0%} margin): "
-                f"short by {(need - usable) / GIB:.2f} GiB"
+                f"short by {format_gib(need - usable)}"
             )
         caps.append(cap)
     return tuple(caps)

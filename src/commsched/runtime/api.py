@@ -27,7 +27,11 @@ from commsched.runtime.batches import (
 )
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.engine import Engine, Planner
+from commsched.runtime.losses import StepLoss
+from commsched.runtime.pipeline import PipelineModule, staged_refusals
 from commsched.runtime.replan import DriftPolicy
+from commsched.runtime.replicas import DEFAULT_EVERY, ReplicaCheck, check_every
+from commsched.runtime.servers import run_transport_options
 from commsched.runtime.switching import AutoPlanner, plan_by_name
 from commsched.schedule import (
     AUTO,
@@ -101,8 +105,27 @@ class ParallelModule(nn.Module):
         return None if sizes is None else sizes[self._engine.rank]
 
     @property
+    def micro_batch(self) -> int | None:
+        """The plan's micro-batch (every rank's batch a multiple of it: :func:`commsched.data.micro_batches`)."""
+        return self._engine.plan.micro_batch
+
+    @property
     def engine(self) -> Engine:
         return self._engine
+
+    def loss_records(self) -> list[StepLoss]:
+        """What a bounded-loss transport gave up on this rank, one record per iteration, oldest first
+        (:mod:`commsched.runtime.losses`; empty for lossless plans). Flushes first, so the last iteration's
+        record is complete."""
+        engine = self._engine
+        engine.flush()
+        engine.losses.finish(engine._iteration)
+        return list(engine.losses.records)
+
+    @property
+    def replica_checks(self) -> ReplicaCheck:
+        """The periodic replica check (:mod:`commsched.runtime.replicas`): ``checks``, ``mismatches``."""
+        return self._engine.replicas
 
     def close(self) -> None:
         """Apply pending updates and stop the communication threads."""
@@ -128,6 +151,8 @@ def parallelize(
     replan: DriftPolicy | bool | None = None,
     transport_options: TransportOptions | None = None,
     batch_sizes: Sequence[int] | None = None,
+    replica_check_every: int = DEFAULT_EVERY,
+    qdisc_drops: Callable[[], int] | None = None,
     **knobs: Any,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Make ``model`` and ``optimizer`` train data-parallel under a communication policy.
@@ -148,8 +173,12 @@ def parallelize(
     simulate ... --save-plan``) to run instead of a policy by name; it must fit
     the model (parameter names and shapes) and the world size, skips the
     warm-up, and the first iteration checks that the model runs in the plan's
-    order. ``policy="torch_ddp"`` returns ``DistributedDataParallel(model)``
-    (the baseline). ``knobs`` are the policy's (``commsched.schedule.knob_class(policy)``).
+    order. A plan with pipeline stages (``commsched plan`` makes them when the
+    model does not fit a device) returns a
+    :class:`~commsched.runtime.pipeline.PipelineModule` instead: an
+    ``nn.Sequential`` model, trained by ``model.train_step(x, y, loss_fn)``.
+    ``policy="torch_ddp"`` returns ``DistributedDataParallel(model)`` (the baseline).
+    ``knobs`` are the policy's (``commsched.schedule.knob_class(policy)``).
     ``max_grad_norm`` clips the global norm of the averaged gradients.
     ``grad_scaler``: the ``torch.amp.GradScaler`` the loop will use, so a policy
     that cannot take one is refused now rather than at its first step.
@@ -172,9 +201,17 @@ def parallelize(
     assumed to have the same batch and gradients are averaged, as under DDP.
     ``transport_options``: where a socket transport (parameter server,
     bounded-loss) binds and how it authenticates
-    (:class:`~commsched.transport.TransportOptions`); the collectives ignore it.
+    (:class:`~commsched.transport.TransportOptions`, ``servers=``: the ranks that run
+    parameter servers; a plan may name them); the collectives ignore it.
     ``timeout_s`` bounds every wait: a crashed or hung peer ends training with
     :class:`commsched.errors.RuntimeCommError`.
+    ``replica_check_every`` (default 50; 0: never): how often a plan whose
+    delivered results may differ between ranks (a lossy pull) compares the
+    ranks' parameters and optimizer state and re-broadcasts rank 0's on a
+    difference (:mod:`commsched.runtime.replicas`); lossless plans never check.
+    ``qdisc_drops``: a counter of packets the network's queues dropped (e.g. a
+    testbed's switch ports), read into the loss records of a bounded-loss
+    transport (``model.loss_records()``, :mod:`commsched.runtime.losses`).
 
     Every bad argument raises here, before any communication: an unknown
     policy, a knob's name, type or range, an optimizer or scaler the policy
@@ -183,11 +220,19 @@ def parallelize(
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeCommError("parallelize: torch.distributed is not initialised; call init_process_group first")
     _check_arguments(model, optimizer, max_grad_norm, timeout_s, warmup_iters, bandwidth_gbps, latency_us)
+    check_every(replica_check_every)
+    if qdisc_drops is not None and not callable(qdisc_drops):
+        raise ValueError(f"qdisc_drops: must be a callable returning a count, got {qdisc_drops!r}")
     world = dist.get_world_size(process_group)
     if plan is not None:
         if knobs:
             raise ValueError(f"parallelize: knobs come from the plan; got {', '.join(sorted(knobs))} as well")
         plan = plan if isinstance(plan, CommPlan) else CommPlan.load(plan)
+        if plan.stages is not None:
+            refused = staged_refusals(max_grad_norm, grad_scaler, batch_sizes, trace)
+            if refused:
+                raise UnsupportedError(refused)
+            return PipelineModule(model, plan, process_group, timeout_s), optimizer  # type: ignore[arg-type]
         policy = plan.policy
         bind_plan(model, plan, world)
         check_transports(t.transport for t in plan.tasks)
@@ -229,6 +274,7 @@ def parallelize(
     if bandwidth_gbps is not None:
         network = NetworkEstimate(world, gbps_to_bytes_per_s(bandwidth_gbps), latency_us / 1e6)
     run_sizes = plan.batch_sizes if plan is not None else run_batch_sizes(None, batch_sizes, world)
+    transport_options = run_transport_options(plan, transport_options, world)
     engine = Engine(
         model,
         optimizer,
@@ -246,6 +292,8 @@ def parallelize(
         trace=trace,
         transport_options=transport_options,
         batch_sizes=run_sizes,
+        replica_check_every=replica_check_every,
+        qdisc_drops=qdisc_drops,
     )
     _patch_optimizer(optimizer, engine, policy, defers)
     atexit.register(_close_at_exit, weakref.ref(engine))

@@ -32,7 +32,9 @@ from commsched.runtime.batches import gradient_weight, with_batch_sizes
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.buffers import GradientBuffers
 from commsched.runtime.hooks import ComputeTracer, install_hooks
+from commsched.runtime.losses import LossLog
 from commsched.runtime.replan import DriftPolicy, Replanner
+from commsched.runtime.replicas import DEFAULT_EVERY, ReplicaCheck
 from commsched.runtime.updates import DeferredUpdates, averaged_square_norm, clip_coefficient, due_layers
 from commsched.schedule import CommPlan, NetworkEstimate, provisional_plan
 from commsched.trace import Trace
@@ -71,6 +73,8 @@ class Engine:
         trace: bool,
         transport_options: TransportOptions | None = None,
         batch_sizes: tuple[int, ...] | None = None,
+        replica_check_every: int = DEFAULT_EVERY,
+        qdisc_drops: Callable[[], int] | None = None,
     ) -> None:
         self.module = module
         self.optimizer = optimizer
@@ -90,6 +94,8 @@ class Engine:
         self._t0 = time.perf_counter()
         self.trace = Trace(meta={"policy": policy, "source": "measured", "world_size": self.world}) if trace else None
         self._tracer = ComputeTracer(self.trace, self.rank, self._t0) if self.trace is not None else None
+        self.losses = LossLog(self.rank, self.trace, self._t0, qdisc_drops)  # bounded-loss transports' records
+        self.replicas = ReplicaCheck(replica_check_every)
 
         control = startup.control_group(process_group, timeout_s)
         plan_json = plan.to_json(indent=None) if plan is not None else None
@@ -162,6 +168,7 @@ class Engine:
         self._tensors_of_layer = live.tensors_of_layer
         for name in sorted({t.transport for t in plan.tasks} - set(self._transports)):
             self._transports.update(open_transports([name], self.groups.data, self.timeout_s, self._transport_options))
+        self.losses.plan_adopted(plan, self._iteration, self._transports)
         self.buffers = GradientBuffers(plan, live.params, self.world, gradient_weight(self.batch_sizes, self.rank))
         self.updates = DeferredUpdates(self.optimizer, self._orig_step)
         self._instance = -1  # backward passes under this plan, minus one
@@ -285,6 +292,8 @@ class Engine:
             switching.check_trial(self, self.replanner)
         elif self.replanner is not None and not self._warming and self.replanner.due(self._iteration):
             switching.check_drift(self, self.replanner)
+        self.losses.after_step(self._iteration)
+        self.replicas.after_step(self)
 
     def _clip_coefficient(self) -> float:
         """Global-norm clipping factor of the averaged gradients, computed before any layer is updated."""

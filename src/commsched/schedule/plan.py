@@ -18,11 +18,19 @@ batch). The runtime then weights rank ``r``'s gradient by ``b_r / B`` and sums,
 so a mean-reduced loss trains as one process on the whole global batch
 (``docs/runtime.md``).
 
+A plan may name the ranks that run the **parameter servers** of its tasks on
+the ``"ps"`` transport (``servers``: each owns an even slice of every such
+task, reduce-to-owner with one; ``None`` = a server on every rank), and it may
+cut the model into **pipeline stages** (``stages``, a
+:class:`~commsched.schedule.stages.StageLayout`: layer ranges on ranks, data
+parallel across pipelines; the per-pipeline batches are then the layout's and
+``batch_sizes`` is ``None``).
+
 The JSON file carries ``format`` and ``version`` (:data:`PLAN_VERSION`; files of
 every version in :data:`READABLE_VERSIONS` are read: a version-1 file is a plan
-without ``batch_sizes``). A file of another format or an unknown version is
-refused with a clear error, as is one that is internally inconsistent
-(:meth:`CommPlan.check`).
+without ``batch_sizes``, a version-2 file one without ``servers`` and
+``stages``). A file of another format or an unknown version is refused with a
+clear error, as is one that is internally inconsistent (:meth:`CommPlan.check`).
 """
 
 from __future__ import annotations
@@ -45,14 +53,18 @@ from commsched.schedule.base import (
     UpdateMode,
 )
 from commsched.schedule.knobs import Knobs
+from commsched.schedule.stages import StageLayout
 from commsched.spec_files import parse_json, read_text
 from commsched.workload import Workload
 
 PLAN_FORMAT = "commsched.CommPlan"
-#: The version written. 2 added ``batch_sizes``.
-PLAN_VERSION = 2
-#: The versions read; a version-1 file has no ``batch_sizes`` (every rank the same batch).
-READABLE_VERSIONS = (1, 2)
+#: The version written. 2 added ``batch_sizes``; 3 added ``servers`` and ``stages``.
+PLAN_VERSION = 3
+#: The versions read; a version-1 file has no ``batch_sizes`` (every rank the same batch), a version-2 file
+#: no ``servers`` (a server on every rank) and no ``stages`` (every rank the whole model).
+READABLE_VERSIONS = (1, 2, 3)
+#: The fields each version added, refused in files of earlier versions.
+_ADDED_IN = {"batch_sizes": 2, "servers": 3, "stages": 3, "micro_batch": 3}
 
 
 @dataclass(frozen=True)
@@ -67,10 +79,19 @@ class CommPlan:
     knobs: Knobs
     #: Local batch of each rank (one per rank, each >= 1), or None: every rank the same batch.
     batch_sizes: tuple[int, ...] | None = None
+    #: The ranks that run parameter servers for tasks on the ``"ps"`` transport, or None: every rank.
+    servers: tuple[int, ...] | None = None
+    #: Pipeline stages and the pipelines that run them, or None: every rank the whole model.
+    stages: StageLayout | None = None
+    #: Equal micro-batches: every entry of ``batch_sizes`` is a multiple of it, rank ``r`` accumulates
+    #: ``b_r / micro_batch`` of them per step (per-micro-batch statistics such as BatchNorm's then match
+    #: across ranks); None: each rank its batch in one pass.
+    micro_batch: int | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.batch_sizes, list):
-            object.__setattr__(self, "batch_sizes", tuple(self.batch_sizes))
+        for name in ("batch_sizes", "servers"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         self.check()
 
     @property
@@ -80,7 +101,9 @@ class CommPlan:
 
     @property
     def global_batch(self) -> int | None:
-        """Samples per iteration over all ranks when the plan fixes the per-rank batches, else None."""
+        """Samples per iteration over all ranks when the plan fixes the per-rank (or per-pipeline) batches."""
+        if self.stages is not None:
+            return self.stages.global_batch
         return None if self.batch_sizes is None else sum(self.batch_sizes)
 
     # ---- derived maps ----
@@ -126,7 +149,8 @@ class CommPlan:
 
     def check(self) -> None:
         """Ids in order, known kinds and dependencies, segments in bounds, every element reduced and
-        delivered exactly once, loss bounds in [0, 1), ``batch_sizes`` one whole number >= 1 per rank."""
+        delivered exactly once, loss bounds in [0, 1), ``batch_sizes`` one whole number >= 1 per rank,
+        ``servers`` distinct ranks, ``stages`` a layout of the model's layers over every rank."""
         w = self.workload
         if self.update not in ("step", "forward"):
             raise ScheduleError(f"{self.policy}: update must be 'step' or 'forward', got {self.update!r}")
@@ -136,6 +160,19 @@ class CommPlan:
             problems = batch_sizes_problems(self.batch_sizes, self.network.world_size)
             if problems:
                 raise ScheduleError(f"{self.policy}: {'; '.join(problems)}")
+        problems = servers_problems(self.servers, self.network.world_size)
+        if self.stages is not None:
+            problems += self.stages.problems(len(w.layers), self.network.world_size)
+            if self.batch_sizes is not None:
+                problems.append("batch_sizes: must be null when the plan has stages (each pipeline has its batch)")
+        if self.micro_batch is not None:
+            m = self.micro_batch
+            if isinstance(m, bool) or not isinstance(m, int) or m < 1 or self.batch_sizes is None:
+                problems.append(f"micro_batch: a whole number >= 1 dividing every entry of batch_sizes, got {m!r}")
+            elif any(b % m for b in self.batch_sizes):
+                problems.append(f"micro_batch: {m} does not divide every entry of batch_sizes {list(self.batch_sizes)}")
+        if problems:
+            raise ScheduleError(f"{self.policy}: {'; '.join(problems)}")
         for i, task in enumerate(self.tasks):
             if task.id != i:
                 raise ScheduleError(f"{self.policy}: task at position {i} has id {task.id}")
@@ -175,6 +212,9 @@ class CommPlan:
             "knobs": self.knobs.to_dict(),
             "update": self.update,
             "batch_sizes": None if self.batch_sizes is None else list(self.batch_sizes),
+            "servers": None if self.servers is None else list(self.servers),
+            "stages": None if self.stages is None else self.stages.to_dict(),
+            "micro_batch": self.micro_batch,
             "network": self.network.to_dict(),
             "tasks": [_task_to_dict(t) for t in self.tasks],
             "workload": json.loads(self.workload.to_json(indent=None)),
@@ -199,14 +239,19 @@ class CommPlan:
             raise SpecError(source, [f"format: expected {PLAN_FORMAT!r}, got {data.get('format')!r}"])
         version = data.get("version")
         if version not in READABLE_VERSIONS or isinstance(version, bool):
-            readable = " and ".join(map(str, READABLE_VERSIONS))
+            readable = ", ".join(map(str, READABLE_VERSIONS))
             raise SpecError(source, [f"version: this commsched reads versions {readable}, got {version!r}"])
         missing = [k for k in ("policy", "knobs", "update", "network", "tasks", "workload") if k not in data]
         if missing:
             raise SpecError(source, [f"{k}: missing" for k in missing])
+        late = [
+            f"{k}: not a field of version {version} (it came with version {v})"
+            for k, v in _ADDED_IN.items()
+            if version < v and data.get(k) is not None
+        ]
+        if late:
+            raise SpecError(source, late)
         batch_sizes = data.get("batch_sizes")
-        if version == 1 and batch_sizes is not None:
-            raise SpecError(source, ["batch_sizes: not a field of version 1 (it came with version 2)"])
         if batch_sizes is not None:
             if not isinstance(batch_sizes, list):
                 raise SpecError(source, [f"batch_sizes: expected a list or null, got {batch_sizes!r}"])
@@ -215,13 +260,24 @@ class CommPlan:
             if problems:
                 raise SpecError(source, problems)
             batch_sizes = tuple(batch_sizes)
+        servers = data.get("servers")
+        if servers is not None:
+            world = data["network"].get("world_size") if isinstance(data["network"], dict) else None
+            problems = servers_problems(servers, world if isinstance(world, int) else None)
+            if problems:
+                raise SpecError(source, problems)
+            servers = tuple(servers)
         try:
             scheduler = policy_class(data["policy"])
             knobs = scheduler.knob_type.parse(data["knobs"])
             network = NetworkEstimate(**data["network"])
             workload = Workload.from_dict(data["workload"], source=f"{source}: workload")
             tasks = tuple(_task_from_dict(i, t) for i, t in enumerate(data["tasks"]))
-            return cls(data["policy"], workload, network, tasks, data["update"], knobs, batch_sizes)
+            stages = None if data.get("stages") is None else StageLayout.from_dict(data["stages"])
+            micro = data.get("micro_batch")
+            return cls(
+                data["policy"], workload, network, tasks, data["update"], knobs, batch_sizes, servers, stages, micro
+            )
         except (ScheduleError, TypeError, KeyError, ValueError) as exc:
             if isinstance(exc, SpecError):
                 raise
@@ -251,6 +307,22 @@ def batch_sizes_problems(batch_sizes: Any, world: int | None) -> list[str]:
     for r, b in enumerate(batch_sizes):
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
             problems.append(f"batch_sizes[{r}]: must be a whole number >= 1, got {b!r}")
+    return problems
+
+
+def servers_problems(servers: Any, world: int | None) -> list[str]:
+    """What is wrong with ``servers`` as parameter-server ranks of ``world`` ranks (None: any), one line each."""
+    if servers is None:
+        return []
+    if isinstance(servers, str | bytes) or not isinstance(servers, list | tuple) or not servers:
+        return [f"servers: expected a non-empty list of ranks or null, got {servers!r}"]
+    problems = []
+    for i, r in enumerate(servers):
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0 or (world is not None and r >= world):
+            below = "" if world is None else f" below {world}"
+            problems.append(f"servers[{i}]: must be a rank >= 0{below}, got {r!r}")
+    if len(set(servers)) != len(servers):
+        problems.append(f"servers: ranks must be distinct, got {list(servers)}")
     return problems
 
 

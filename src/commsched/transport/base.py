@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -15,6 +16,13 @@ from commsched.schedule.dlcp import DLCP_PS_TRANSPORT, DLCP_TRANSPORT
 from commsched.transport.collectives import Collectives, Handle
 
 
+def check_probability(name: str, value: object) -> float:
+    """``value`` as a probability in ``[0, 1)``, or ValueError naming ``name`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not 0 <= value < 1:
+        raise ValueError(f"{name}: must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True, slots=True)
 class TransportOptions:
     """Where and how a socket transport listens and authenticates (the collective transport ignores them).
@@ -26,11 +34,26 @@ class TransportOptions:
     the runtime's process group; not secret from anyone who can read that
     group's traffic). ``paths``: local addresses to spread datagrams over (a
     bounded-loss transport sprays packets across them; empty: ``bind`` only).
+    ``servers``: the ranks that run the ``"ps"`` transport's servers, each
+    owning an even slice of every task (``None``: every rank; ``(0,)``: every
+    push reduced on rank 0); a plan that names its servers sets them.
+    ``inject_loss``: emulated random loss for experiments — the DLCP link drops
+    each outgoing data datagram with this probability before it reaches the
+    socket (:mod:`commsched.transport.dlcp.inject`; 0, the default: off);
+    ``inject_seed`` seeds it (with the rank). The other transports ignore both.
     """
 
     bind: str | None = None
     key: bytes | None = None
     paths: tuple[str, ...] = ()
+    servers: tuple[int, ...] | None = None
+    inject_loss: float = 0.0
+    inject_seed: int = 0
+
+    def __post_init__(self) -> None:
+        check_probability("TransportOptions.inject_loss", self.inject_loss)
+        if isinstance(self.inject_seed, bool) or not isinstance(self.inject_seed, int):
+            raise ValueError(f"TransportOptions.inject_seed: must be an integer, got {self.inject_seed!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,16 @@ previous iteration's value).
 Registered in :data:`commsched.transport.TRANSPORTS`. Opening is collective
 over the runtime's group (every rank, same order). CPU tensors only, as the
 parameter server.
+
+What was lost is reported through :class:`LossReporting` (the runtime's loss
+records read any transport that has it): every launch's lost elements, and
+cumulative counts of the data datagrams lost on the way, by where.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch.distributed as dist
 
@@ -23,7 +30,43 @@ from commsched.schedule.base import CommTask
 from commsched.transport.base import TaskBuffer, TransportOptions
 from commsched.transport.collectives import Handle
 from commsched.transport.dlcp import DlcpLink, open_dlcp_link
-from commsched.transport.exchange import PsExchange
+from commsched.transport.dlcp.kernel import udp_socket_drops
+from commsched.transport.exchange import Loss, PsExchange
+
+
+@dataclass(frozen=True, slots=True)
+class DropCounters:
+    """Data datagrams of one rank's link lost on the way, cumulative, by where (None: not readable here).
+
+    ``injected``: dropped by the link's emulated loss before they were sent
+    (this rank's sends); ``late``: arrived after their receive had ended (the
+    receiver stopped waiting for them: the application gave them up);
+    ``send_errors``: refused by this rank's own socket (a full send buffer);
+    ``socket``: dropped by the kernel at this rank's data sockets (receive
+    buffer full), from ``/proc/net/udp``.
+    """
+
+    injected: int = 0
+    late: int = 0
+    send_errors: int = 0
+    socket: int | None = None
+
+
+@runtime_checkable
+class LossReporting(Protocol):
+    """A transport that may lose part of a transfer and says what."""
+
+    def take_losses(self) -> list[Loss]:
+        """Every launch's :class:`~commsched.transport.exchange.Loss` since the last call, oldest first."""
+        ...
+
+    def launches(self) -> dict[int, int]:
+        """Per task id: launches so far (a launch's ``Loss.step`` counts from here)."""
+        ...
+
+    def drop_counters(self) -> DropCounters:
+        """Cumulative counts of the datagrams lost on the way on this rank, by where."""
+        ...
 
 
 class DlcpTransport:
@@ -47,6 +90,19 @@ class DlcpTransport:
 
     def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
         return self.exchange.start(task, buffer)
+
+    def take_losses(self) -> list[Loss]:
+        records = self.exchange.records
+        return [records.popleft() for _ in range(len(records))]
+
+    def launches(self) -> dict[int, int]:
+        return self.exchange.launches()
+
+    def drop_counters(self) -> DropCounters:
+        stats = self.link.stats
+        return DropCounters(
+            stats.dropped_by_hook, stats.late, stats.send_errors, udp_socket_drops(self.link.data_ports)
+        )
 
     def close(self) -> None:
         try:

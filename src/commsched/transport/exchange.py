@@ -46,7 +46,9 @@ the ``loss_bound`` it was given; exceeding it is a RuntimeCommError):
   where that is larger; the missing ranges keep the previous
   sum this rank received for the task (stale fill; zeros before the first).
 * :attr:`PsExchange.losses` records, per ``(task, phase)``, what the latest
-  launch lost on this rank, so a caller can check the bounds.
+  launch lost on this rank, so a caller can check the bounds;
+  :attr:`PsExchange.records` keeps every launch's :class:`Loss` (the latest
+  65,536) until a caller takes them.
 
 Memory per task on its owner: the accumulator (``1/p`` of the buffer) and
 ``p - 1`` receive slices for the peers' pushes; with ``pull_loss_bound > 0``
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,11 +81,22 @@ __all__ = ["PULL", "PUSH", "Loss", "PsExchange", "owner_slices"]
 
 @dataclass(frozen=True, slots=True)
 class Loss:
-    """What one phase of one launch lost on this rank: ``lost_numel`` of the ``received_numel`` it received."""
+    """What one phase of one launch lost on this rank: ``lost_numel`` of the ``received_numel`` it received.
+
+    ``task``, ``phase`` (:data:`PUSH` or :data:`PULL`) and ``step`` (the task's
+    launch count) name the launch; ``missing``: the element ranges ``[start,
+    stop)`` of the task's flat buffer that did not arrive (for a push, the
+    slice this rank owns: a peer's contribution to them counted as zero);
+    ``loss_bound``: the bound each of the phase's receives had.
+    """
 
     step: int
     lost_numel: int
     received_numel: int
+    task: int = -1
+    phase: int = PUSH
+    missing: tuple[tuple[int, int], ...] = ()
+    loss_bound: float = 0.0
 
     @property
     def fraction(self) -> float:
@@ -173,6 +187,8 @@ class PsExchange:
         self.servers = tuple(servers) if servers is not None else None
         #: per ``(task id, phase)``: what its latest launch lost on this rank
         self.losses: dict[tuple[int, int], Loss] = {}
+        #: every launch's losses, oldest first (bounded); a caller drains it with ``popleft``
+        self.records: deque[Loss] = deque(maxlen=1 << 16)
         self._launches: dict[int, int] = {}
         self._servers: dict[int, _Server] = {}
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"commsched-ps-r{self.rank}")
@@ -305,7 +321,7 @@ class PsExchange:
             target.add_(part)
         if counts is not None:
             target.copy_((target.double() * (self.world / counts)).to(target.dtype))
-        self._record(task.id, PUSH, posted.key.step, received, posted)
+        self._record(task.id, PUSH, posted.key.step, received, posted, task.loss_bound)
 
     def _finish_pull(
         self, task: CommTask, posted: _Posted, flat: torch.Tensor, server: _Server, deadline: float
@@ -321,15 +337,28 @@ class PsExchange:
                 box[a:b].copy_(previous[offset + a : offset + b])
         if previous is not None:
             previous.copy_(flat)
-        self._record(task.id, PULL, posted.key.step, received, posted)
+        self._record(task.id, PULL, posted.key.step, received, posted, bound)
 
     def _pull_bound(self, task: CommTask) -> float:
         """The larger of ``pull_loss_bound`` and, for a ``pull`` task, the task's own ``loss_bound``."""
         return max(self.pull_loss_bound, task.loss_bound if task.kind == "pull" else 0.0)
 
-    def _record(self, task: int, phase: int, step: int, received: list[Received], posted: _Posted) -> None:
+    def _record(
+        self, task: int, phase: int, step: int, received: list[Received], posted: _Posted, bound: float
+    ) -> None:
         lost = sum(r.lost for r in received)
-        self.losses[(task, phase)] = Loss(step, lost, sum(box.numel() for *_, box in posted.recvs))
+        missing = tuple(
+            (offset + a, offset + b)
+            for (_, _, offset, _), got in zip(posted.recvs, received, strict=True)
+            for a, b in got.missing
+        )
+        loss = Loss(step, lost, sum(box.numel() for *_, box in posted.recvs), task, phase, missing, bound)
+        self.losses[(task, phase)] = loss
+        self.records.append(loss)
+
+    def launches(self) -> dict[int, int]:
+        """Per task id: how many times it was started (its next launch's ``step``)."""
+        return dict(self._launches)
 
     # ---- closing ----
 

@@ -418,14 +418,15 @@ class PsTransport:
     """The ``"ps"`` transport: :class:`~commsched.transport.exchange.PsExchange` over a :class:`TcpLink`.
 
     Opening is collective over ``group`` (every rank, same order). Lossless:
-    TCP delivers every byte, so the push and pull bounds are 0.
+    TCP delivers every byte, so the push and pull bounds are 0. The servers are
+    ``options.servers`` (default: every rank).
     """
 
     __slots__ = ("exchange", "link")
 
     def __init__(self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions) -> None:
         self.link = TcpLink(group, timeout_s, options)
-        self.exchange = PsExchange(self.link, timeout_s)
+        self.exchange = PsExchange(self.link, timeout_s, servers=options.servers)
 
     def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
         return self.exchange.start(task, buffer)

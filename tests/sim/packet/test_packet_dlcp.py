@@ -127,13 +127,25 @@ def tapped(keep: Callable[[Packet], bool] = lambda pkt: True) -> Iterator[Packet
 
 
 def test_a_lossy_link_completes_at_the_bound_with_stop_and_never_loses_more() -> None:
-    # every 7th datagram is lost on the wire: the receiver STOPs once (1 - bound) arrived, nothing re-sent
+    # every 7th datagram is lost on the wire: the sender's PROBE finds the holes within the bound, nothing re-sent
     bound = 0.2
     with tapped(lambda pkt: pkt.seq % 7 != 6) as config:
         [result] = run_flows(fabric(2, config), [Flow(0, 1, 2_000_000, loss_bound=bound)], config)
     [(numel, lost, ended, _)] = result.receiver.inner.records
     assert ended == "bound" and 0 < lost <= int(bound * numel)
     assert result.sender.inner.retransmits == 0 and result.sender.inner.transfers == []
+
+
+@pytest.mark.parametrize("stop_at_count", [False, True])
+def test_a_loss_free_path_loses_nothing_unless_the_count_rule_stops_early(stop_at_count: bool) -> None:
+    config = replace(DLCP, dlcp=DlcpParams(stop_at_count=stop_at_count))
+    _, sender, receiver, _ = _one(config, MessageSpec(loss_bound=0.1), 1_000_000)
+    [(numel, lost, ended, _)] = receiver.records
+    if stop_at_count:  # MLT's rule: STOP once 1 - bound arrived, the last packets given up
+        assert ended == "bound" and 0 < lost <= int(0.1 * numel) and sender.probes == 0
+    else:  # the link's default: the bound only covers what the network lost
+        assert ended == "complete" and lost == 0
+    assert sender.transfers == []
 
 
 def test_holes_beyond_the_bound_are_resent_after_a_probe() -> None:

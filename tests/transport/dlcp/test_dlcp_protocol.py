@@ -38,8 +38,30 @@ def feed(rx: ReceiverState, offsets: list[int], stride: int) -> list[Action]:
     return out
 
 
-def test_the_receiver_stops_exactly_when_the_missing_elements_reach_the_bound() -> None:
+def test_by_default_a_loss_free_receive_ends_complete_whatever_the_bound() -> None:
+    rx = ReceiverState(100, loss_bound=0.5)
+    assert feed(rx, list(range(0, 90, 10)), 10) == [] and rx.ended is None  # within the bound, but no probe yet
+    assert feed(rx, [90], 10) == [Stop(100)]
+    assert (rx.ended, rx.lost) == ("complete", 0)
+
+
+def test_by_default_the_bound_is_used_once_the_sender_probed_and_on_resends_after() -> None:
     rx = ReceiverState(100, loss_bound=0.2)
+    feed(rx, [0, 10, 20, 30, 40, 50, 60, 70], 10)
+    out: list[Action] = []
+    rx.on_probe(1, out)
+    assert out == [Stop(80)] and (rx.ended, rx.missing()) == ("bound", ((80, 100),))
+    rx = ReceiverState(100, loss_bound=0.2)
+    feed(rx, [0, 10, 20, 30, 40, 50], 10)
+    out = []
+    rx.on_probe(1, out)
+    assert out == [Bitmap(1, ((60, 100),))] and rx.ended is None
+    assert feed(rx, [70], 10) == []  # 30 missing: still above the bound
+    assert feed(rx, [90], 10) == [Stop(80)] and rx.ended == "bound"
+
+
+def test_the_receiver_stops_exactly_when_the_missing_elements_reach_the_bound_with_stop_at_count() -> None:
+    rx = ReceiverState(100, loss_bound=0.2, stop_at_count=True)
     assert rx.allowed == 20
     assert feed(rx, [0, 10, 20, 30, 40, 50, 60], 10) == [] and rx.ended is None
     assert feed(rx, [70], 10) == [Stop(80)]
@@ -129,11 +151,17 @@ def test_a_bitmap_queues_exactly_its_holes_and_stop_ends_the_send() -> None:
 
 
 def run_transfer(
-    numel: int, stride: int, bound: float, lose: Callable[[Data], bool], *, rounds: int = 1000
+    numel: int,
+    stride: int,
+    bound: float,
+    lose: Callable[[Data], bool],
+    *,
+    rounds: int = 1000,
+    stop_at_count: bool = False,
 ) -> tuple[SenderState, ReceiverState, np.ndarray]:
     """Drive a sender and a receiver with a lossy data path (control is reliable); returns what was written."""
     tx = SenderState(numel, stride, probe_delay_s=0.0, probe_timeout_s=1.0)
-    rx = ReceiverState(numel, loss_bound=bound)
+    rx = ReceiverState(numel, loss_bound=bound, stop_at_count=stop_at_count)
     written = np.zeros(numel, dtype=bool)
     for step in range(rounds):
         if tx.done:
@@ -168,13 +196,16 @@ def test_probe_bitmap_resend_closes_every_hole_at_bound_zero() -> None:
     bound=st.floats(0.0, 1.0),
     loss=st.floats(0.0, 0.9),
     seed=st.integers(0, 2**32 - 1),
+    stop_at_count=st.booleans(),
 )
 @settings(max_examples=300, deadline=None)
 def test_the_receiver_never_ends_with_more_than_the_bound_missing(
-    numel: int, stride: int, bound: float, loss: float, seed: int
+    numel: int, stride: int, bound: float, loss: float, seed: int, stop_at_count: bool
 ) -> None:
     rng = random.Random(seed)
-    tx, rx, written = run_transfer(numel, stride, bound, lambda _d: rng.random() < loss, rounds=100_000)
+    tx, rx, written = run_transfer(
+        numel, stride, bound, lambda _d: rng.random() < loss, rounds=100_000, stop_at_count=stop_at_count
+    )
     assert rx.ended in ("complete", "bound") and tx.done
     missing = int((~written).sum())
     assert missing == rx.lost <= math.floor(bound * numel) + 0
@@ -182,7 +213,7 @@ def test_the_receiver_never_ends_with_more_than_the_bound_missing(
     assert sum(b - a for a, b in rx.missing()) == missing
     for a, b in rx.missing():
         assert not written[a:b].any()
-    if bound == 0.0:
+    if bound == 0.0 or (loss == 0.0 and not stop_at_count):  # nothing lost on the way: nothing given up
         assert written.all() and rx.ended == "complete"
 
 
@@ -229,14 +260,38 @@ def test_peer_feedback_counts_gaps_through_sequence_wrap_and_acks_every_n() -> N
     assert out[-1] == Ack(start + 4, 4, 1, NO_ECHO)
 
 
-def test_a_hole_asked_for_again_is_resent_important() -> None:
-    importance = np.array([1, 0, 1, 0], dtype=np.uint8)
-    sender = SenderState(40, 10, importance)
+def test_a_hole_asked_for_again_is_resent_important_and_a_requeued_packet_keeps_its_class() -> None:
+    importance = np.array([1, 0, 1, 0, 0], dtype=np.uint8)
+    sender = SenderState(50, 10, importance)
     out: list[Action] = []
-    sender.next_packets(0.0, 4, out)
-    assert [a.important for a in out if isinstance(a, Data)] == [1, 1, 0, 0]
-    sender.next_packets(1.0, 4, out)  # nothing left: a PROBE
-    sender.on_bitmap(1, [(10, 20), (30, 40)])  # the two unimportant packets are missing, beyond the bound
+    sender.next_packets(0.0, 5, out)
+    assert [a.important for a in out if isinstance(a, Data)] == [1, 1, 0, 0, 0]
+    sender.requeue(40)  # the host refused it: it goes again as it was, unimportant
     out.clear()
-    sender.next_packets(1.0, 4, out)
+    sender.next_packets(0.5, 5, out)
+    assert [(a.offset, a.important, a.resend) for a in out if isinstance(a, Data)] == [(40, 0, True)]
+    sender.next_packets(1.0, 5, out)  # nothing left: a PROBE
+    sender.on_bitmap(1, [(10, 20), (30, 40)])  # two unimportant packets are missing, beyond the bound
+    out.clear()
+    sender.next_packets(1.0, 5, out)
     assert [(a.offset, a.important, a.resend) for a in out if isinstance(a, Data)] == [(10, 1, True), (30, 1, True)]
+    assert importance.tolist() == [1, 0, 1, 0, 0]  # the caller's array is left as it was
+
+
+def test_a_packet_that_could_not_leave_the_host_goes_again_before_the_others_and_only_once() -> None:
+    tx = SenderState(50, 10)
+    out: list[Action] = []
+    tx.next_packets(0.0, 2, out)
+    tx.requeue(10)
+    tx.requeue(10)
+    out.clear()
+    tx.next_packets(0.0, 10, out)
+    assert [(d.offset, d.resend) for d in out if isinstance(d, Data)] == [
+        (10, True),
+        (20, False),
+        (30, False),
+        (40, False),
+    ]
+    tx.on_stop()
+    tx.requeue(0)
+    assert not tx.pending

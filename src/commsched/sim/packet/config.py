@@ -171,7 +171,11 @@ class DlcpParams:
     gives up on what is in flight after ``max(feedback_timeout_s, srtt +
     4·rttvar)`` without feedback. ``spray``: datagrams go round-robin over the equal-cost
     paths by their sequence number, as the link round-robins over its path
-    sockets (false: the fabric's ``load_balancing``).
+    sockets (false: the fabric's ``load_balancing``). Completion: as the
+    link's default, a bounded receive gives up holes within the bound only
+    once the sender PROBEd (everything was sent once); ``stop_at_count``
+    (``DlcpLink(stop_at_count=True)``, the rule DLCP and MLT describe) STOPs
+    as soon as ``1 − loss_bound`` arrived.
     """
 
     # Why these defaults (none was chosen on a benchmark's outcome):
@@ -187,6 +191,7 @@ class DlcpParams:
     # - min_gbps: the link's floor (RateParams.min_rate_bytes_per_s, 8 Mbit/s).
     # - gain, alpha_init: DCTCP's g and Linux DCTCP's initial α, as RateParams.
     # - burst_bytes: two jumbo datagrams, so a paced sender may follow one datagram by the next back to back.
+    # - stop_at_count: the link's default (DlcpLink), so that a prediction is of what the runtime does.
     # - feedback_timeout_s: the TCP baselines' minimum RTO here (TcpParams.min_rto_s), so no transport
     #   gets a shorter timer than another; above it the timer is srtt + 4·rttvar.
     quantile: float = option(0.5, "a chunk norm at or above this quantile of its transfer's is important", ge=0, le=1)
@@ -202,6 +207,7 @@ class DlcpParams:
     burst_bytes: int = option(18_000, "pacing burst (two jumbo datagrams)", ge=1)
     feedback_timeout_s: float = option(1e-3, "least time without feedback before giving up what is in flight", gt=0)
     spray: bool = option(True, "round-robin datagrams over the equal-cost paths (false: load_balancing)")
+    stop_at_count: bool = option(False, "STOP once 1 - loss_bound arrived (MLT's rule; false: the link's default)")
 
     def __post_init__(self) -> None:
         _check_fields(self, "dlcp.")

@@ -5,8 +5,9 @@ is a :class:`DlcpSender` and a :class:`DlcpReceiver` per ordered pair of
 hosts, and they hold exactly what the UDP link's I/O thread holds
 (:mod:`commsched.transport.dlcp.engine`): per message a
 :class:`~commsched.transport.dlcp.protocol.SenderState` and a
-:class:`~commsched.transport.dlcp.protocol.ReceiverState` (count-based
-completion, STOP at ``1 − loss_bound``, PROBE, BITMAP, selective re-send),
+:class:`~commsched.transport.dlcp.protocol.ReceiverState` (bounded-loss
+completion, by the link's rule or, with ``dlcp.stop_at_count``, MLT's: STOP
+at ``1 − loss_bound``; PROBE, BITMAP, selective re-send),
 per destination a :class:`~commsched.transport.dlcp.rate.RateControl`, per
 source a :class:`~commsched.transport.dlcp.protocol.PeerFeedback`. Packets
 are marked as the link marks them: importance by
@@ -113,7 +114,7 @@ class Transfer:
         self.send = SenderState(
             numel, stride, important, probe_delay_s=params.probe_delay_s, probe_timeout_s=params.probe_timeout_s
         )
-        self.recv = ReceiverState(numel, spec.loss_bound)
+        self.recv = ReceiverState(numel, spec.loss_bound, stop_at_count=params.stop_at_count)
 
     def lost_norm_fraction(self) -> float:
         """The share of the message's squared chunk norms in the packets that never arrived."""
@@ -302,21 +303,21 @@ class DlcpReceiver:
         acts = self._acts
         acts.clear()
         recv = transfer.recv
+        was_open = recv.ended is None
         if type(act) is Data:
             self.feedback.on_data(pkt.seq, pkt.ce, now_s, acts)
-            was_open = recv.ended is None
             accepted = recv.on_data(act.offset, act.numel, transfer.stride, acts)
-            if was_open and recv.ended is not None:
-                transfer.ended_s = now_s
-                self.completed.append(transfer.end)
-                norm_lost = transfer.lost_norm_fraction() if transfer.known else math.nan
-                self.records.append((recv.numel, recv.lost, recv.ended or "", norm_lost))
-            elif accepted is Accept.DUPLICATE:
+            if accepted is Accept.DUPLICATE:
                 self.duplicates += 1
             elif accepted is Accept.LATE:
                 self.late += 1
-        else:
+        else:  # a PROBE ends a receive whose holes are within the bound (the link's default rule)
             recv.on_probe(act.seq, acts)
+        if was_open and recv.ended is not None:
+            transfer.ended_s = now_s
+            self.completed.append(transfer.end)
+            norm_lost = transfer.lost_norm_fraction() if transfer.known else math.nan
+            self.records.append((recv.numel, recv.lost, recv.ended or "", norm_lost))
         self._send(transfer, now_s, out)
 
     def on_timer(self, now_s: float, out: list[Packet]) -> None:

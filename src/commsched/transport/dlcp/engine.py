@@ -8,6 +8,14 @@ and sends what the rate allows (at most 64 datagrams a turn, so receiving
 keeps up). The training thread only posts transfers and cancels them, under
 the same lock; so a receive's buffer is written only while its slot is
 posted, and never after it finished or was cancelled.
+
+A PROBE is answered only once the data sockets were read dry and the
+datagrams its sender had sent before it arrived (a PROBE carries the
+sender's next data sequence number toward this rank): a receive that may end
+at its bound on a probe must not give up datagrams still on their way (on a
+busy host, loopback can deliver the TCP probe before UDP datagrams sent
+earlier). A datagram the network lost never arrives, so the wait is bounded
+by :data:`PROBE_HOLD_S`.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from commsched.transport.dlcp.protocol import (
 from commsched.transport.dlcp.rate import RateControl, RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot, TransferRecord
 from commsched.transport.dlcp.sockets import Endpoints, LinkSockets, recv_tos, send_tos
-from commsched.transport.dlcp.wire import ACK, Codec, Datagram, Kind, check_holes, decode_ack, encode_holes
+from commsched.transport.dlcp.wire import ACK, U32, Codec, Datagram, Kind, check_holes, decode_ack, encode_holes
 from commsched.transport.links import Received, TransferKey
 
 if TYPE_CHECKING:
@@ -50,6 +58,7 @@ TICK_S = 0.001
 READS_PER_TURN = 256
 SENDS_PER_TURN = 64
 MAX_ENDED = 1 << 16
+PROBE_HOLD_S = 0.01  # the longest a probe waits for the datagrams sent before it
 Slot = tuple[int, TransferKey]
 
 
@@ -59,12 +68,16 @@ class Engine:
     def __init__(
         self, rank: int, world: int, sockets: LinkSockets, peers: Sequence[Endpoints], key: bytes,
         stats: LinkStats, *, timeout_s: float, rate: RateParams, ack_every: int, early_limit_bytes: int,
-        stale_steps: int, drop: Callable[[int, int], bool] | None,
+        stale_steps: int, drop: Callable[[int, int], bool] | None, stop_at_count: bool = False,
     ) -> None:  # fmt: skip
         self.rank, self.world, self.stats, self.timeout_s = rank, world, stats, timeout_s
         self.codec = Codec(key, world)
         self._sockets, self._peers, self._drop = sockets, list(peers), drop
         self._early_limit_bytes, self._stale_steps = early_limit_bytes, stale_steps
+        self._stop_at_count = stop_at_count
+        self._backlog = False  # a data socket was not read dry this turn
+        # probes that wait for the backlog to be read: (probe seq, sender's next data seq, answer by)
+        self._held_probes: dict[Slot, tuple[int, int, float]] = {}
         self._lock = threading.Lock()
         self._closing = False
         now = time.monotonic()
@@ -74,7 +87,7 @@ class Engine:
         self._recvs: dict[Slot, RecvSlot] = {}
         self._early: dict[Slot, list[bytes]] = {}
         self._early_bytes = 0
-        self._early_probes: dict[Slot, int] = {}
+        self._early_probes: dict[Slot, tuple[int, int]] = {}
         self._ended: dict[Slot, int] = {}  # finished receives -> elements received
         self._newest_step = -1
         self._sel = selectors.DefaultSelector()
@@ -115,7 +128,9 @@ class Engine:
             else:
                 if k in self._recvs or k in self._ended:
                     raise ValueError(f"dlcp: a receive from rank {slot.peer} with key {slot.key} was already posted")
-                slot.state = ReceiverState(slot.numel, slot.loss_bound, now + self.timeout_s)
+                slot.state = ReceiverState(
+                    slot.numel, slot.loss_bound, now + self.timeout_s, stop_at_count=self._stop_at_count
+                )
                 self._recvs[k] = slot
                 if slot.key.step > self._newest_step:
                     self._newest_step = slot.key.step
@@ -124,8 +139,8 @@ class Engine:
                     self._early_bytes -= len(raw)
                     self._on_data(self.codec.decode(raw), raw)
                 probe = self._early_probes.pop(k, None)
-                if probe is not None and k in self._recvs:
-                    self._on_probe(slot, probe)
+                if probe is not None and k in self._recvs:  # the I/O thread answers it (module docstring)
+                    self._held_probes[k] = (*probe, now + PROBE_HOLD_S)
                 if slot.state.ended is not None and k in self._recvs:
                     self._finish_recv(slot)
         self._wake()
@@ -190,8 +205,11 @@ class Engine:
                     if self._closing:
                         break
                     now = time.monotonic()
-                    for key, _mask in events:
+                    self._backlog = False
+                    for key, _mask in sorted(events, key=lambda e: not isinstance(e[0].data, tuple)):  # data first
                         self._on_event(key, buf, now)
+                    if self._held_probes and not self._backlog:
+                        self._answer_held_probes(now)
                     if now >= next_tick_s:
                         self._tick(now)
                         next_tick_s = now + TICK_S
@@ -251,6 +269,7 @@ class Engine:
             self._feedback[d.rank].on_data(d.seq, ecn == 3, now, acts)
             self._emit(d.rank, acts, None)
             self._on_data(d, view[:n])
+        self._backlog = True  # more may be queued: read it before answering a probe
 
     def _on_data(self, d: Datagram, raw: memoryview | bytes) -> None:
         k = (d.rank, TransferKey(d.step, d.task, d.phase))
@@ -321,11 +340,11 @@ class Engine:
         if d.kind == Kind.PROBE:
             recv = self._recvs.get(k)
             if recv is not None and (recv.numel, recv.dtype) == (d.total, d.dtype):
-                self._on_probe(recv, d.seq)
+                self._held_probes[k] = (d.seq, d.numel, now + PROBE_HOLD_S)  # answered: module docstring
             elif k in self._ended:
                 self._send_control(peer, Kind.STOP, k[1], offset=self._ended[k], total=d.total, dtype=d.dtype)
             elif recv is None and d.step >= self._newest_step - self._stale_steps and len(self._early_probes) < 65536:
-                self._early_probes[k] = d.seq
+                self._early_probes[k] = (d.seq, d.numel)
             else:
                 self.stats.control_unmatched += 1
             return
@@ -338,10 +357,24 @@ class Engine:
         elif d.kind == Kind.BITMAP:
             send.state.on_bitmap(d.seq, check_holes(d.payload, d.total))
 
+    def _answer_held_probes(self, now: float) -> None:
+        held, self._held_probes = self._held_probes, {}
+        for k, (seq, sent_before, answer_by) in held.items():
+            recv = self._recvs.get(k)
+            if recv is None:
+                continue
+            arrived = (self._feedback[recv.peer].sent - sent_before) % U32 < 2**31
+            if arrived or now >= answer_by:
+                self._on_probe(recv, seq)
+            else:
+                self._held_probes[k] = (seq, sent_before, answer_by)
+
     def _on_probe(self, slot: RecvSlot, seq: int) -> None:
         acts: list[Action] = []
         slot.state.on_probe(seq, acts)
         self._emit(slot.peer, acts, slot)
+        if slot.state.ended is not None and self._recvs.get((slot.peer, slot.key)) is slot:
+            self._finish_recv(slot)  # the holes were within the bound: the receive ends on the probe
 
     def _finish_send(self, slot: SendSlot) -> None:
         del self._sends[(slot.peer, slot.key)]
@@ -412,6 +445,12 @@ class Engine:
     def _send_datagram(self, slot: SendSlot, act: Data, rate: RateControl, now: float) -> None:
         start = act.offset * slot.itemsize
         payload = slot.view[start : start + act.numel * slot.itemsize]
+        if self._drop is not None and self._drop(slot.peer, act.offset):
+            # emulated loss, before the datagram is numbered: the receiver sees no gap and the rate
+            # control no congestion (loss that signals congestion comes from a network that drops)
+            self.stats.dropped_by_hook += 1
+            self.stats.resent += act.resend
+            return
         seq = rate.on_send(len(payload) + 94, now)  # + header, MAC, IP and UDP
         k = slot.key
         wire = self.codec.encode(
@@ -422,14 +461,14 @@ class Engine:
         self.stats.sent += 1
         self.stats.resent += act.resend
         self.stats.sent_bytes += len(wire)
-        if self._drop is not None and self._drop(slot.peer, act.offset):
-            self.stats.dropped_by_hook += 1
-            return
         paths = self._sockets.data
         dests = self._peers[slot.peer].data
         try:
             send_tos(paths[seq % len(paths)], wire, tos_byte(slot.prio, bool(act.important)), dests[seq % len(dests)])
-        except OSError:  # a full socket buffer: lost, as on a congested link
+        except BlockingIOError:  # this host's send buffer is full: back-pressure, not loss; it goes again
+            self.stats.send_errors += 1
+            slot.state.requeue(act.offset)
+        except OSError:  # refused by the host (e.g. no route): lost, as on a broken link
             self.stats.send_errors += 1
 
     def _emit(self, peer: int, acts: list[Action], slot: SendSlot | RecvSlot | None) -> None:
@@ -442,7 +481,8 @@ class Engine:
             if isinstance(act, Stop):
                 self._send_control(peer, Kind.STOP, slot.key, offset=act.received, total=slot.numel, dtype=slot.dtype)
             elif isinstance(act, Probe):
-                self._send_control(peer, Kind.PROBE, slot.key, seq=act.seq, total=slot.numel, dtype=slot.dtype)
+                self._send_control(peer, Kind.PROBE, slot.key, seq=act.seq, total=slot.numel, dtype=slot.dtype,
+                                   numel=self._rates[peer].seq)  # fmt: skip
             elif isinstance(act, Bitmap):
                 self._send_control(peer, Kind.BITMAP, slot.key, seq=act.seq, total=slot.numel, dtype=slot.dtype,
                                    payload=encode_holes(act.holes))  # fmt: skip

@@ -64,6 +64,7 @@ import torch.distributed as dist
 from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.transport.base import TransportOptions
 from commsched.transport.dlcp.engine import Engine
+from commsched.transport.dlcp.inject import RandomDrop
 from commsched.transport.dlcp.protocol import classify, datagrams_per_ack
 from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
@@ -113,8 +114,12 @@ class DlcpLink:
     ``sockets``: this rank's bound sockets; ``peers[r]``: rank ``r``'s
     endpoints (this rank's own entry is ignored); ``key``: the job's 16-64
     byte key. ``mtu_bytes``: the path MTU datagrams are cut to (1500; 9000
-    with jumbo frames). ``drop``: a test hook, ``drop(peer, offset) -> True``
-    loses that outgoing DATA datagram (counted in ``stats.dropped_by_hook``).
+    with jumbo frames). ``drop``: ``drop(peer, offset) -> True`` loses that
+    outgoing DATA datagram (counted in ``stats.dropped_by_hook``): emulated
+    loss (:class:`~commsched.transport.dlcp.inject.RandomDrop`) or a test's.
+    ``stop_at_count``: end a bounded receive as soon as ``1 − loss_bound`` of
+    it arrived (MLT's rule) instead of only on what the network lost
+    (:class:`~commsched.transport.dlcp.protocol.ReceiverState`).
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class DlcpLink:
         early_limit_bytes: int = 64 << 20,
         stale_steps: int = 2,
         drop: Callable[[int, int], bool] | None = None,
+        stop_at_count: bool = False,
     ) -> None:
         if len(peers) != world or not 0 <= rank < world:
             raise ValueError(f"dlcp: rank {rank} of {world} with {len(peers)} peer endpoints")
@@ -142,6 +148,8 @@ class DlcpLink:
         self.mtu_bytes = mtu_bytes
         self.quantile = quantile
         self.important_layer_classes = important_layer_classes
+        #: the local UDP ports of the data paths (where the kernel counts this link's receive drops)
+        self.data_ports = tuple(port for _, port in sockets.endpoints.data)
         self.stats = LinkStats(
             rcvbuf_requested_bytes=sockets.rcvbuf_requested_bytes,
             rcvbuf_granted_bytes=sockets.rcvbuf_granted_bytes,
@@ -161,7 +169,7 @@ class DlcpLink:
         rate = rate if rate is not None else RateParams(ack_slack=ack_every)
         self._engine = Engine(
             rank, world, sockets, peers, key, self.stats, timeout_s=timeout_s, rate=rate, ack_every=ack_every,
-            early_limit_bytes=early_limit_bytes, stale_steps=stale_steps, drop=drop,
+            early_limit_bytes=early_limit_bytes, stale_steps=stale_steps, drop=drop, stop_at_count=stop_at_count,
         )  # fmt: skip
 
     @property
@@ -240,10 +248,15 @@ def open_dlcp_link(
     random bytes rank 0 draws with :mod:`secrets` and shares in the same
     exchange — so it is not secret from anyone who can read that group's
     traffic; give a key to every rank out of band where that matters.
+    ``options.inject_loss`` > 0 drops that fraction of this rank's data
+    datagrams (:class:`~commsched.transport.dlcp.inject.RandomDrop`, seeded
+    by ``options.inject_seed`` and the rank) unless ``knobs`` bring a ``drop``.
     ``knobs`` go to :class:`DlcpLink` (``mtu_bytes``, ``rate``, ...).
     """
     opts = options if options is not None else TransportOptions()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if opts.inject_loss > 0 and "drop" not in knobs:
+        knobs["drop"] = RandomDrop(opts.inject_loss, opts.inject_seed, rank)
     sockets = LinkSockets(opts.bind if opts.bind is not None else default_bind_address(), opts.paths)
     try:
         drawn = secrets.token_bytes(32) if opts.key is None and rank == 0 else None

@@ -148,22 +148,30 @@ def allowed_missing(numel: int, loss_bound: float) -> int:
 class ReceiverState:
     """One receive of ``numel`` elements that may end with at most ``floor(loss_bound · numel)`` missing.
 
-    Guarantees: the receive ends (``ended`` set, one :class:`Stop` emitted)
-    as soon as the elements missing are within the bound, and never before
-    unless :meth:`deadline` or :meth:`cancel` ends it (``"deadline"``,
-    ``"cancelled"``); ``ended`` is ``"complete"`` (nothing missing) or
-    ``"bound"`` otherwise. At ``loss_bound`` 0 it ends only with every
-    element. After it ends, every packet is LATE (never to be written). The
-    packet grid (``stride``) is learnt from the first packet; packets on
-    another grid are MISMATCH.
+    When: by default only once the sender has sent every packet once (its
+    first :class:`Probe`), so a loss-free path loses nothing and the bound
+    only spares waiting for re-sends of what the network lost (beyond it, a
+    :class:`Bitmap` asks for them and the re-sends end it at the bound). With
+    ``stop_at_count`` (MLT's rule) as soon as ``1 − loss_bound`` arrived.
+    It ends (``ended``, one :class:`Stop`) under that rule, else only by
+    :meth:`deadline` or :meth:`cancel`; ``ended`` is ``"complete"`` (nothing
+    missing) or ``"bound"``, never with more than the bound missing; at
+    ``loss_bound`` 0 only with every element. After it ends, every packet is
+    LATE (never to be written). The packet grid (``stride``) is learnt from
+    the first packet; packets on another grid are MISMATCH.
     """
 
-    __slots__ = ("_got", "allowed", "deadline_s", "duplicates", "ended", "numel", "received", "stride")
+    __slots__ = ("_got", "allowed", "deadline_s", "duplicates", "ended", "numel", "probed", "received",
+                 "stop_at_count", "stride")  # fmt: skip
 
-    def __init__(self, numel: int, loss_bound: float = 0.0, deadline_s: float = INF) -> None:
+    def __init__(
+        self, numel: int, loss_bound: float = 0.0, deadline_s: float = INF, *, stop_at_count: bool = False
+    ) -> None:
         self.numel = numel
         self.allowed = allowed_missing(numel, loss_bound)
         self.deadline_s = deadline_s
+        self.stop_at_count = stop_at_count
+        self.probed = False  # the sender has sent every packet once
         self.stride = 0
         self._got: np.ndarray | None = None
         self.received = 0
@@ -189,13 +197,19 @@ class ReceiverState:
             return Accept.DUPLICATE
         self._got[index] = True
         self.received += numel
-        if self.numel - self.received <= self.allowed:
-            self.ended = "complete" if self.received == self.numel else "bound"
+        if self.received == self.numel:
+            self.ended = "complete"
+            out.append(Stop(self.received))
+        elif (self.probed or self.stop_at_count) and self.numel - self.received <= self.allowed:
+            self.ended = "bound"
             out.append(Stop(self.received))
         return Accept.NEW
 
     def on_probe(self, seq: int, out: list[Action]) -> None:
-        """Answer probe ``seq``: a Bitmap of the holes, or Stop again if the receive has ended."""
+        """Answer probe ``seq``: Stop if the receive has ended or the holes are within the bound, else a Bitmap."""
+        self.probed = True
+        if self.ended is None and self.numel - self.received <= self.allowed:
+            self.ended = "bound"
         if self.ended is not None:
             out.append(Stop(self.received))
         else:
@@ -307,9 +321,9 @@ class SenderState:
     travel later, at a lower priority, not ECN-capable).
 
     :meth:`next_packets` hands out up to ``budget`` packets: queued re-sends
-    first, then new ones. A re-send goes important whatever its chunk's
-    class: the receiver asked for it because it needs it to reach the bound.
-    Once everything was sent it emits a :class:`Probe`
+    first, then new ones. A hole a :class:`Bitmap` asks for goes again
+    important whatever its chunk's class: the receiver needs it to reach the
+    bound. Once everything was sent it emits a :class:`Probe`
     ``probe_delay_s`` after the last packet (so the last datagrams can land
     first), and again every ``probe_timeout_s`` while unanswered. A
     :class:`Bitmap` answering the latest probe queues its holes for re-send;
@@ -342,7 +356,7 @@ class SenderState:
         else:
             if len(importance) != packets:
                 raise ValueError(f"{len(importance)} importance classes for {packets} packets")
-            self._important = np.asarray(importance, dtype=np.uint8)
+            self._important = np.array(importance, dtype=np.uint8)  # a copy: holes asked for become important
             self._order = np.argsort(-self._important.astype(np.int8), kind="stable")
         self._pos = 0
         self._resend: deque[int] = deque()
@@ -387,8 +401,7 @@ class SenderState:
 
     def _data(self, index: int, resend: bool) -> Data:
         offset = index * self.stride
-        # a hole a BITMAP asks for is needed to reach the bound: re-sent important, not to be dropped again
-        return Data(offset, min(self.stride, self.numel - offset), 1 if resend else int(self._important[index]), resend)
+        return Data(offset, min(self.stride, self.numel - offset), int(self._important[index]), resend)
 
     def on_bitmap(self, seq: int, holes: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> None:
         """Queue the packets covering ``holes`` for re-send (important first); ignore an answer to an older probe."""
@@ -401,9 +414,18 @@ class SenderState:
         if not wanted:
             return
         ordered = sorted(wanted, key=lambda i: (-int(self._important[i]), i))
+        self._important[ordered] = 1  # the receiver needs them to reach the bound: not to be dropped again
         self._resend.extend(ordered)
         self._queued.update(ordered)
         self.wake_s = INF
+
+    def requeue(self, offset: int) -> None:
+        """The packet at ``offset`` could not leave this host (a full send buffer): send it again next."""
+        index = offset // self.stride
+        if not self.done and index not in self._queued:
+            self._resend.appendleft(index)
+            self._queued.add(index)
+            self.wake_s = INF
 
     def on_stop(self) -> None:
         """The receiver is finished: send nothing more."""

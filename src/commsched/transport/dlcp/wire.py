@@ -11,7 +11,9 @@ stride of the transfer. ``offset``/``numel``/``total``/``stride`` count
 elements, never bytes: a transfer of ``total`` elements is cut on a fixed grid
 of ``stride`` elements, so packet ``i`` holds elements ``[i·stride,
 min((i+1)·stride, total))`` and can be written at its offset in any order.
-A DATA payload is those elements' bytes, little-endian. The MAC is BLAKE2b
+A DATA payload is those elements' bytes, little-endian. A PROBE carries no
+elements; its ``numel`` is the sender's next DATA sequence number toward the
+receiver (what it had sent before the probe). The MAC is BLAKE2b
 keyed with the job's key (``hashlib.blake2b(key=..., digest_size=16)``) over
 header and payload.
 
