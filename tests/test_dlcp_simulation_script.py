@@ -1,0 +1,51 @@
+"""benchmarks/dlcp_simulation.py runs each part for every transport, at a tiny scale."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("dlcp_simulation", ROOT / "benchmarks" / "dlcp_simulation.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["dlcp_simulation"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _args(**over: object) -> argparse.Namespace:
+    base = dict(hosts=3, hosts_per_leaf=16, gbps=10.0, servers=3, model="mobilenet_v2", load=0.3, duration_s=0.001,
+                loss_bound=0.1, k_bytes=90_000, iterations=1, allowance=False)  # fmt: skip
+    return argparse.Namespace(**(base | over))
+
+
+@pytest.mark.parametrize("name", ["dctcp", "pfabric", "dlcp"])
+def test_the_fct_part_times_every_training_flow_and_dlcp_gives_up_at_most_its_bound(
+    script: ModuleType, name: str
+) -> None:
+    args = _args()
+    row = script.fct_run(name, script.configs(args)[name], args)
+    assert row["training"]["flows"] == 3 * 2 * 2  # a push and a pull between every worker and every other server
+    assert row["training"]["avg_ms"] > 0 and row["training"]["p99_ms"] >= row["training"]["avg_ms"]
+    if name == "dlcp":  # the count rule: every flow STOPs once 90 % arrived
+        assert row["dlcp"]["at_bound"] == 12 and 0 < row["dlcp"]["lost_fraction"] <= 0.1
+    else:
+        assert row["dlcp"] is None
+
+
+def test_the_iteration_part_times_the_measured_iterations_messages(script: ModuleType) -> None:
+    args = _args(load=0.0)
+    row = script.iteration_run("dlcp", script.configs(args)["dlcp"], args, 0.0)
+    assert row["iteration_ms"] > row["compute_ms"] > 0
+    assert row["training_messages"]["flows"] > 0 and row["dlcp"]["messages"] > 0
+    assert row["dlcp"]["max_lost_fraction"] <= 0.1
