@@ -83,6 +83,14 @@ def test_background_flows_share_the_fabric_with_a_training_job_and_end_with_it()
     assert busy.result.iteration_ms > quiet.result.iteration_ms
 
 
+def test_with_background_traffic_the_job_keeps_out_of_the_last_band() -> None:
+    workload, hosts = _two_layers(with_norms=False), cluster(3)
+    for load, bands in ((0.0, {0, 1}), (0.5, {0})):  # two layers: two priorities, over both bands or the first
+        config = PacketConfig(transport="dctcp", priority_classes=2, background_load=load, background_duration_s=0.002)
+        run = simulate_packet(workload, hosts, "ps", config, 1, 0, trace=False)
+        assert {cls for _, _, cls in run.network.connections} == bands
+
+
 def test_a_norm_histogram_is_optional_and_checked() -> None:
     old = _two_layers(with_norms=False)
     assert old.layers[1].grad_norms is None and "grad_norms" not in old.to_json()

@@ -230,7 +230,8 @@ class PacketConfig:
 
     Switch ports (every output port of a switch): ``buffer_bytes``
     of shared buffer, drop-tail when full; ``priority_classes`` strict-priority
-    bands (class 0 first; a task's priority is spread over the bands); ``red``
+    bands (class 0 first; a task's priority is spread over the bands, all but
+    the last when there is background traffic, which has it); ``red``
     adds RED/ECN to every band; ``pfabric`` makes each port a pFabric queue
     (dequeue the most urgent packet, drop the least urgent when full).
     Host NIC queues, and the ports inside a node, are unbounded (the

@@ -94,6 +94,8 @@ class PacketNetwork(ExtraTraffic):
         self.servers = built.servers
         top = max((t.priority for t in self._tasks), default=0)
         classes = self.config.priority_classes
+        if self.config.background_load > 0 and classes > 1:
+            classes -= 1  # the last band is the background's (and DLCP's best effort): the job keeps to the others
         self._class_of = [min(t.priority * classes // (top + 1), classes - 1) for t in self._tasks]
         self.connections: dict[tuple[int, int, int], Connection] = {}
         self._queue: deque[Collective] = deque()
