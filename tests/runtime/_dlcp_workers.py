@@ -105,7 +105,8 @@ def bounds(rank: int, world: int, results: dict[str, Any], **_: Any) -> None:
     """Injected loss far above the bounds, both modes; zero loss at a bound > 0 against torch_ddp."""
     for mode in ("collective", "ps"):
         opts = TransportOptions(inject_loss=0.15, inject_seed=5)
-        wrapped, losses = train("dlcp", rank, 8, mode=mode, loss_bound=0.05, pull_loss_bound=0.02,
+        # 351 float32 per datagram: 5 % of a 16384-element push shard is two whole datagrams, 3 % of a pull one
+        wrapped, losses = train("dlcp", rank, 8, mode=mode, loss_bound=0.05, pull_loss_bound=0.03,
                                 transport_options=opts, replica_check_every=0, **SMALL)  # fmt: skip
         results[f"lossy/{mode}"] = {"records": records(wrapped), "losses": losses,
                                     "finite": bool(torch.isfinite(flat(wrapped)).all())}  # fmt: skip

@@ -46,7 +46,7 @@ def test_every_push_and_every_pull_stays_within_its_own_bound_under_heavy_inject
         run = res[f"lossy/{mode}"]
         assert run["finite"] and len(run["losses"]) == 8  # training ran through
         for rec in run["records"]:
-            bound = {"push": 0.05, "pull": 0.02}[rec["phase"]]
+            bound = {"push": 0.05, "pull": 0.03}[rec["phase"]]
             assert rec["bound"] == bound
             assert rec["lost"] <= math.floor(bound * rec["received"]), rec
             assert rec["by_tensor"] == rec["lost"]
@@ -54,7 +54,7 @@ def test_every_push_and_every_pull_stays_within_its_own_bound_under_heavy_inject
                 worst[rec["phase"]] = max(worst[rec["phase"]], rec["lost"] / rec["received"])
         assert any(rec["injected"] > 0 for rec in run["records"])
     # 15 % of the datagrams dropped: the receives used their bounds, on both phases
-    assert worst["push"] > 0.5 * 0.05 and worst["pull"] > 0.5 * 0.02, worst
+    assert worst["push"] > 0.5 * 0.05 and worst["pull"] > 0.5 * 0.03, worst
 
 
 def test_at_zero_loss_a_positive_bound_gives_up_nothing_and_gives_ddps_parameters(results: list[dict]) -> None:
