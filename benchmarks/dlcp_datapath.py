@@ -15,6 +15,10 @@ them (fewer than the datagrams where UDP GSO/GRO batch them). CPU time is
 far less sensitive than wall time to other load; wall MB/s is printed too.
 ``--batch off`` / ``both`` adds links without UDP GSO/GRO
 (``LinkSockets(udp_offload=False)``): one datagram per system call.
+``--burst-kib`` adds pacer bursts (``RateParams.burst_bytes``; 0: the
+default, 8 KiB): a GSO batch holds what one turn of the pacer lets go, so
+the burst caps the datagrams per system call (8 KiB: about 5 of 1,500
+bytes, one of 9,000).
 
 ``rounds``: the communication-only rounds of :mod:`commsched.bench.tails`
 (no compute: ``compute_ms`` 0) on 2 ranks over loopback, the same
@@ -58,7 +62,7 @@ from commsched.transport.dlcp.link import DlcpLink
 from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
 from commsched.transport.links import TransferKey
 
-rank, port, numel, transfers, mtu, batch = (int(a) for a in sys.argv[1:7])
+rank, port, numel, transfers, mtu, batch, burst = (int(a) for a in sys.argv[1:8])
 torch.set_num_threads(1)
 f = socket.create_connection(("127.0.0.1", port)).makefile("rw")
 def say(obj):
@@ -69,7 +73,12 @@ offload = {"udp_offload": bool(batch)} if "udp_offload" in inspect.signature(Lin
 sockets = LinkSockets("127.0.0.1", **offload)
 say({"rank": rank, "endpoints": [list(map(list, sockets.endpoints.data)), list(sockets.endpoints.control)]})
 peers = [Endpoints(tuple(tuple(a) for a in p[0]), tuple(p[1])) for p in hear()]
-link = DlcpLink(rank, 2, sockets, peers, b"k" * 32, timeout_s=60.0, mtu_bytes=mtu)
+knobs = {}
+if burst:  # the pacer's burst (RateParams.burst_bytes), with the link's own ack slack
+    from commsched.transport.dlcp.link import ACK_EVERY_BYTES
+    from commsched.transport.dlcp.rate import RateParams
+    knobs["rate"] = RateParams(ack_slack=max(4, ACK_EVERY_BYTES // mtu), burst_bytes=burst)
+link = DlcpLink(rank, 2, sockets, peers, b"k" * 32, timeout_s=60.0, mtu_bytes=mtu, **knobs)
 data = torch.randn(numel, generator=torch.Generator().manual_seed(0))
 out = torch.empty(numel)
 stats, walls = link.stats, []
@@ -100,11 +109,14 @@ def _env(src: Path) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(src / "src"), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
 
 
-def launch_datagrams(src: Path, numel: int, transfers: int, mtu: int, batch: bool) -> list[dict[str, Any]]:
-    """One sender and one receiver process on ``src``'s package; their reports, by rank."""
+def launch_datagrams(
+    src: Path, numel: int, transfers: int, mtu: int, batch: bool, burst_bytes: int
+) -> list[dict[str, Any]]:
+    """One sender and one receiver process on ``src``'s package (``burst_bytes`` 0: the pacer's default burst);
+    their reports, by rank."""
     with socket.create_server(("127.0.0.1", 0)) as server:
         port = server.getsockname()[1]
-        argv = [str(port), str(numel), str(transfers), str(mtu), str(int(batch))]
+        argv = [str(port), str(numel), str(transfers), str(mtu), str(int(batch)), str(burst_bytes)]
         procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), *argv], env=_env(src)) for r in range(2)]
         try:
             server.settimeout(120.0)
@@ -162,7 +174,7 @@ def launch_rounds(src: Path, method: str, job: dict[str, Any]) -> dict[str, Any]
 
 
 def report_datagrams(results: dict[tuple[str, int], list[list[dict[str, Any]]]], mib: int) -> None:
-    print(f"{'variant':24} {'MTU':>5} {'send dgram/CPU-s':>17} {'dgram/send call':>16} {'recv dgram/CPU-s':>17} "
+    print(f"{'variant':32} {'MTU':>5} {'send dgram/CPU-s':>17} {'dgram/send call':>16} {'recv dgram/CPU-s':>17} "
           f"{'dgram/recv call':>16} {'MB/s (wall)':>12}  offload")  # fmt: skip
     for (name, mtu), launches in results.items():
         send = statistics.median(r[0]["sent"] / r[0]["cpu_s"] for r in launches)
@@ -170,7 +182,7 @@ def report_datagrams(results: dict[tuple[str, int], list[list[dict[str, Any]]]],
         per_send = statistics.median(r[0]["sent"] / max(r[0]["send_calls"], 1) for r in launches)
         per_recv = statistics.median(r[1]["received"] / max(r[1]["recv_calls"], 1) for r in launches)
         wall = statistics.median(w for r in launches for w in r[1]["walls"])
-        print(f"{name:24} {mtu:>5} {send:>17,.0f} {per_send:>16.1f} {recv:>17,.0f} {per_recv:>16.1f} "
+        print(f"{name:32} {mtu:>5} {send:>17,.0f} {per_send:>16.1f} {recv:>17,.0f} {per_recv:>16.1f} "
               f"{mib * 2**20 / wall / 1e6:>12.1f}  {launches[0][0]['offload']}")  # fmt: skip
 
 
@@ -197,6 +209,8 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=16, help="datagrams: MiB per transfer")
     parser.add_argument("--transfers", type=int, default=4, help="datagrams: timed transfers per launch")
     parser.add_argument("--batch", choices=["on", "off", "both"], default="both", help="datagrams: UDP GSO/GRO")
+    parser.add_argument("--burst-kib", type=int, nargs="+", default=[0],
+                        help="datagrams: the pacer's burst (RateParams.burst_bytes), KiB; 0: default")  # fmt: skip
     parser.add_argument("--round-kib", type=int, nargs="+", default=[1024, 1024, 640],
                         help="rounds: the partitions' sizes, front first")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=300, help="rounds: timed rounds per launch")
@@ -209,12 +223,17 @@ def main() -> None:
     if args.part in ("datagrams", "both"):
         numel = args.mib * 2**20 // 4
         batches = {"on": [True], "off": [False], "both": [True, False]}[args.batch]
-        variants = [(f"{name}{'' if b else ' (no GSO/GRO)'}", path, b) for name, path in trees for b in batches]
+        variants = [
+            (f"{name}{'' if b else ' (no GSO/GRO)'}{f' burst {k} KiB' if k else ''}", path, b, k * 1024)
+            for name, path in trees
+            for b in batches
+            for k in args.burst_kib
+        ]
         datagrams: dict[tuple[str, int], list[list[dict[str, Any]]]] = {}
         for _ in range(args.launches):
             for mtu in args.mtu:
-                for name, path, batch in variants:
-                    reports = launch_datagrams(path, numel, args.transfers, mtu, batch)
+                for name, path, batch, burst_bytes in variants:
+                    reports = launch_datagrams(path, numel, args.transfers, mtu, batch, burst_bytes)
                     datagrams.setdefault((name, mtu), []).append(reports)
         report_datagrams(datagrams, args.mib)
         dump["datagrams"] = {f"{n}@{m}": v for (n, m), v in datagrams.items()}
