@@ -23,7 +23,8 @@ CPU time per datagram of 1,470 bytes, 20,000 datagrams): one ``sendmsg`` per
 datagram 8.6 µs, in GSO batches of 44 about 1.5-1.9 µs; one ``recvmsg`` per
 datagram 6.6 µs, from GRO batches 0.5 µs. Inside DLCP's I/O loop, where a
 sleeping receiver is woken for every datagram, a lone ``sendmsg`` cost the
-sender 30-38 µs (``benchmarks/dlcp_datapath.py``, ``docs/dlcp.md``).
+sender 30-38 µs (``benchmarks/dlcp_datapath.py``; numbers from a loaded machine, to be
+repeated on a quiet one).
 
 Where the kernel or the socket lacks either option, :func:`enable_gro` and
 :func:`gso_supported` say so once, at open, and the link sends and reads one
