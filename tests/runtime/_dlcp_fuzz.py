@@ -22,7 +22,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import commsched.transport.dlcp.engine as dlcp_engine
+import commsched.transport.dlcp.udp as dlcp_udp
 from commsched.transport.dlcp.wire import DTYPE_CODES, HEADER, MAC_BYTES, MAGIC, VERSION, Codec, Kind, job_id
 
 KEY = bytes(range(7, 39))
@@ -47,19 +47,24 @@ def tapping(tap: Tap | None) -> Iterator[None]:
     if tap is None:
         yield
         return
-    original = dlcp_engine.send_tos
+    original = dlcp_udp.send_batch
 
-    def send(sock: socket.socket, datagram: bytes, tos: int, dest: tuple[str, int]) -> None:
-        tap._n += 1
-        if tap._n % 10 == 0 and len(tap.captured) < 500:
-            tap.captured.append((bytes(datagram), dest))
-        original(sock, datagram, tos, dest)
+    def send(
+        sock: socket.socket, parts: Sequence[bytes | memoryview], tos: int, segment_bytes: int, dest: tuple[str, int]
+    ) -> int:
+        blob = b"".join(parts)  # one datagram, or a GSO batch of them cut every segment_bytes
+        step = segment_bytes or len(blob) or 1
+        for start in range(0, len(blob), step):
+            tap._n += 1
+            if tap._n % 10 == 0 and len(tap.captured) < 500:
+                tap.captured.append((blob[start : start + step], dest))
+        return original(sock, parts, tos, segment_bytes, dest)
 
-    dlcp_engine.send_tos = send
+    dlcp_udp.send_batch = send
     try:
         yield
     finally:
-        dlcp_engine.send_tos = original
+        dlcp_udp.send_batch = original
 
 
 def signed(job: int | None = None, payload: bytes = b"", **fields: int) -> bytes:

@@ -23,6 +23,17 @@ def check_probability(name: str, value: object) -> float:
     return float(value)
 
 
+#: The MTUs a datagram transport accepts: IPv4's minimum that every host must take, to the largest IP packet.
+MIN_MTU_BYTES, MAX_MTU_BYTES = 576, 65535
+
+
+def check_mtu(name: str, value: object) -> int:
+    """``value`` as an MTU in bytes (:data:`MIN_MTU_BYTES` to :data:`MAX_MTU_BYTES`), or ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_MTU_BYTES <= value <= MAX_MTU_BYTES:
+        raise ValueError(f"{name}: must be an integer from {MIN_MTU_BYTES} to {MAX_MTU_BYTES} bytes, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class TransportOptions:
     """Where and how a socket transport listens and authenticates (the collective transport ignores them).
@@ -41,6 +52,14 @@ class TransportOptions:
     each outgoing data datagram with this probability before it reaches the
     socket (:mod:`commsched.transport.dlcp.inject`; 0, the default: off);
     ``inject_seed`` seeds it (with the rank). The other transports ignore both.
+    ``mtu_bytes``: the path MTU a datagram transport cuts its datagrams to
+    (IP and UDP headers included; 1500: Ethernet, 9000: jumbo frames, from
+    576 to 65535); DLCP checks it against the routes toward its peers when it
+    opens and refuses a larger one, since a datagram over the MTU would be
+    fragmented. ``udp_offload``: let the datagram transport batch datagrams
+    into one system call with UDP GSO and GRO where the kernel supports them
+    (:mod:`commsched.transport.dlcp.udp`); False: one datagram per call.
+    TCP and gloo ignore both (they follow the links' MTU themselves).
     """
 
     bind: str | None = None
@@ -49,11 +68,16 @@ class TransportOptions:
     servers: tuple[int, ...] | None = None
     inject_loss: float = 0.0
     inject_seed: int = 0
+    mtu_bytes: int = 1500
+    udp_offload: bool = True
 
     def __post_init__(self) -> None:
         check_probability("TransportOptions.inject_loss", self.inject_loss)
         if isinstance(self.inject_seed, bool) or not isinstance(self.inject_seed, int):
             raise ValueError(f"TransportOptions.inject_seed: must be an integer, got {self.inject_seed!r}")
+        check_mtu("TransportOptions.mtu_bytes", self.mtu_bytes)
+        if not isinstance(self.udp_offload, bool):
+            raise ValueError(f"TransportOptions.udp_offload: must be True or False, got {self.udp_offload!r}")
 
 
 @dataclass(frozen=True, slots=True)

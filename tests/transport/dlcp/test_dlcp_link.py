@@ -213,7 +213,7 @@ def test_early_data_beyond_the_buffer_is_dropped_then_recovered_by_probes() -> N
         sent = data(100_000)
         send = a.send(1, K(0, 0, 0), sent)
         assert eventually(lambda: b.stats.early_dropped > 0)
-        assert b._engine._early_bytes <= 50_000
+        assert b._engine.inbound.early_bytes <= 50_000
         out = torch.full_like(sent, float("nan"))
         assert b.recv(0, K(0, 0, 0), out).wait(10.0).lost == 0 and torch.equal(out, sent)
         send.wait(10.0)

@@ -16,13 +16,29 @@ from __future__ import annotations
 import contextlib
 import selectors
 import socket
+from typing import Protocol
 
 from commsched.errors import WireError
-from commsched.transport.dlcp.slots import LinkStats
+from commsched.transport.dlcp.protocol import Action
+from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
 from commsched.transport.dlcp.sockets import Address, FrameReader, frame
 from commsched.transport.dlcp.wire import Codec, Datagram
+from commsched.transport.links import TransferKey
 
 MAX_BACKLOG_BYTES = 16 << 20
+
+
+class Messages(Protocol):
+    """What the two halves of a link (:mod:`~commsched.transport.dlcp.inbound`,
+    :mod:`~commsched.transport.dlcp.outbound`) send over the control channel: the engine MACs and sends them."""
+
+    def emit(self, peer: int, acts: list[Action], slot: SendSlot | RecvSlot | None) -> None:
+        """Send the control actions among ``acts`` (STOP, PROBE, BITMAP of ``slot``'s transfer; ACK) to ``peer``."""
+        ...
+
+    def stop(self, peer: int, key: TransferKey, received: int, total: int, dtype: int) -> None:
+        """STOP a transfer this rank no longer holds a receive for."""
+        ...
 
 
 class _Inbound:

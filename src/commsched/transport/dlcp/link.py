@@ -33,19 +33,11 @@ message MAC'd like a datagram: control is a few messages per transfer, so
 TCP's reliability and order cost nothing that matters, and a lost STOP or
 BITMAP would otherwise need its own timers (the sender still re-probes).
 
-Speed: ``python benchmarks/dlcp_link.py`` moves 16 MiB of float32 at bound 0
-from one process to another over loopback (one I/O thread each, so one core
-per side; CPython 3.11, 2 cores shared with other work)::
-
-    MTU    MB/s   datagrams/s   ms per 16 MiB
-    1500    132        94,000             127
-    9000    389        44,000              43
-
-That is the quietest of three runs; with the cores loaded (load average 3-4)
-it halves (64 and 215 MB/s). Per datagram the receiver spends ~2 µs in
-``recvmsg``, ~2.7 µs verifying and parsing (``benchmarks/dlcp_wire.py``),
-the rest in its bookkeeping and the copy into ``out``: the data path is
-bound by Python's per-datagram cost, so jumbo frames carry 3x the bytes.
+Speed: datagrams go out in UDP GSO batches and come in as GRO batches where
+the kernel supports them (:mod:`~commsched.transport.dlcp.udp`); the CPU
+time per datagram on each side and the MB/s of a 16 MiB transfer over
+loopback are measured by ``python benchmarks/dlcp_datapath.py`` (numbers in
+``docs/dlcp.md``, "The data path").
 """
 
 from __future__ import annotations
@@ -61,14 +53,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from commsched.errors import RuntimeCommError, UnsupportedError
-from commsched.transport.base import TransportOptions
+from commsched.errors import RuntimeCommError, SpecError, UnsupportedError
+from commsched.transport.base import TransportOptions, check_mtu
 from commsched.transport.dlcp.engine import Engine
 from commsched.transport.dlcp.inject import RandomDrop
 from commsched.transport.dlcp.protocol import classify, datagrams_per_ack
 from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
-from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
+from commsched.transport.dlcp.sockets import Endpoints, LinkSockets, path_mtu_problems
 from commsched.transport.dlcp.wire import DTYPE_CODES, packet_numel
 from commsched.transport.links import COMPLETE, Received, TransferKey
 from commsched.transport.wire import default_bind_address
@@ -114,9 +106,13 @@ class DlcpLink:
     ``sockets``: this rank's bound sockets; ``peers[r]``: rank ``r``'s
     endpoints (this rank's own entry is ignored); ``key``: the job's 16-64
     byte key. ``mtu_bytes``: the path MTU datagrams are cut to (1500; 9000
-    with jumbo frames). ``drop``: ``drop(peer, offset) -> True`` loses that
-    outgoing DATA datagram (counted in ``stats.dropped_by_hook``): emulated
-    loss (:class:`~commsched.transport.dlcp.inject.RandomDrop`) or a test's.
+    with jumbo frames); SpecError if a route toward a peer has a smaller one
+    (:func:`~commsched.transport.dlcp.sockets.path_mtu_problems`). Whether
+    datagrams are batched (UDP GSO/GRO) is the ``sockets``' choice
+    (``LinkSockets(udp_offload=...)``), reported in :attr:`offload`.
+    ``drop``: ``drop(peer, offset) -> True`` loses that outgoing DATA
+    datagram (counted in ``stats.dropped_by_hook``): emulated loss
+    (:class:`~commsched.transport.dlcp.inject.RandomDrop`) or a test's.
     ``stop_at_count``: end a bounded receive as soon as ``1 − loss_bound`` of
     it arrived (MLT's rule) instead of only on what the network lost
     (:class:`~commsched.transport.dlcp.protocol.ReceiverState`).
@@ -142,6 +138,10 @@ class DlcpLink:
     ) -> None:
         if len(peers) != world or not 0 <= rank < world:
             raise ValueError(f"dlcp: rank {rank} of {world} with {len(peers)} peer endpoints")
+        check_mtu("dlcp: mtu_bytes", mtu_bytes)
+        problems = path_mtu_problems(sockets, peers, rank, mtu_bytes)
+        if problems:
+            raise _mtu_error(mtu_bytes, problems)
         self.rank = rank
         self.world = world
         self.timeout_s = timeout_s
@@ -156,6 +156,8 @@ class DlcpLink:
             rmem_max_bytes=sockets.rmem_max_bytes,
         )
         self._ip_udp_bytes = 48 if ":" in sockets.endpoints.control[0] else 28
+        #: how datagrams are sent and read: batched with UDP GSO / GRO, or one per system call, and why
+        self.offload = offload_report(sockets)
         global _warned_rcvbuf
         if sockets.rcvbuf_limited and not _warned_rcvbuf:
             _warned_rcvbuf = True
@@ -231,6 +233,20 @@ def _chunk_norms(data: torch.Tensor, stride: int) -> np.ndarray:
     return torch.linalg.vector_norm(flat.view(-1, stride), dim=1).numpy()
 
 
+def offload_report(sockets: LinkSockets) -> str:
+    """What the kernel granted of UDP GSO and GRO on ``sockets``: "GSO+GRO", "GSO", "GRO" or "off", and why not."""
+    granted = [name for name, flags in (("GSO", sockets.gso), ("GRO", sockets.gro)) if flags and all(flags)]
+    report = "+".join(granted) or "off"
+    return f"{report} ({'; '.join(sockets.offload_refused)})" if sockets.offload_refused else report
+
+
+def _mtu_error(mtu_bytes: int, problems: list[str]) -> SpecError:
+    return SpecError("TransportOptions", [
+        f"mtu_bytes: datagrams of {mtu_bytes} bytes would not fit the route MTU ({problem}) and would be "
+        f"fragmented; give at most the smallest route MTU, got {mtu_bytes}" for problem in problems
+    ])  # fmt: skip
+
+
 def _fingerprint(key: bytes | None) -> bytes | None:
     return None if key is None else hashlib.blake2b(key, digest_size=8, person=b"commsched.fp").digest()
 
@@ -251,13 +267,20 @@ def open_dlcp_link(
     ``options.inject_loss`` > 0 drops that fraction of this rank's data
     datagrams (:class:`~commsched.transport.dlcp.inject.RandomDrop`, seeded
     by ``options.inject_seed`` and the rank) unless ``knobs`` bring a ``drop``.
-    ``knobs`` go to :class:`DlcpLink` (``mtu_bytes``, ``rate``, ...).
+    ``options.mtu_bytes`` is the path MTU datagrams are cut to: every rank
+    checks it against its routes toward the others, and all raise SpecError
+    together if one does not fit; ``options.udp_offload`` False sends and
+    reads one datagram per system call. ``knobs`` go to :class:`DlcpLink`
+    (``rate``, ``stop_at_count``, ...; a ``mtu_bytes`` there wins over the
+    options').
     """
     opts = options if options is not None else TransportOptions()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if opts.inject_loss > 0 and "drop" not in knobs:
         knobs["drop"] = RandomDrop(opts.inject_loss, opts.inject_seed, rank)
-    sockets = LinkSockets(opts.bind if opts.bind is not None else default_bind_address(), opts.paths)
+    mtu_bytes = check_mtu("dlcp: mtu_bytes", knobs.pop("mtu_bytes", opts.mtu_bytes))
+    bind = opts.bind if opts.bind is not None else default_bind_address()
+    sockets = LinkSockets(bind, opts.paths, udp_offload=opts.udp_offload)
     try:
         drawn = secrets.token_bytes(32) if opts.key is None and rank == 0 else None
         mine = (sockets.endpoints, drawn, _fingerprint(opts.key))
@@ -266,7 +289,12 @@ def open_dlcp_link(
         if len({g[2] for g in gathered}) != 1:
             raise RuntimeCommError("dlcp: the ranks were given different keys (TransportOptions.key)")
         key = opts.key if opts.key is not None else gathered[0][1]
-        return DlcpLink(rank, world, sockets, [g[0] for g in gathered], key, timeout_s=timeout_s, **knobs)
+        peers = [g[0] for g in gathered]
+        problems: list[Any] = [None] * world  # every rank learns every rank's, so that all refuse together
+        dist.all_gather_object(problems, path_mtu_problems(sockets, peers, rank, mtu_bytes), group=group)
+        if any(problems):
+            raise _mtu_error(mtu_bytes, [p for ps in problems for p in ps])
+        return DlcpLink(rank, world, sockets, peers, key, timeout_s=timeout_s, mtu_bytes=mtu_bytes, **knobs)
     except BaseException:
         sockets.close()
         raise

@@ -37,6 +37,10 @@ class LinkStats:
     size or grid for the posted receive), ``early_buffered`` /
     ``early_dropped`` (for a receive not yet posted): valid datagrams not
     written. ``records``: the last 4096 receives, how each ended.
+    ``send_calls`` / ``recv_calls``: the system calls that sent and read
+    the data datagrams (fewer than the datagrams where UDP GSO / GRO batch
+    them); ``gso_refused``: GSO sends a route refused (that path then sends
+    one datagram per call).
     """
 
     sent: int = 0
@@ -60,6 +64,9 @@ class LinkStats:
     connections_refused: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     received_per_path: list[int] = field(default_factory=list)
+    send_calls: int = 0
+    recv_calls: int = 0
+    gso_refused: int = 0
     rcvbuf_requested_bytes: int = 0
     rcvbuf_granted_bytes: int = 0
     rmem_max_bytes: int | None = None

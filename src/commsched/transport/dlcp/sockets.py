@@ -5,13 +5,24 @@ then each of ``paths``) and one TCP listener on ``bind``, each on a port the
 kernel picks; :attr:`LinkSockets.endpoints` is what peers need to reach them.
 A UDP socket reports the TOS byte of each datagram it receives
 (``IP_RECVTOS`` / ``IPV6_RECVTCLASS``), so a receiver sees ECN's CE mark, and
-:func:`send_tos` sets the TOS byte per datagram (an ``IP_TOS`` control
-message), so one socket carries every priority and importance class.
+a sender sets the TOS byte per send (an ``IP_TOS`` control message,
+:func:`~commsched.transport.dlcp.udp.send_batch`), so one socket carries
+every priority and importance class.
 
 ``SO_RCVBUF`` is sized to absorb a receiver stall (a GIL or GC pause) of
 ``stall_s`` at ``expected_rate_bytes_per_s``, twice over for the kernel's
 per-datagram overhead; Linux caps it at ``net.core.rmem_max``, and the
 sizes asked, granted and the cap are kept so a link can report the cap.
+
+Every data socket sends with the don't-fragment rule (``IP_PMTUDISC_DO``,
+IPv6 ``IPV6_PMTUDISC_DO``): a datagram larger than the path MTU fails its
+send with EMSGSIZE instead of leaving as IP fragments (one lost fragment
+would lose the datagram). With ``udp_offload`` (the default) each data
+socket is also asked for UDP GSO and GRO (:mod:`~commsched.transport.dlcp.udp`);
+what the kernel granted is in :attr:`LinkSockets.gso` and
+:attr:`LinkSockets.gro`, and why not in :attr:`LinkSockets.offload_refused`.
+:func:`path_mtu_problems` compares a datagram size with the MTU of the
+routes toward the peers, so a link can refuse a size too large at open.
 """
 
 from __future__ import annotations
@@ -20,8 +31,11 @@ import contextlib
 import ipaddress
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from commsched.transport.dlcp.udp import enable_gro, gso_supported
 
 #: One ``(host, port)`` address.
 Address = tuple[str, int]
@@ -29,6 +43,8 @@ Address = tuple[str, int]
 _RMEM_MAX = Path("/proc/sys/net/core/rmem_max")
 MAX_FRAME_BYTES = 65536
 _LEN = struct.Struct("!I")
+# Linux's option numbers (Python 3.11's socket module names none of them)
+_IP_MTU_DISCOVER, _IP_MTU, _IPV6_MTU_DISCOVER, _IPV6_MTU, _PMTUDISC_DO = 10, 14, 23, 24, 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +73,8 @@ def _family(host: str) -> socket.AddressFamily:
 class LinkSockets:
     """The bound sockets of one rank; :meth:`close` releases them."""
 
-    __slots__ = ("control", "data", "endpoints", "rcvbuf_granted_bytes", "rcvbuf_requested_bytes", "rmem_max_bytes")
+    __slots__ = ("control", "data", "endpoints", "gro", "gso", "offload_refused", "rcvbuf_granted_bytes",
+                 "rcvbuf_requested_bytes", "rmem_max_bytes")  # fmt: skip
 
     def __init__(
         self,
@@ -66,11 +83,17 @@ class LinkSockets:
         *,
         stall_s: float = 0.1,
         expected_rate_bytes_per_s: float = 1.25e9,
+        udp_offload: bool = True,
     ) -> None:
         hosts = [bind, *(p for p in paths if p != bind)]
         self.rcvbuf_requested_bytes = int(2 * stall_s * expected_rate_bytes_per_s)
         self.rmem_max_bytes = rmem_max_bytes()
         self.data: list[socket.socket] = []
+        #: per data socket: the kernel takes UDP GSO sends / hands out GRO batches
+        self.gso: list[bool] = []
+        self.gro: list[bool] = []
+        #: why an offload asked for was not granted (empty: granted, or not asked for)
+        self.offload_refused: list[str] = []
         try:
             for host in hosts:
                 family = _family(host)
@@ -79,8 +102,14 @@ class LinkSockets:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf_requested_bytes)
                 if family == socket.AF_INET6:
                     sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_RECVTCLASS, 1)
+                    sock.setsockopt(socket.IPPROTO_IPV6, _IPV6_MTU_DISCOVER, _PMTUDISC_DO)
                 else:
                     sock.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+                    sock.setsockopt(socket.IPPROTO_IP, _IP_MTU_DISCOVER, _PMTUDISC_DO)
+                refused = [r for r in (gso_supported(sock), enable_gro(sock)) if r] if udp_offload else []
+                self.gso.append(udp_offload and not any(r.startswith("UDP_SEGMENT") for r in refused))
+                self.gro.append(udp_offload and not any(r.startswith("UDP_GRO") for r in refused))
+                self.offload_refused += [r for r in refused if r not in self.offload_refused]
                 sock.bind((host, 0))
                 sock.setblocking(False)
             # Linux reports twice what it grants (the other half is its bookkeeping)
@@ -110,31 +139,37 @@ class LinkSockets:
                 sock.close()
 
 
-_TOS_CACHE: dict[int, bytes] = {}
+def path_mtu_problems(sockets: LinkSockets, peers: Sequence[Endpoints], rank: int, datagram_bytes: int) -> list[str]:
+    """Where a datagram of ``datagram_bytes`` (IP and UDP headers included) would not fit the route MTU from
+    this rank's data sockets to each peer's data addresses (path by path); [] if it fits everywhere.
+
+    Reads the MTU the kernel's route gives (``IP_MTU`` / ``IPV6_MTU`` of a
+    socket connected there, nothing sent); a route it cannot read is not a
+    problem (the first send would fail instead).
+    """
+    problems = []
+    for peer, endpoints in enumerate(peers):
+        if peer == rank:
+            continue
+        for path, (host, port) in enumerate(endpoints.data):
+            local = sockets.data[path % len(sockets.data)].getsockname()[0]
+            mtu = _route_mtu(local, host, port)
+            if mtu is not None and datagram_bytes > mtu:
+                problems.append(f"rank {rank} -> rank {peer}, path {path} ({local} -> {host}): route MTU {mtu}")
+    return problems
 
 
-def send_tos(sock: socket.socket, datagram: bytes, tos: int, dest: Address) -> None:
-    """Send one datagram with IP TOS (IPv6: traffic class) ``tos``; raises OSError (e.g. a full buffer)."""
-    packed = _TOS_CACHE.get(tos)
-    if packed is None:
-        packed = _TOS_CACHE.setdefault(tos, struct.pack("i", tos))
-    if sock.family == socket.AF_INET6:
-        sock.sendmsg([datagram], [(socket.IPPROTO_IPV6, socket.IPV6_TCLASS, packed)], 0, dest)
-    else:
-        sock.sendmsg([datagram], [(socket.IPPROTO_IP, socket.IP_TOS, packed)], 0, dest)
-
-
-_CMSG_BYTES = socket.CMSG_SPACE(4)
-
-
-def recv_tos(sock: socket.socket, buf: bytearray) -> tuple[int, int]:
-    """One datagram into ``buf``: ``(bytes, TOS byte)``; raises BlockingIOError when none is waiting."""
-    n, ancillary, _flags, _addr = sock.recvmsg_into([buf], _CMSG_BYTES)
-    tos = 0
-    for _level, _type, data in ancillary:
-        if data:
-            tos = data[0] if len(data) == 1 else int.from_bytes(data[:4], "little")
-    return n, tos
+def _route_mtu(local: str, host: str, port: int) -> int | None:
+    family = _family(host)
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((local, 0))
+            probe.connect((host, port))
+            if family == socket.AF_INET6:
+                return int(probe.getsockopt(socket.IPPROTO_IPV6, _IPV6_MTU))
+            return int(probe.getsockopt(socket.IPPROTO_IP, _IP_MTU))
+    except OSError:
+        return None
 
 
 def frame(message: bytes) -> bytes:

@@ -164,6 +164,21 @@ class Codec:
         mac.update(payload)
         return b"".join((header, payload, mac.digest()))
 
+    def data_parts(
+        self, step: int, task: int, phase: int, rank: int, prio: int, importance: int, dtype: int, seq: int,
+        offset: int, numel: int, total: int, stride: int, payload: bytes | memoryview,
+    ) -> tuple[bytes, bytes]:  # fmt: skip
+        """A DATA datagram as ``(header, MAC)``: the datagram is ``header + payload + MAC``, as :meth:`encode`
+        makes it, left in pieces for a scatter-gather send (the payload is never copied here)."""
+        header = HEADER.pack(
+            MAGIC, VERSION, _DATA, self.job, step, task, phase, prio, importance, dtype, rank, seq % U32, offset,
+            numel, total, stride,
+        )  # fmt: skip
+        mac = self._mac.copy()
+        mac.update(header)
+        mac.update(payload)
+        return header, mac.digest()
+
     def decode(self, data: bytes | bytearray | memoryview) -> Datagram:
         """Verify and parse one datagram; WireError(reason) if anything is wrong. Reads no field before the MAC."""
         view = memoryview(data)

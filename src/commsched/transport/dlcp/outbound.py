@@ -1,0 +1,238 @@
+"""The sending half of a DLCP link: posted sends, paced, batched, sprayed over the paths.
+
+:class:`Outbound` is driven by the link's I/O thread, under the link's lock
+(:mod:`~commsched.transport.dlcp.engine`). Each turn, per destination, it
+serves the most urgent send (lowest layer class; among equals the first
+posted): it takes the send's next packets one by one while the destination's
+:class:`~commsched.transport.dlcp.rate.RateControl` lets one more go
+(:meth:`~commsched.transport.dlcp.rate.RateControl.delay_s` is 0; each
+numbered by :meth:`~commsched.transport.dlcp.rate.RateControl.on_send`), so
+the pacing is exactly that of one datagram at a time. Datagram ``seq``
+leaves by local path ``seq mod paths`` toward the peer's path address ``seq
+mod paths`` (per-packet spraying). The datagrams taken are then sent in as
+few system calls as the kernel allows: those of one path and one TOS byte
+(layer class and importance) go together in one UDP GSO send
+(:mod:`~commsched.transport.dlcp.udp`), the one shorter datagram a transfer
+may have (its tail) last, each datagram whole, self-describing and MAC'd
+(:meth:`~commsched.transport.dlcp.wire.Codec.data_parts`), within the MTU.
+
+A batch the host's send buffer refuses (EAGAIN) is queued again, datagram by
+datagram; a route that cannot segment (:data:`~commsched.transport.dlcp.udp.GSO_REFUSED`)
+turns GSO off for that socket (once, with a warning) and the batch goes
+again one datagram per call; a datagram larger than the route's MTU
+(EMSGSIZE: the sockets never fragment) fails its send with an error naming
+the sizes.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from collections.abc import Callable, Sequence
+
+from commsched.transport.dlcp import udp
+from commsched.transport.dlcp.control import Messages
+from commsched.transport.dlcp.protocol import Action, Data, tos_byte
+from commsched.transport.dlcp.rate import RateControl, RateParams
+from commsched.transport.dlcp.slots import LinkStats, SendSlot
+from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
+from commsched.transport.dlcp.wire import HEADER, IPV4_UDP_BYTES, MAC_BYTES, Codec
+from commsched.transport.links import TransferKey
+
+log = logging.getLogger("commsched")
+
+#: DATA datagrams sent per turn of the I/O loop, over every destination (so that receiving keeps up).
+SENDS_PER_TURN = 256
+#: Bytes a datagram adds to its payload: DLCP's header and MAC (IP and UDP come on top).
+FRAMING_BYTES = HEADER.size + MAC_BYTES
+Slot = tuple[int, TransferKey]
+
+
+class Outbound:
+    """Posted sends and their pacing, batching and spraying (module docstring); runs under the link's lock."""
+
+    def __init__(
+        self, rank: int, world: int, codec: Codec, stats: LinkStats, messages: Messages, sockets: LinkSockets,
+        peers: Sequence[Endpoints], *, timeout_s: float, rate: RateParams, drop: Callable[[int, int], bool] | None,
+        now: float,
+    ) -> None:  # fmt: skip
+        self.rank, self.codec, self.stats, self.timeout_s = rank, codec, stats, timeout_s
+        self._messages, self._drop = messages, drop
+        self._paths = list(sockets.data)
+        self._peers = list(peers)
+        #: per local path: the socket takes GSO sends (cleared if a route refuses one)
+        self.gso = list(sockets.gso)
+        self.rates = [RateControl(rate, now) for _ in range(world)]
+        self.sends: dict[Slot, SendSlot] = {}
+
+    # ---- sends posted and ended ----
+
+    def post(self, slot: SendSlot, now: float) -> None:
+        """Register a send (ValueError if one with its key is pending); an empty one finishes at once."""
+        k = (slot.peer, slot.key)
+        if k in self.sends:
+            raise ValueError(f"dlcp: a send to rank {slot.peer} with key {slot.key} is already pending")
+        slot.deadline_s = now + self.timeout_s
+        self.sends[k] = slot
+        if slot.state.done:
+            self.finish(slot)
+
+    def cancel(self, slot: SendSlot) -> None:
+        if self.sends.get((slot.peer, slot.key)) is slot:
+            self.finish(slot, error="cancelled")
+
+    def finish(self, slot: SendSlot, error: str | None = None) -> None:
+        slot.state.on_stop()
+        del self.sends[(slot.peer, slot.key)]
+        if slot.transfer is not None:
+            slot.transfer.finish(error=error)
+
+    def fail_all(self, error: str) -> None:
+        slots = list(self.sends.values())
+        self.sends.clear()
+        for slot in slots:
+            if slot.transfer is not None:
+                slot.transfer.finish(error=error)
+
+    def find(self, peer: int, key: TransferKey, total: int, dtype: int) -> SendSlot | None:
+        """The pending send a control message names, if its size and dtype match."""
+        send = self.sends.get((peer, key))
+        if send is None or (send.numel, send.dtype) != (total, dtype):
+            return None
+        return send
+
+    # ---- timers ----
+
+    def sleep_s(self, now: float) -> float:
+        """How long until the pacer lets a pending send go (INF: none pending or every window full)."""
+        return min([self.rates[s.peer].delay_s(now) for s in self.sends.values() if s.state.pending],
+                   default=float("inf"))  # fmt: skip
+
+    def tick(self, now: float) -> None:
+        """Rate timers; sends past their deadline fail; probes that are due go out."""
+        for peer, rate in enumerate(self.rates):
+            if peer != self.rank:
+                rate.on_timer(now)
+        for send in list(self.sends.values()):
+            if now >= send.deadline_s:
+                self.finish(send, error=f"no STOP from the receiver within {self.timeout_s} s")
+            elif not send.state.pending and send.state.wake_s <= now:
+                acts: list[Action] = []
+                send.state.next_packets(now, 0, acts)
+                self._messages.emit(send.peer, acts, send)
+
+    # ---- out ----
+
+    def send(self, now: float) -> None:
+        """Send what the pacers allow, at most :data:`SENDS_PER_TURN` datagrams."""
+        pending: dict[int, list[SendSlot]] = {}
+        for send in self.sends.values():
+            if send.state.pending:
+                pending.setdefault(send.peer, []).append(send)
+        budget = SENDS_PER_TURN
+        while pending and budget > 0:
+            for peer in list(pending):
+                slots = pending[peer]
+                slot = min(slots, key=lambda s: s.prio)  # stable: the first posted of the most urgent class
+                limit = udp.batch_limit(slot.stride * slot.itemsize + FRAMING_BYTES) * len(self._paths)
+                taken = self._send_some(slot, self.rates[peer], now, min(budget, limit))
+                budget -= taken
+                if not slot.state.pending:
+                    slots.remove(slot)
+                    if not slots:
+                        del pending[peer]
+                elif not taken:  # the pacer or the window holds this destination
+                    del pending[peer]
+
+    def _send_some(self, slot: SendSlot, rate: RateControl, now: float, limit: int) -> int:
+        """Take up to ``limit`` packets of ``slot`` as the pacer allows, number them, send them; how many taken."""
+        state, stats, drop = slot.state, self.stats, self._drop
+        itemsize = slot.itemsize
+        numbered: list[tuple[int, Data]] = []
+        acts: list[Action] = []
+        taken = 0
+        while taken < limit and state.pending and rate.delay_s(now) <= 0:
+            acts.clear()
+            state.next_packets(now, 1, acts)
+            for act in acts:
+                if not isinstance(act, Data):
+                    self._messages.emit(slot.peer, [act], slot)
+                    continue
+                taken += 1
+                if drop is not None and drop(slot.peer, act.offset):
+                    # emulated loss, before the datagram is numbered: the receiver sees no gap and the rate
+                    # control no congestion (loss that signals congestion comes from a network that drops)
+                    stats.dropped_by_hook += 1
+                    stats.resent += act.resend
+                    continue
+                # on the wire: the payload, DLCP's header and MAC, IPv4 and UDP
+                numbered.append((rate.on_send(act.numel * itemsize + FRAMING_BYTES + IPV4_UDP_BYTES, now), act))
+        if numbered:
+            self._transmit(slot, numbered)
+        return taken
+
+    def _transmit(self, slot: SendSlot, numbered: list[tuple[int, Data]]) -> None:
+        """Send numbered datagrams of ``slot``: one GSO send per (local path, peer path, TOS byte)."""
+        local, remote = len(self._paths), self._peers[slot.peer].data
+        tos = (tos_byte(slot.prio, False), tos_byte(slot.prio, True))
+        groups: dict[tuple[int, int, int], list[tuple[int, Data]]] = {}
+        for seq, act in numbered:
+            groups.setdefault((seq % local, seq % len(remote), tos[act.important]), []).append((seq, act))
+        full = slot.stride * slot.itemsize + FRAMING_BYTES
+        k, codec, view, itemsize = slot.key, self.codec, slot.view, slot.itemsize
+        stats = self.stats
+        for (path, dest, tos_value), group in groups.items():
+            if len(group) > 1:  # the tail (the one short datagram a transfer has) goes last in its batch
+                group.sort(key=lambda item: item[1].numel != slot.stride)
+            parts: list[bytes | memoryview] = []
+            for seq, act in group:
+                start = act.offset * itemsize
+                payload = view[start : start + act.numel * itemsize]
+                header, tag = codec.data_parts(k.step, k.task, k.phase, self.rank, slot.prio, act.important,
+                                               slot.dtype, seq, act.offset, act.numel, slot.numel, slot.stride,
+                                               payload)  # fmt: skip
+                parts += (header, payload, tag)
+                stats.sent += 1
+                stats.resent += act.resend
+                stats.sent_bytes += len(payload) + FRAMING_BYTES
+            sock, address = self._paths[path], remote[dest]
+            if len(group) > 1 and self.gso[path]:
+                try:
+                    udp.send_batch(sock, parts, tos_value, full, address)
+                    stats.send_calls += 1
+                    continue
+                except BlockingIOError:  # this host's send buffer is full: back-pressure, not loss; they go again
+                    self._requeue(slot, group)
+                    continue
+                except OSError as exc:
+                    if exc.errno not in udp.GSO_REFUSED:
+                        self._lost(slot, group, exc)
+                        continue
+                    self._gso_refused(path, address, exc)  # and send them one by one, below
+            for i, (_seq, act) in enumerate(group):
+                try:
+                    udp.send_batch(sock, parts[3 * i : 3 * i + 3], tos_value, 0, address)
+                    stats.send_calls += 1
+                except BlockingIOError:
+                    self._requeue(slot, [(_seq, act)])
+                except OSError as exc:
+                    self._lost(slot, [(_seq, act)], exc)
+
+    def _requeue(self, slot: SendSlot, group: list[tuple[int, Data]]) -> None:
+        self.stats.send_errors += len(group)
+        for _seq, act in reversed(group):  # requeue puts each first: the batch keeps its order
+            slot.state.requeue(act.offset)
+
+    def _lost(self, slot: SendSlot, group: list[tuple[int, Data]], exc: OSError) -> None:
+        """The host refused datagrams: too large for the route (the send fails), or lost as on a broken link."""
+        self.stats.send_errors += len(group)
+        if exc.errno == errno.EMSGSIZE and self.sends.get((slot.peer, slot.key)) is slot:
+            datagram = slot.stride * slot.itemsize + FRAMING_BYTES + IPV4_UDP_BYTES
+            self.finish(slot, error=f"datagrams of {datagram} bytes (IP and UDP headers included) do not fit the "
+                        f"path MTU toward rank {slot.peer} ({exc.strerror}); give a smaller mtu_bytes")  # fmt: skip
+
+    def _gso_refused(self, path: int, address: tuple[str, int], exc: OSError) -> None:
+        self.gso[path] = False
+        self.stats.gso_refused += 1
+        log.warning("dlcp: the route from path %d to %s refused a UDP GSO send (%s); sending one datagram per "
+                    "system call on that path from now on", path, address, exc.strerror or exc)  # fmt: skip
