@@ -66,7 +66,7 @@ def main() -> None:
             for session in report["sessions"]
             if "validation" in session
             for name, row in session["validation"]["rows"].items()
-            if name in meta["config"]["policies"]
+            if name in meta["config"]["policies"] and "error_pct" in row
         ]
         print(f"Median |error| over every policy and shaping: {statistics.median(errors):.1f} % ({len(errors)} cases)")
         print()

@@ -156,3 +156,20 @@ def test_each_ddp_configuration_of_the_grid_is_predicted_with_its_buckets() -> N
     assert rows["ddp[25MiB]"]["predicted_ms"] == default != rows["torch_ddp"]["predicted_ms"]
     four = predict(w, cluster, ["ddp"], knobs={"ddp": {"rebuilt": False, "bucket_cap_mb": 4.0}}, update_ms=7.0)
     assert rows["ddp[4MiB,find_unused]"]["predicted_ms"] == four["ddp"]
+
+
+def test_auto_is_predicted_as_the_plan_its_runs_recorded_and_refused_when_they_recorded_none() -> None:
+    cal = Calibration(_calibration_data(), "test")
+    session = _session({"auto": 650.0, "dear": 700.0})
+    dear4 = {"policy": "dear", "knobs": {"threshold_mb": 4.0, "lookahead": 1}}
+    wfbp = {"policy": "wfbp", "knobs": {}}
+    session["runs"] = {"auto": [{"plan": dear4}, {"plan": wfbp}, {"plan": dear4}]}  # the commonest counts
+    rows = predict_session(session, cal, ["auto", "dear"], {})["rows"]
+    w, cluster = cal.workload, cal.cluster
+    expected = predict(w, cluster, ["dear"], knobs={"dear": dear4["knobs"]}, update_ms=7.0)["dear"]
+    assert rows["auto"]["predicted_ms"] == expected
+    assert rows["auto"]["simulated_as"].startswith("dear ")
+    assert "as dear" in validation_markdown({"sessions": [{**session, "validation": {"rows": rows,
+                                             "median_abs_error_pct": 1.0}}]})  # fmt: skip
+    session["runs"] = {"auto": [{}]}
+    assert "did not record" in predict_session(session, cal, ["auto"], {})["rows"]["auto"]["error"]

@@ -51,7 +51,7 @@ from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.formulas import ring_all_reduce_s
 from commsched.profile.network import ProbeSample, fit_alpha_beta, fit_cpu, measured_cluster
-from commsched.schedule import TORCH_DDP_AS_POLICY
+from commsched.schedule import AUTO, TORCH_DDP_AS_POLICY
 from commsched.workload import Workload
 
 __all__ = ["Calibration", "load_calibration", "predict_session", "revalidate", "save_inputs"]
@@ -138,6 +138,13 @@ def predict_session(
             continue
         simulated, extra = _SIMULATED_AS.get(name, (name, {}))
         policy_knobs = {**knobs.get(name, {}), **extra}
+        if name == AUTO:  # predicted as the plan it ran (the same in every repeat, or the commonest)
+            chosen = _chosen_plan(session, name)
+            if chosen is None:
+                rows[name] = {"error": "the runs did not record the plan auto chose", "simulated_as": AUTO,
+                              "measured_ms": summary[name]["median_ms"]}  # fmt: skip
+                continue
+            simulated, policy_knobs = chosen
         try:
             predicted = predict(
                 workload,
@@ -164,6 +171,16 @@ def predict_session(
         "median_abs_error_pct": statistics.median(errors) if errors else None,
         "calibration": calibration.summary(),
     }
+
+
+def _chosen_plan(session: dict[str, Any], name: str) -> tuple[str, dict[str, Any]] | None:
+    """The policy and knobs ``name``'s runs ended with, the commonest over the repeats; None if not recorded."""
+    plans = [run["plan"] for run in session.get("runs", {}).get(name, []) if run.get("plan")]
+    if not plans:
+        return None
+    keys = [json.dumps(p, sort_keys=True) for p in plans]
+    plan = json.loads(max(set(keys), key=keys.count))
+    return plan["policy"], plan["knobs"]
 
 
 def _row(predicted: float, measured: float, simulated: str, knobs: dict[str, Any]) -> dict[str, Any]:

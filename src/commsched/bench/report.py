@@ -9,6 +9,7 @@ from rich.table import Table
 
 from commsched.bench.baselines import DDP_GRID, TORCH_DDP
 from commsched.bench.run import REFERENCES, YARDSTICK
+from commsched.schedule import AUTO
 from commsched.testbed import LinkShape
 
 #: The console's tables add p50 / p90 of the step times after min–max (bench.json has p99 too).
@@ -230,7 +231,10 @@ def _validation_cell(session: dict[str, Any], name: str) -> str:
         return ""
     if "error" in r:
         return f"not simulated: {r['error']}"
-    return f"{r['predicted_ms']:.0f} / {r['measured_ms']:.0f} ({r['error_pct']:+.1f} %)"
+    cell = f"{r['predicted_ms']:.0f} / {r['measured_ms']:.0f} ({r['error_pct']:+.1f} %)"
+    if name == AUTO:  # predicted as the plan it chose
+        cell += f" as {r['simulated_as'].split()[0]}"
+    return cell
 
 
 def _median_error_cell(session: dict[str, Any]) -> str:
