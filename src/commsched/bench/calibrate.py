@@ -137,27 +137,25 @@ def predict_session(
         if name not in summary:
             continue
         simulated, extra = _SIMULATED_AS.get(name, (name, {}))
-        policy_knobs = {**knobs.get(name, {}), **extra}
-        if name == AUTO:  # predicted as the plan it ran (the same in every repeat, or the commonest)
-            chosen = _chosen_plan(session, name)
-            if chosen is None:
+        cases = [(simulated, {**knobs.get(name, {}), **extra})]
+        if name == AUTO:  # predicted as the plans it ran: the median over its repeats' plans
+            cases = _chosen_plans(session, name)
+            if not cases:
                 rows[name] = {"error": "the runs did not record the plan auto chose", "simulated_as": AUTO,
                               "measured_ms": summary[name]["median_ms"]}  # fmt: skip
                 continue
-            simulated, policy_knobs = chosen
         try:
-            predicted = predict(
-                workload,
-                cluster,
-                [simulated],
-                knobs={simulated: policy_knobs},
-                update_ms=calibration.update_ms,
-                cpu=calibration.cpu,
-            )[simulated]
+            predictions = [
+                predict(workload, cluster, [policy], knobs={policy: policy_knobs}, update_ms=calibration.update_ms,
+                        cpu=calibration.cpu)[policy]
+                for policy, policy_knobs in cases
+            ]  # fmt: skip
         except CommschedError as exc:  # a prediction that fails must not cost the measurements
-            rows[name] = {"error": str(exc), "measured_ms": summary[name]["median_ms"], "simulated_as": simulated}
+            rows[name] = {"error": str(exc), "measured_ms": summary[name]["median_ms"], "simulated_as": cases[0][0]}
             continue
-        rows[name] = _row(predicted, summary[name]["median_ms"], simulated, policy_knobs)
+        policies_run = [policy for policy, _ in cases]
+        simulated, policy_knobs = cases[policies_run.index(max(policies_run, key=policies_run.count))]
+        rows[name] = _row(statistics.median(predictions), summary[name]["median_ms"], simulated, policy_knobs)
     if "compute" in summary:
         predicted = workload.forward_ms + workload.backward_ms + calibration.update_ms
         rows["compute"] = _row(predicted, summary["compute"]["median_ms"], "profile: forward + backward + update", {})
@@ -173,14 +171,10 @@ def predict_session(
     }
 
 
-def _chosen_plan(session: dict[str, Any], name: str) -> tuple[str, dict[str, Any]] | None:
-    """The policy and knobs ``name``'s runs ended with, the commonest over the repeats; None if not recorded."""
-    plans = [run["plan"] for run in session.get("runs", {}).get(name, []) if run.get("plan")]
-    if not plans:
-        return None
-    keys = [json.dumps(p, sort_keys=True) for p in plans]
-    plan = json.loads(max(set(keys), key=keys.count))
-    return plan["policy"], plan["knobs"]
+def _chosen_plans(session: dict[str, Any], name: str) -> list[tuple[str, dict[str, Any]]]:
+    """The policy and knobs each of ``name``'s runs ended with, in run order (none where not recorded)."""
+    return [(run["plan"]["policy"], run["plan"]["knobs"]) for run in session.get("runs", {}).get(name, [])
+            if run.get("plan")]  # fmt: skip
 
 
 def _row(predicted: float, measured: float, simulated: str, knobs: dict[str, Any]) -> dict[str, Any]:
