@@ -16,8 +16,9 @@ A transport knows nothing of policies. It may give up on at most
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from commsched._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from commsched.transport.base import (
@@ -45,11 +46,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_getattr(__name__, _HOMES)
 
 
 __all__ = [

@@ -20,10 +20,10 @@ urgent layers) go first, ECN-capable, at a higher DSCP class.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from commsched import _compiled
+from commsched._lazy import lazy_getattr
 
 _compiled.use_sources_if_stale()  # ``protocol`` and ``rate`` may run compiled: from source if out of date
 
@@ -57,11 +57,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+__getattr__ = lazy_getattr(__name__, _HOMES)
 
 
 __all__ = [
