@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _signals import ended_within
 
 from commsched.testbed import (
     CpuShare,
@@ -83,8 +84,11 @@ def test_each_worker_link_gets_its_own_rate_and_everything_is_removed() -> None:
 
 _HOLDER = textwrap.dedent(
     """
-    import time
+    import signal, time
     from commsched.testbed import CpuShare, HeteroTestbed, LoopbackTestbed
+    # Ctrl-C as in a terminal, whatever this process inherited (a background start ignores SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     with HeteroTestbed(LoopbackTestbed(2), cpu=[CpuShare(quota=0.5), CpuShare(quota=0.5)]) as bed:
         print(bed.cgroups.prefix, flush=True)
         time.sleep(120)
@@ -104,7 +108,7 @@ def _start_holder() -> tuple[subprocess.Popen[str], str]:
 def test_an_interrupted_run_removes_its_cgroups(sig: signal.Signals) -> None:
     proc, prefix = _start_holder()
     proc.send_signal(sig)
-    proc.wait(timeout=30)
+    ended_within(proc, 30)
     assert cgroup_objects(prefix) == []
 
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _signals import ended_within
 
 from commsched.bench.baselines import DDP_GRID
 from commsched.bench.run import BenchConfig, run_bench
@@ -126,8 +127,11 @@ def test_delay_without_netem_is_refused_clearly_or_applied() -> None:
 
 _HOLDER = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     from commsched.testbed import NetnsTestbed
+    # Ctrl-C as in a terminal, whatever this process inherited (a background start ignores SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     bed = NetnsTestbed(2)
     with bed:
         print(bed.prefix, flush=True)
@@ -148,7 +152,7 @@ def _start_holder() -> tuple[subprocess.Popen[str], str]:
 def test_an_interrupted_run_removes_everything(sig: signal.Signals) -> None:
     proc, prefix = _start_holder()
     proc.send_signal(sig)
-    proc.wait(timeout=30)
+    ended_within(proc, 30)
     assert project_objects(prefix) == []
 
 
