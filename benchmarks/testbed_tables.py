@@ -17,7 +17,8 @@ import statistics
 from pathlib import Path
 
 from commsched.bench.calibrate import revalidate
-from commsched.bench.report import grid_markdown, markdown_table, phase_table, plot, shaping, validation_markdown
+from commsched.bench.plot import plot
+from commsched.bench.report import grid_markdown, markdown_table, phase_table, shaping, validation_markdown
 from commsched.bench.run import resummarise
 
 

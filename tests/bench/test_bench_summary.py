@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from commsched.bench.baselines import DDP_GRID, YARDSTICK, best_ddp
-from commsched.bench.report import grid_markdown, grid_table, markdown_table, plot, session_table
+from commsched.bench.plot import plot
+from commsched.bench.report import grid_markdown, grid_table, markdown_table, session_table
 from commsched.bench.run import BenchConfig, _add_ratios, _collect, _rank_iteration_ms, resummarise, step_ms
 from commsched.bench.worker import session_order
 from commsched.testbed import LinkShape

@@ -11,7 +11,8 @@ import click
 from rich.console import Console
 
 from commsched.bench.baselines import DEFAULT_DDP, YARDSTICK
-from commsched.bench.report import grid_table, plot, session_table, shaping, validation_table
+from commsched.bench.plot import plot
+from commsched.bench.report import grid_table, session_table, shaping, validation_table
 from commsched.bench.run import DEFAULT_POLICIES, MIN_WARMUP, BenchConfig, run_bench
 from commsched.bench.significance import auto_vs_best
 from commsched.cli import bench_plan
