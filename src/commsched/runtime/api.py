@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import math
 import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -18,6 +17,7 @@ import torch.distributed as dist
 from torch import nn
 
 from commsched.errors import RuntimeCommError, UnsupportedError
+from commsched.runtime.arguments import check_arguments, grad_scaler_refusal, is_number
 from commsched.runtime.batches import (
     WeightedAllReduce,
     checked_batch_sizes,
@@ -49,7 +49,6 @@ from commsched.transport import TransportOptions, check_transports
 from commsched.units import gbps_to_bytes_per_s
 
 # Optimizers whose step needs every parameter at once (a closure re-evaluating the loss).
-_UNSPLITTABLE = ("LBFGS",)
 
 
 class ParallelModule(nn.Module):
@@ -219,7 +218,7 @@ def parallelize(
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeCommError("parallelize: torch.distributed is not initialised; call init_process_group first")
-    _check_arguments(model, optimizer, max_grad_norm, timeout_s, warmup_iters, bandwidth_gbps, latency_us)
+    check_arguments(model, optimizer, max_grad_norm, timeout_s, warmup_iters, bandwidth_gbps, latency_us)
     check_every(replica_check_every)
     if qdisc_drops is not None and not callable(qdisc_drops):
         raise ValueError(f"qdisc_drops: must be a callable returning a count, got {qdisc_drops!r}")
@@ -248,7 +247,7 @@ def parallelize(
     elif policy == AUTO:
         if knobs:
             raise ValueError(f"{AUTO}: knobs are searched, not given; got {', '.join(sorted(knobs))}")
-        if not (_number(auto_budget_s) and auto_budget_s > 0):
+        if not (is_number(auto_budget_s) and auto_budget_s > 0):
             raise ValueError(f"auto_budget_s: must be a finite number > 0, got {auto_budget_s!r}")
         knob_values = {"budget_s": auto_budget_s}
     else:
@@ -258,7 +257,7 @@ def parallelize(
     # auto may choose a deferring policy unless told of a scaler: a scaler it was not told of is refused.
     defers = True if policy == AUTO else policy_class(policy).update_mode == "forward"
     if grad_scaler is not None and policy != AUTO and defers:
-        raise UnsupportedError(_grad_scaler_refusal(policy))
+        raise UnsupportedError(grad_scaler_refusal(policy))
     if policy == AUTO:
         step_only = tuple(n for n in POLICIES if POLICIES[n].update_mode == "step" and n in LOSSLESS)
         choices = step_only if grad_scaler is not None else None
@@ -302,67 +301,12 @@ def parallelize(
 
 #: Why a compiled model is refused: the runtime works through module hooks and gradient hooks, which a
 #: compiled graph runs (or drops) on its own terms; compile the model inside instead.
-_COMPILE_REFUSAL = (
-    "torch.compile: commsched works through forward pre-hooks and gradient hooks, which a compiled graph does "
-    "not keep; pass the uncompiled model to parallelize() and do not compile the model it returns"
-)
-
-
-def _check_arguments(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    max_grad_norm: float | None,
-    timeout_s: float,
-    warmup_iters: int,
-    bandwidth_gbps: float | None,
-    latency_us: float,
-) -> None:
-    if isinstance(model, torch._dynamo.eval_frame.OptimizedModule):
-        raise UnsupportedError(_COMPILE_REFUSAL)
-    if not any(p.requires_grad for p in model.parameters()):
-        raise ValueError(
-            f"model: {type(model).__name__} has no trainable parameters (none, or all frozen); nothing to synchronise"
-        )
-    if type(optimizer).__name__ in _UNSPLITTABLE:
-        raise UnsupportedError(
-            f"optimizer: {type(optimizer).__name__} needs every parameter at once (closure); "
-            "commsched applies updates per layer, use a per-parameter optimizer such as SGD or AdamW"
-        )
-    if max_grad_norm is not None and not (_number(max_grad_norm) and max_grad_norm > 0):
-        raise ValueError(f"max_grad_norm: must be a finite number > 0, got {max_grad_norm!r}")
-    if not (_number(timeout_s) and timeout_s > 0):
-        raise ValueError(f"timeout_s: must be a finite number > 0, got {timeout_s!r}")
-    if isinstance(warmup_iters, bool) or not isinstance(warmup_iters, int) or warmup_iters < 1:
-        raise ValueError(f"warmup_iters: must be a whole number >= 1, got {warmup_iters!r}")
-    if bandwidth_gbps is not None and not (_number(bandwidth_gbps) and bandwidth_gbps > 0):
-        raise ValueError(f"bandwidth_gbps: must be a finite number > 0, got {bandwidth_gbps!r}")
-    if not (_number(latency_us) and latency_us >= 0):
-        raise ValueError(f"latency_us: must be a finite number >= 0, got {latency_us!r}")
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _grad_scaler_refusal(policy: str) -> str:
-    if policy == AUTO:
-        return (
-            "GradScaler: pass it to parallelize(..., policy='auto', grad_scaler=scaler), so that auto chooses "
-            "among the policies that apply updates at step()"
-        )
-    steps = ", ".join([TORCH_DDP, *(n for n in POLICIES if policy_class(n).update_mode == "step")])
-    return (
-        f"GradScaler: {policy} applies updates after step() returns, when the scaler has moved on; "
-        f"use bf16 autocast (no scaler needed) or a policy that updates at step() ({steps})"
-    )
-
-
 def _patch_optimizer(optimizer: torch.optim.Optimizer, engine: Engine, policy: str, defers: bool) -> None:
     """``step`` and ``state_dict`` go through the engine; bound to the optimizer so LR schedulers can wrap them."""
 
     def step(opt: torch.optim.Optimizer, closure: Callable[[], float] | None = None, **kwargs: Any) -> None:
         if "grad_scaler" in kwargs or getattr(opt, "grad_scale", None) is not None:
-            raise UnsupportedError(_grad_scaler_refusal(policy))
+            raise UnsupportedError(grad_scaler_refusal(policy))
         engine.step(closure)
 
     def state_dict(opt: torch.optim.Optimizer) -> dict[str, Any]:
