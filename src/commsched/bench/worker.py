@@ -240,12 +240,12 @@ def _policy(
         flush()
     trace = getattr(wrapped, "trace", None)
     plan = getattr(wrapped, "plan", None)  # what ran last (auto's choice after its search and trial)
-    chosen = None if plan is None else {"policy": plan.policy, "knobs": plan.knobs.to_dict()}
+    chosen = {} if plan is None else {"plan": {"policy": plan.policy, "knobs": plan.knobs.to_dict()}}
     params = _flat_params(model)
     close = getattr(wrapped, "close", None)
     if close is not None:
         close()
-    return {**clock.record(), "plan": chosen}, params, (params - initial).abs().max().item(), trace
+    return {**clock.record(), **chosen}, params, (params - initial).abs().max().item(), trace
 
 
 def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
@@ -325,8 +325,6 @@ def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
             dist.barrier()
             clock, params, moved, trace = _policy(job, rank, policy, batches, progress, repeat)
             run: dict[str, Any] = {"name": policy, "repeat": repeat, **clock, "max_param_moved": moved}
-            if run["plan"] is None:
-                del run["plan"]
             run["replica_spread"] = _replica_spread(params)
             if policy == TORCH_DDP:
                 reference = params
