@@ -49,6 +49,19 @@ def test_a_short_warmup_is_fine_for_torch_ddp_alone(started: list[Any], tmp_path
     assert isinstance(result.exception, Started) and started[0].warmup == 0
 
 
+def test_auto_with_a_warmup_shorter_than_its_trials_is_run_with_a_note_saying_so(
+    started: list[Any], tmp_path: Path
+) -> None:
+    from commsched.bench.run import AUTO_WARMUP
+
+    args = ["bench", "--policies", "auto,ddp", "--out", str(tmp_path)]
+    short = CliRunner().invoke(cli, [*args, "--warmup", "3"], terminal_width=200)
+    assert isinstance(short.exception, Started), short.output
+    assert f"with --warmup 3 its timed iterations include those trials (--warmup {AUTO_WARMUP}" in short.output
+    enough = CliRunner().invoke(cli, [*args, "--warmup", str(AUTO_WARMUP)], terminal_width=200)
+    assert isinstance(enough.exception, Started) and "note:" not in enough.output
+
+
 def test_a_bad_knob_is_refused_when_the_command_line_is_parsed(started: list[Any], tmp_path: Path) -> None:
     for knob, message in (
         ("dear.lookahead=0", "dear: knob 'lookahead' must be a whole number >= 1, got 0"),

@@ -40,16 +40,30 @@ def test_bad_drift_settings_are_refused_naming_the_setting(field: str, value: ob
         DriftPolicy(**{field: value})  # type: ignore[arg-type]
 
 
-def test_a_trial_loses_only_when_its_median_is_slower_than_the_warm_up_by_the_margin() -> None:
-    from commsched.runtime.replan import TRIAL_MARGIN, Replanner
+def test_the_fastest_trial_is_kept_unless_it_is_slower_than_the_warm_up_by_the_margin() -> None:
+    from commsched.runtime.replan import TRIAL_MARGIN, choose
+
+    assert choose([0.110, 0.104], 0.100, TRIAL_MARGIN) == 1  # both within the margin: the faster
+    assert choose([0.090, 0.104], 0.100, TRIAL_MARGIN) == 0  # the first, faster than the warm-up too
+    assert choose([0.2, 0.100 * (1 + TRIAL_MARGIN) + 0.01], 0.100, TRIAL_MARGIN) is None  # the warm-up's plan
+    assert choose([0.2, 0.3], None, TRIAL_MARGIN) == 0  # no warm-up measured: the fastest
+    assert choose([None, 0.3], 0.1, TRIAL_MARGIN) is None  # an unmeasured trial takes no part
+    assert choose([None, None], 0.1, TRIAL_MARGIN) == 1  # nothing measured: stay
+
+
+def test_the_trials_medians_choose_the_plan_and_the_others_are_left_out_of_re_plans() -> None:
+    from commsched.runtime.replan import Replanner
 
     r = Replanner(DriftPolicy(), world=2, measures=True)
-    r.periods = {1: 0.100, 3: 0.104, 4: 0.300, 5: 0.104}
-    assert not r.trial_lost(1, 3, 5)  # median 0.104: within the margin
-    r.periods[5] = 0.100 * (1 + TRIAL_MARGIN) + 0.01
-    r.periods[3] = 0.2
-    assert r.trial_lost(1, 3, 5)
-    assert not r.trial_lost(0, 3, 5)  # no baseline measured: keep
+    r.periods = {1: 0.100, 3: 0.104, 4: 0.300, 5: 0.104, 7: 0.090, 8: 0.095, 9: 0.5}
+    first, second = r.trial_median(3, 5), r.trial_median(7, 9)
+    assert (first, second) == (0.104, 0.095)
+    assert r.trial_median(20, 22) is None
+    r.trials = [("plan-a", "dear", first), ("plan-b", "ddp", second)]
+    assert r.keep(1) == "plan-b"
+    assert r.tried == {"dear"}  # the kept policy stays eligible when the plan is made again
+    r.trials = [("plan-a", "dear", 0.5), ("plan-b", "ddp", 0.4)]
+    assert r.keep(1) is None and r.tried == {"dear", "ddp"}
 
 
 def test_pushes_and_pulls_count_the_bytes_a_reduce_scatter_or_all_gather_would_send() -> None:

@@ -211,13 +211,27 @@ def test_a_checkpoint_keeps_the_plan_in_use_and_restoring_it_continues_exactly(t
         assert r["same_plan"] and r["diff"] < TOL, r
 
 
-def test_auto_replaces_a_plan_that_measures_slower_than_the_warm_up_by_the_next_best(tmp_path: Path) -> None:
+def test_auto_measures_its_choice_and_the_runner_up_and_keeps_the_warm_ups_plan_when_both_are_slower(
+    tmp_path: Path,
+) -> None:
     res = spawn(S.auto_trial, 2, tmp_path, 20)
     for r in res:
         assert "error" not in r and "missing" not in r, r
         assert r["diff"] < TOL, r
-        assert r["replans"] == 2  # MAX_TRIALS replacements, each measured in turn
+        assert r["replans"] == 2  # to the runner-up, then to the warm-up's plan
         distinct = list(dict.fromkeys(p for p in r["policies"][1:]))
-        assert distinct[-1] == "no_overlap", r["policies"]  # at last the plan the warm-up measured
-        assert len(distinct) >= 2 and len(set(r["policies"][1:6])) == 1, r["policies"]  # measured 4 iterations
+        assert len(distinct) == 3 and distinct[-1] == "no_overlap", r["policies"]  # at last the warm-up's plan
+        assert len(set(r["policies"][1:6])) == 1, r["policies"]  # the choice measured for 4 iterations
+        assert len(set(r["policies"][6:11])) == 1, r["policies"]  # and the runner-up
+    assert res[0]["policies"] == res[1]["policies"]
+
+
+def test_auto_goes_back_to_its_choice_when_the_runner_up_measured_slower(tmp_path: Path) -> None:
+    res = spawn(S.auto_trials_keep_first, 2, tmp_path, 16)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert r["diff"] < TOL, r
+        p = r["policies"]
+        assert r["replans"] == 2, p  # to the runner-up and back
+        assert p[1] != p[6] and p[1] == p[11] == p[-1], " ".join(p)  # p[k]: the plan after step k
     assert res[0]["policies"] == res[1]["policies"]

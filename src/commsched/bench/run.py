@@ -56,6 +56,9 @@ from commsched.bench.calibrate import load_calibration, predict_session, save_in
 from commsched.bench.worker import calibration_sizes, session_order
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.runtime import RUNTIME_POLICIES
+from commsched.runtime.replan import TRIAL_ITERATIONS
+from commsched.runtime.switching import MAX_TRIALS
+from commsched.schedule import AUTO
 from commsched.testbed.commands import LinkShape
 from commsched.testbed.launch import run_workers
 from commsched.testbed.netns import Isolation, NetnsTestbed, Testbed, TestbedError, open_testbed
@@ -109,6 +112,9 @@ DEFINITIONS = {
 
 #: Untimed iterations a commsched policy needs: it profiles 2 iterations, then switches to its plan.
 MIN_WARMUP = 3
+#: Iterations before ``auto`` runs the plan it keeps: its 2 warm-up iterations, then two trials
+#: (its choice and the runner-up) of ``TRIAL_ITERATIONS`` iterations and a switch each.
+AUTO_WARMUP = 2 + MAX_TRIALS * (TRIAL_ITERATIONS + 1)
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,16 @@ class BenchConfig:
             )
         if not self.shapes:
             raise ValueError("shapes: need at least one link shaping")
+
+    def notes(self) -> list[str]:
+        """What a reader of this configuration's results should know (nothing wrong with it)."""
+        if AUTO in self.policies and self.warmup < AUTO_WARMUP:
+            return [
+                f"auto measures its choice and the runner-up before it keeps one ({AUTO_WARMUP} iterations in all); "
+                f"with --warmup {self.warmup} its timed iterations include those trials "
+                f"(--warmup {AUTO_WARMUP} times only the plan it keeps)"
+            ]
+        return []
 
 
 # ------------------------------------------------------------------ reporting helpers

@@ -250,6 +250,8 @@ def command(
             raise click.BadParameter(problem, param_hint=f"'{option}'") from None
         raise click.UsageError(str(exc)) from None
     console = Console(width=None if sys.stdout.isatty() else 130)
+    for note in config.notes():
+        console.print(f"[yellow]note:[/yellow] {note}", soft_wrap=True)
     with progress(console) as bar:
         report = run_bench(
             config,

@@ -94,19 +94,39 @@ class DriftMonitor:
 
 #: Iterations a chosen plan is measured for before it is kept (the first after a switch is not counted).
 TRIAL_ITERATIONS = 4
-#: A chosen plan slower than the warm-up's plan by more than this (relative) is replaced by the next best.
+#: The measured fastest trial is kept unless it is slower than the warm-up's plan by more than this (relative).
 TRIAL_MARGIN = 0.05
+
+
+def choose(trials: list[float | None], baseline_s: float | None, margin: float) -> int | None:
+    """Which measured plan to keep: the index of the fastest trial (median seconds per iteration).
+
+    None: the warm-up's plan, because even the fastest trial is slower than the
+    warm-up's ``baseline_s`` by more than ``margin``. Trials without a
+    measurement take no part; with none measured, the last one is kept (nothing
+    says it is slow).
+    """
+    measured = [(t, i) for i, t in enumerate(trials) if t is not None]
+    if not measured:
+        return len(trials) - 1
+    fastest, index = min(measured)
+    if baseline_s is not None and fastest > baseline_s * (1 + margin):
+        return None
+    return index
 
 
 class Replanner:
     """Rank 0's measurements for one engine, and the re-plan they call for (other ranks measure nothing).
 
-    Besides drift, a **trial**: a plan chosen by prediction is measured for
-    :data:`TRIAL_ITERATIONS` iterations and compared with the last warm-up
-    iteration (the provisional plan, measured on the same machine); if it is
-    slower by more than :data:`TRIAL_MARGIN`, its policy is excluded and the
-    next best is tried — what the simulator cannot see (e.g. the runtime's
-    own work per message) cannot keep a bad choice.
+    Besides drift, **trials**: the plan chosen by prediction and the runner-up
+    of the same search (another policy) are each measured for
+    :data:`TRIAL_ITERATIONS` iterations; the faster is kept, unless it is
+    slower than the last warm-up iteration (the provisional plan, measured on
+    the same machine) by more than :data:`TRIAL_MARGIN`, when the warm-up's
+    plan is. The policies not kept are left out of later re-plans. What the
+    simulator cannot see (e.g. the runtime's own work per message, the
+    interpreter lock a launching thread waits for) cannot keep a bad choice
+    when the search ranked a better one second.
     """
 
     __slots__ = (
@@ -117,6 +137,7 @@ class Replanner:
         "monitor",
         "periods",
         "policy",
+        "trials",
         "tried",
         "world",
     )
@@ -131,8 +152,10 @@ class Replanner:
         self._excluded_s = 0.0
         #: iteration -> its wall time, start to next start (planning time left out)
         self.periods: dict[int, float] = {}
-        #: policies whose plans lost their trial
+        #: policies whose plans were measured and not kept (left out of re-plans)
         self.tried: set[str] = set()
+        #: the plans measured in trials, in order: (plan JSON, policy, median seconds per iteration or None)
+        self.trials: list[tuple[str, str, float | None]] = []
 
     def iteration_starts(self, iteration: int) -> None:
         if self._iter_start is None:
@@ -146,16 +169,28 @@ class Replanner:
         """Time spent planning, left out of the iteration it fell in."""
         self._excluded_s += seconds
 
-    def trial_lost(self, baseline_iteration: int, first: int, last: int) -> bool:
-        """Whether iterations ``first..last`` were slower than ``baseline_iteration`` by more than the margin."""
+    def trial_median(self, first: int, last: int) -> float | None:
+        """Median wall time of iterations ``first..last`` (None where none was measured)."""
         trial = [self.periods[k] for k in range(first, last + 1) if k in self.periods]
+        return statistics.median(trial) if trial else None
+
+    def keep(self, baseline_iteration: int) -> str | None:
+        """The plan JSON to keep after the trials (:func:`choose`); None: the warm-up's plan.
+
+        The policies not kept join :attr:`tried`.
+        """
         base = self.periods.get(baseline_iteration)
-        if not trial or base is None:
-            return False
-        lost = statistics.median(trial) > base * (1 + TRIAL_MARGIN)
-        log.info("commsched: trial %.1f ms vs warm-up %.1f ms: %s", 1e3 * statistics.median(trial), 1e3 * base,
-                 "replaced" if lost else "kept")  # fmt: skip
-        return lost
+        index = choose([t for _, _, t in self.trials], base, TRIAL_MARGIN)
+        kept = None if index is None else self.trials[index]
+        self.tried.update(policy for plan, policy, _ in self.trials if kept is None or plan != kept[0])
+
+        def ms(t: float | None) -> str:
+            return "unmeasured" if t is None else f"{1e3 * t:.1f} ms"
+
+        shown = ", ".join(f"{policy} {ms(t)}" for _, policy, t in self.trials)
+        log.info("commsched: trials %s; warm-up %s: %s", shown, ms(base),
+                 "the warm-up's plan kept" if kept is None else f"{kept[1]} kept")  # fmt: skip
+        return None if kept is None else kept[0]
 
     def waited(self, seconds: float) -> None:
         self._waited_s += seconds

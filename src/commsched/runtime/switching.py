@@ -2,9 +2,10 @@
 
 * after the warm-up, rank 0 makes the real plan from what it measured and
   sends it to every rank as plan JSON (:func:`replan_after_warmup`);
-* the **trial**: a plan chosen by prediction is measured for a few iterations
-  against the last warm-up iteration, and a slower one is replaced (next of the
-  planner's ranking, then the warm-up's plan) — :mod:`~commsched.runtime.replan`;
+* the **trials**: the plan chosen by prediction and the planner's runner-up
+  (another policy) are each measured for a few iterations and the faster is
+  kept, or the warm-up's plan where both measured slower than the last warm-up
+  iteration — :mod:`~commsched.runtime.replan`;
 * **drift**: every few iterations rank 0 says whether compute or bandwidth
   moved enough to plan again;
 * :func:`use_plan` switches between iterations, every rank at
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("commsched")
 
-#: Replacements at most (each measured in turn); the last may be the warm-up's plan, which was measured.
+#: Plans measured after the warm-up: the planner's choice and its runner-up.
 MAX_TRIALS = 2
 
 
@@ -71,27 +72,36 @@ def start_trial(engine: Engine) -> None:
 
 
 def check_trial(engine: Engine, replanner: Replanner) -> None:
-    """The trial's end: rank 0 keeps the plan, or replaces it by the next best (every rank alike)."""
+    """A trial's end (every rank alike): rank 0 records it, then sends the runner-up to measure next, or
+    the plan to keep after the last trial (the fastest measured, or the warm-up's plan), or nothing (stay)."""
     first, decide_at = engine._trial or (0, 0)
     engine._trial = None
     start = time.perf_counter()
-    payload: list[Any] = [None]
-    if engine.rank == 0 and replanner.trial_lost(engine._baseline_iteration, first, decide_at - 2):
-        replanner.tried.add(engine.plan.policy)
+    payload: list[Any] = [None, False]
+    if engine.rank == 0:
+        current = engine.plan.to_json(indent=None)
+        replanner.trials.append((current, engine.plan.policy, replanner.trial_median(first, decide_at - 2)))
         assert engine._plan_inputs is not None
         workload, network = engine._plan_inputs
-        if engine.replans + 1 >= MAX_TRIALS:  # the last replacement: the plan the warm-up measured
-            new = provisional_plan(workload, network)
+        runner_up = None
+        if len(replanner.trials) < MAX_TRIALS:
+            measured = frozenset(policy for _, policy, _ in replanner.trials)
+            candidate = engine.planner(workload, network, measured)
+            runner_up = candidate if candidate.policy not in measured else None  # a planner of one policy: none
+        if runner_up is not None:
+            payload = [runner_up.to_json(indent=None), True]
         else:
-            new = engine.planner(workload, network, frozenset(replanner.tried))
-        payload = [new.to_json(indent=None)]
+            kept = replanner.keep(engine._baseline_iteration)
+            if kept is None:
+                kept = provisional_plan(workload, network).to_json(indent=None)
+            payload = [None if kept == current else kept, False]
     with startup.peers("sharing the trial's outcome"):
         dist.broadcast_object_list(payload, src=engine.groups.leader(), group=engine.groups.control)
     if payload[0] is not None:
         engine.replans += 1
-        engine.use_plan(CommPlan.from_json(payload[0], "the plan that replaced a slower one"))
+        engine.use_plan(CommPlan.from_json(payload[0], "the plan the trials chose"))
         replanner.exclude(time.perf_counter() - start)
-        if engine.replans < MAX_TRIALS:
+        if payload[1]:
             start_trial(engine)
 
 
