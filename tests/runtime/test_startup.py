@@ -11,7 +11,7 @@ import pytest
 
 from commsched.cluster import Cluster
 from commsched.profile import profile_model
-from commsched.schedule import CommPlan
+from commsched.schedule import CommPlan, policy_class
 from commsched.sim import simulate
 from commsched.sim.simulator import simulate_plan
 
@@ -234,4 +234,5 @@ def test_auto_goes_back_to_its_choice_when_the_runner_up_measured_slower(tmp_pat
         p = r["policies"]
         assert r["replans"] == 2, p  # to the runner-up and back
         assert p[1] != p[6] and p[1] == p[11] == p[-1], " ".join(p)  # p[k]: the plan after step k
+        assert policy_class(p[1]).update_mode != policy_class(p[6]).update_mode, p  # the runner-up: the other kind
     assert res[0]["policies"] == res[1]["policies"]

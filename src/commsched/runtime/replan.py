@@ -119,7 +119,8 @@ class Replanner:
     """Rank 0's measurements for one engine, and the re-plan they call for (other ranks measure nothing).
 
     Besides drift, **trials**: the plan chosen by prediction and the runner-up
-    of the same search (another policy) are each measured for
+    of the same search (the best of the policies that update the other way:
+    :func:`~commsched.runtime.switching.same_update_mode`) are each measured for
     :data:`TRIAL_ITERATIONS` iterations; the faster is kept, unless it is
     slower than the last warm-up iteration (the provisional plan, measured on
     the same machine) by more than :data:`TRIAL_MARGIN`, when the warm-up's

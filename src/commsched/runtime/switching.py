@@ -3,7 +3,7 @@
 * after the warm-up, rank 0 makes the real plan from what it measured and
   sends it to every rank as plan JSON (:func:`replan_after_warmup`);
 * the **trials**: the plan chosen by prediction and the planner's runner-up
-  (another policy) are each measured for a few iterations and the faster is
+  (the best plan of a policy that updates the other way) are each measured for a few iterations and the faster is
   kept, or the warm-up's plan where both measured slower than the last warm-up
   iteration — :mod:`~commsched.runtime.replan`;
 * **drift**: every few iterations rank 0 says whether compute or bandwidth
@@ -30,7 +30,7 @@ from commsched.errors import PlanMismatchError, RuntimeCommError
 from commsched.runtime import startup, warmup
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.replan import TRIAL_ITERATIONS, Replanner
-from commsched.schedule import CommPlan, NetworkEstimate, build_plan, provisional_plan
+from commsched.schedule import POLICIES, CommPlan, NetworkEstimate, build_plan, policy_class, provisional_plan
 from commsched.workload import Workload
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
         runner_up = None
         if len(replanner.trials) < MAX_TRIALS:
             measured = frozenset(policy for _, policy, _ in replanner.trials)
-            candidate = engine.planner(workload, network, measured)
+            candidate = engine.planner(workload, network, measured | same_update_mode(measured))
             runner_up = candidate if candidate.policy not in measured else None  # a planner of one policy: none
         if runner_up is not None:
             payload = [runner_up.to_json(indent=None), True]
@@ -103,6 +103,18 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
         replanner.exclude(time.perf_counter() - start)
         if payload[1]:
             start_trial(engine)
+
+
+def same_update_mode(policies: frozenset[str]) -> frozenset[str]:
+    """Every policy that updates where one of ``policies`` does (at ``step()``, or in the next forward).
+
+    The runner-up is taken from the other kind: the simulator errs alike on plans
+    of one kind (a forward that waits for each layer's communication is priced
+    the same way for all of them), so measuring a plan of the other kind is what
+    can show the prediction wrong.
+    """
+    modes = {policy_class(p).update_mode for p in policies}
+    return frozenset(p for p in POLICIES if policy_class(p).update_mode in modes)
 
 
 def check_drift(engine: Engine, replanner: Replanner) -> None:
