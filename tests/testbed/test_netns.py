@@ -98,6 +98,20 @@ def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(t
     assert _mine() == []
 
 
+def test_auto_records_the_plans_its_trials_measured_and_the_one_it_kept(tmp_path: Path) -> None:
+    from commsched.bench.run import AUTO_WARMUP
+    from commsched.schedule import policy_class
+
+    report = run_bench(_config(policies=("auto",), warmup=AUTO_WARMUP, iters=1, ddp_grid=False), tmp_path)
+    (run,) = report["sessions"][0]["runs"]["auto"]
+    first, second = run["trials"]  # its choice and the runner-up, each measured
+    assert first["median_ms"] > 0 and second["median_ms"] > 0, run["trials"]
+    assert policy_class(first["policy"]).update_mode != policy_class(second["policy"]).update_mode
+    assert run["plan"]["policy"] in (first["policy"], second["policy"], "no_overlap")  # or the warm-up's plan
+    assert report["sessions"][0]["summary"]["auto"]["max_param_diff"] < 1e-5
+    assert _mine() == []
+
+
 def test_a_dead_worker_ends_the_run_with_a_clear_error_and_everything_is_removed(tmp_path: Path) -> None:
     start = time.monotonic()
     with pytest.raises(TestbedError, match=r"rank 1 exited with status 17") as info:

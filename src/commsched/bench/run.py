@@ -274,7 +274,7 @@ def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str
                 phase: statistics.median(statistics.fmean(r["phases_s"][phase][warmup:]) * 1e3 for r in per_rank)
                 for phase in per_rank[0]["phases_s"]
             }
-        for key in ("max_param_diff", "max_param_abs", "max_param_moved", "replica_spread", "plan"):
+        for key in ("max_param_diff", "max_param_abs", "max_param_moved", "replica_spread", "plan", "trials"):
             if key in run0:
                 run[key] = run0[key]
         runs.setdefault(run0["name"], []).append(run)

@@ -239,8 +239,13 @@ def _policy(
     if flush is not None:
         flush()
     trace = getattr(wrapped, "trace", None)
-    plan = getattr(wrapped, "plan", None)  # what ran last (auto's choice after its search and trial)
-    chosen = {} if plan is None else {"plan": {"policy": plan.policy, "knobs": plan.knobs.to_dict()}}
+    plan = getattr(wrapped, "plan", None)  # what ran last (auto's choice after its search and trials)
+    chosen: dict[str, Any] = {} if plan is None else {"plan": {"policy": plan.policy, "knobs": plan.knobs.to_dict()}}
+    replanner = getattr(getattr(wrapped, "engine", None), "replanner", None)
+    if replanner is not None and replanner.trials:  # rank 0's: the plans auto measured, in order
+        chosen["trials"] = [
+            {"policy": policy, "median_ms": None if t is None else t * 1e3} for _, policy, t in replanner.trials
+        ]
     params = _flat_params(model)
     close = getattr(wrapped, "close", None)
     if close is not None:
