@@ -75,9 +75,9 @@ say({"rank": rank, "endpoints": [list(map(list, sockets.endpoints.data)), list(s
 peers = [Endpoints(tuple(tuple(a) for a in p[0]), tuple(p[1])) for p in hear()]
 knobs = {}
 if burst:  # the pacer's burst (RateParams.burst_bytes), with the link's own ack slack
-    from commsched.transport.dlcp.link import ACK_EVERY_BYTES
+    from commsched.transport.dlcp.protocol import datagrams_per_ack
     from commsched.transport.dlcp.rate import RateParams
-    knobs["rate"] = RateParams(ack_slack=max(4, ACK_EVERY_BYTES // mtu), burst_bytes=burst)
+    knobs["rate"] = RateParams(ack_slack=datagrams_per_ack(mtu), burst_bytes=burst)
 link = DlcpLink(rank, 2, sockets, peers, b"k" * 32, timeout_s=60.0, mtu_bytes=mtu, **knobs)
 data = torch.randn(numel, generator=torch.Generator().manual_seed(0))
 out = torch.empty(numel)
