@@ -315,20 +315,17 @@ def checkpoint_with_plan(rank: int, world: int, port: int, out: str, steps: int)
     os._exit(0)
 
 
-def auto_trial(rank: int, world: int, port: int, out: str, steps: int) -> None:
-    """Every trial lost (margin < -1): auto measures its choice and the runner-up, then keeps the warm-up's plan;
-    still DDP's result."""
+def _auto_against_ddp(rank: int, world: int, port: int, out: str, steps: int, optimizer: str) -> None:
+    """Train torch_ddp, then auto (as patched by the caller) from the same start; write the difference,
+    the plan after every step and the number of switches."""
     try:
-        import commsched.runtime.replan as replan
-
-        replan.TRIAL_MARGIN = -2.0  # every plan measures "slower than the warm-up"
         init(rank, world, port)
         base = M.fresh()
         ref_model = M.clone(base)
-        ref, ref_opt = parallelize(ref_model, M.make_optimizer("sgd", ref_model), policy="torch_ddp")
+        ref, ref_opt = parallelize(ref_model, M.make_optimizer(optimizer, ref_model), policy="torch_ddp")
         M.train(ref, ref_opt, rank, steps)
         model = M.clone(base)
-        opt = M.make_optimizer("sgd", model)
+        opt = M.make_optimizer(optimizer, model)
         wrapped, opt = parallelize(model, opt, policy="auto", auto_budget_s=30.0)
         policies = []
         for step in range(steps):
@@ -344,36 +341,23 @@ def auto_trial(rank: int, world: int, port: int, out: str, steps: int) -> None:
         result = {"error": traceback.format_exc()}
     _write(out, rank, result)
     os._exit(0)
+
+
+def auto_trial(rank: int, world: int, port: int, out: str, steps: int) -> None:
+    """Every trial lost (margin < -1): auto measures its choice and the runner-up, then keeps the warm-up's plan;
+    still DDP's result."""
+    import commsched.runtime.replan as replan
+
+    replan.TRIAL_MARGIN = -2.0  # every plan measures "slower than the warm-up"
+    _auto_against_ddp(rank, world, port, out, steps, "sgd")
 
 
 def auto_trials_keep_first(rank: int, world: int, port: int, out: str, steps: int) -> None:
     """The first trial measures faster than the runner-up: auto measures both, then goes back to the first;
     still DDP's result."""
-    try:
-        import commsched.runtime.replan as replan
+    import commsched.runtime.replan as replan
 
-        replan.TRIAL_MARGIN = 100.0  # no trial loses to the warm-up
-        medians = iter([0.001])  # the first trial: 1 ms; every later one: 1 s
-        replan.Replanner.trial_median = lambda self, first, last: next(medians, 1.0)  # type: ignore[method-assign]
-        init(rank, world, port)
-        base = M.fresh()
-        ref_model = M.clone(base)
-        ref, ref_opt = parallelize(ref_model, M.make_optimizer("adam", ref_model), policy="torch_ddp")
-        M.train(ref, ref_opt, rank, steps)
-        model = M.clone(base)
-        opt = M.make_optimizer("adam", model)
-        wrapped, opt = parallelize(model, opt, policy="auto", auto_budget_s=30.0)
-        policies = []
-        for step in range(steps):
-            M.train(wrapped, opt, rank, 1, start=step)
-            policies.append(wrapped.plan.policy)  # type: ignore[union-attr]
-        result = {
-            "diff": _diff(M.snapshot(wrapped), M.snapshot(ref)),
-            "policies": policies,
-            "replans": wrapped.engine.replans,  # type: ignore[union-attr]
-        }
-        wrapped.close()  # type: ignore[operator]
-    except Exception:
-        result = {"error": traceback.format_exc()}
-    _write(out, rank, result)
-    os._exit(0)
+    replan.TRIAL_MARGIN = 100.0  # no trial loses to the warm-up
+    medians = iter([0.001])  # the first trial: 1 ms; every later one: 1 s
+    replan.Replanner.trial_median = lambda self, first, last: next(medians, 1.0)  # type: ignore[method-assign]
+    _auto_against_ddp(rank, world, port, out, steps, "adam")
