@@ -185,9 +185,9 @@ def parallelize(
     ``policy="auto"``: after the warm-up, rank 0 runs the search of ``commsched
     advise`` (every lossless policy with its knobs searched, simulated on the
     measured model and network) within ``auto_budget_s`` seconds, logs the
-    choice and its predicted time (logger ``commsched``), and every rank runs
-    the winner (``model.plan`` says which); the winner and the runner-up are
-    each measured for a few iterations and the faster is kept. With a ``grad_scaler`` only policies
+    choice and its predicted time (logger ``commsched``), measures the winner
+    and the runner-up for a few iterations each, and every rank runs the
+    faster (``model.plan`` says which). With a ``grad_scaler`` only policies
     that update at ``step()`` compete. ``replan`` (default: on for ``auto``, off
     otherwise; a :class:`~commsched.runtime.replan.DriftPolicy` to tune it) keeps
     measuring compute and bandwidth and makes the plan again, on every rank at

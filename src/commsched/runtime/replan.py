@@ -92,7 +92,8 @@ class DriftMonitor:
         return compute_factor, bandwidth_factor
 
 
-#: Iterations a chosen plan is measured for before it is kept (the first after a switch is not counted).
+#: Iterations a plan runs in its trial after the one it is switched in at; the median of all but the last
+#: (whose end is not known when rank 0 decides) decides.
 TRIAL_ITERATIONS = 4
 #: The measured fastest trial is kept unless it is slower than the warm-up's plan by more than this (relative).
 TRIAL_MARGIN = 0.05

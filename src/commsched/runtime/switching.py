@@ -3,9 +3,10 @@
 * after the warm-up, rank 0 makes the real plan from what it measured and
   sends it to every rank as plan JSON (:func:`replan_after_warmup`);
 * the **trials**: the plan chosen by prediction and the planner's runner-up
-  (the best plan of a policy that updates the other way) are each measured for a few iterations and the faster is
-  kept, or the warm-up's plan where both measured slower than the last warm-up
-  iteration — :mod:`~commsched.runtime.replan`;
+  (the best plan of a policy that updates the other way) are each measured
+  for a few iterations and the faster is kept, or the warm-up's plan where
+  both measured slower than the last warm-up iteration —
+  :mod:`~commsched.runtime.replan`;
 * **drift**: every few iterations rank 0 says whether compute or bandwidth
   moved enough to plan again;
 * :func:`use_plan` switches between iterations, every rank at
