@@ -153,8 +153,9 @@ def predict_session(
         except CommschedError as exc:  # a prediction that fails must not cost the measurements
             rows[name] = {"error": str(exc), "measured_ms": summary[name]["median_ms"], "simulated_as": cases[0][0]}
             continue
-        policies_run = [policy for policy, _ in cases]
-        simulated, policy_knobs = cases[policies_run.index(max(policies_run, key=policies_run.count))]
+        runs = [policy for policy, _ in cases]
+        simulated = max(runs, key=runs.count)  # the label: the policy run most often, with its first knobs
+        policy_knobs = cases[runs.index(simulated)][1]
         rows[name] = _row(statistics.median(predictions), summary[name]["median_ms"], simulated, policy_knobs)
     if "compute" in summary:
         predicted = workload.forward_ms + workload.backward_ms + calibration.update_ms

@@ -56,8 +56,8 @@ from commsched.bench.calibrate import load_calibration, predict_session, save_in
 from commsched.bench.worker import calibration_sizes, session_order
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.runtime import RUNTIME_POLICIES
-from commsched.runtime.replan import TRIAL_ITERATIONS
-from commsched.runtime.switching import MAX_TRIALS
+from commsched.runtime.switching import auto_settles_after
+from commsched.runtime.warmup import WARMUP_ITERS
 from commsched.schedule import AUTO
 from commsched.testbed.commands import LinkShape
 from commsched.testbed.launch import run_workers
@@ -110,11 +110,10 @@ DEFINITIONS = {
 }
 
 
-#: Untimed iterations a commsched policy needs: it profiles 2 iterations, then switches to its plan.
-MIN_WARMUP = 3
-#: Iterations before ``auto`` runs the plan it keeps: its 2 warm-up iterations, then two trials
-#: (its choice and the runner-up) of ``TRIAL_ITERATIONS`` iterations and a switch each.
-AUTO_WARMUP = 2 + MAX_TRIALS * (TRIAL_ITERATIONS + 1)
+#: Untimed iterations a commsched policy needs: it profiles its warm-up iterations, then switches to its plan.
+MIN_WARMUP = WARMUP_ITERS + 1
+#: Iterations before ``auto`` runs the plan it keeps (after its trials: its choice and the runner-up).
+AUTO_WARMUP = auto_settles_after(WARMUP_ITERS)
 
 
 @dataclass(frozen=True)

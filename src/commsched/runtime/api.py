@@ -33,16 +33,17 @@ from commsched.runtime.replan import DriftPolicy
 from commsched.runtime.replicas import DEFAULT_EVERY, ReplicaCheck, check_every
 from commsched.runtime.servers import run_transport_options
 from commsched.runtime.switching import AutoPlanner, plan_by_name
+from commsched.runtime.warmup import WARMUP_ITERS
 from commsched.schedule import (
     AUTO,
     LOSSLESS,
-    POLICIES,
     RUNTIME_POLICIES,
     TORCH_DDP,
     CommPlan,
     NetworkEstimate,
     make_knobs,
     policy_class,
+    updating_at,
 )
 from commsched.trace import Trace
 from commsched.transport import TransportOptions, check_transports
@@ -141,7 +142,7 @@ def parallelize(
     max_grad_norm: float | None = None,
     timeout_s: float = 300.0,
     broadcast_buffers: bool = True,
-    warmup_iters: int = 2,
+    warmup_iters: int = WARMUP_ITERS,
     bandwidth_gbps: float | None = None,
     latency_us: float = 0.0,
     trace: bool = False,
@@ -260,7 +261,7 @@ def parallelize(
     if grad_scaler is not None and policy != AUTO and defers:
         raise UnsupportedError(grad_scaler_refusal(policy))
     if policy == AUTO:
-        step_only = tuple(n for n in POLICIES if POLICIES[n].update_mode == "step" and n in LOSSLESS)
+        step_only = tuple(n for n in updating_at("step") if n in LOSSLESS)
         choices = step_only if grad_scaler is not None else None
         defers = grad_scaler is None
         on_gloo = "gloo" in str(dist.get_backend(process_group)) and all(not p.is_cuda for p in model.parameters())

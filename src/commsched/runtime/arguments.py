@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from commsched.errors import UnsupportedError
-from commsched.schedule import AUTO, POLICIES, TORCH_DDP, policy_class
+from commsched.schedule import AUTO, TORCH_DDP, updating_at
 
 #: Optimizers that need every parameter at once (a closure), which per-layer updates cannot give.
 _UNSPLITTABLE = ("LBFGS",)
@@ -62,7 +62,7 @@ def grad_scaler_refusal(policy: str) -> str:
             "GradScaler: pass it to parallelize(..., policy='auto', grad_scaler=scaler), so that auto chooses "
             "among the policies that apply updates at step()"
         )
-    steps = ", ".join([TORCH_DDP, *(n for n in POLICIES if policy_class(n).update_mode == "step")])
+    steps = ", ".join([TORCH_DDP, *updating_at("step")])
     return (
         f"GradScaler: {policy} applies updates after step() returns, when the scaler has moved on; "
         f"use bf16 autocast (no scaler needed) or a policy that updates at step() ({steps})"

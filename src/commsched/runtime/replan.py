@@ -121,7 +121,7 @@ class Replanner:
 
     Besides drift, **trials**: the plan chosen by prediction and the runner-up
     of the same search (the best of the policies that update the other way:
-    :func:`~commsched.runtime.switching.same_update_mode`) are each measured for
+    :func:`~commsched.schedule.updating_like`) are each measured for
     :data:`TRIAL_ITERATIONS` iterations; the faster is kept, unless it is
     slower than the last warm-up iteration (the provisional plan, measured on
     the same machine) by more than :data:`TRIAL_MARGIN`, when the warm-up's

@@ -31,7 +31,7 @@ from commsched.errors import PlanMismatchError, RuntimeCommError
 from commsched.runtime import startup, warmup
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.replan import TRIAL_ITERATIONS, Replanner
-from commsched.schedule import POLICIES, CommPlan, NetworkEstimate, build_plan, policy_class, provisional_plan
+from commsched.schedule import CommPlan, NetworkEstimate, build_plan, provisional_plan, updating_like
 from commsched.workload import Workload
 
 if TYPE_CHECKING:
@@ -67,6 +67,12 @@ def replan_after_warmup(engine: Engine) -> None:
         start_trial(engine)
 
 
+def auto_settles_after(warmup_iters: int) -> int:
+    """Iterations before ``auto`` runs the plan it keeps: the warm-up, then each trial's plan for its switch
+    iteration and ``TRIAL_ITERATIONS`` more."""
+    return warmup_iters + MAX_TRIALS * (TRIAL_ITERATIONS + 1)
+
+
 def start_trial(engine: Engine) -> None:
     """Measure the plan just adopted (the first iteration after the switch is not counted)."""
     engine._trial = (engine._iteration + 1, engine._iteration + TRIAL_ITERATIONS + 1)
@@ -87,7 +93,9 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
         runner_up = None
         if len(replanner.trials) < MAX_TRIALS:
             measured = frozenset(policy for _, policy, _ in replanner.trials)
-            candidate = engine.planner(workload, network, measured | same_update_mode(measured))
+            # the runner-up updates the other way: the simulator errs alike on plans of one kind (a forward
+            # that waits for each layer's communication is priced the same way for all of them)
+            candidate = engine.planner(workload, network, measured | updating_like(measured))
             runner_up = candidate if candidate.policy not in measured else None  # a planner of one policy: none
         if runner_up is not None:
             payload = [runner_up.to_json(indent=None), True]
@@ -104,18 +112,6 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
         replanner.exclude(time.perf_counter() - start)
         if payload[1]:
             start_trial(engine)
-
-
-def same_update_mode(policies: frozenset[str]) -> frozenset[str]:
-    """Every policy that updates where one of ``policies`` does (at ``step()``, or in the next forward).
-
-    The runner-up is taken from the other kind: the simulator errs alike on plans
-    of one kind (a forward that waits for each layer's communication is priced
-    the same way for all of them), so measuring a plan of the other kind is what
-    can show the prediction wrong.
-    """
-    modes = {policy_class(p).update_mode for p in policies}
-    return frozenset(p for p in POLICIES if policy_class(p).update_mode in modes)
 
 
 def check_drift(engine: Engine, replanner: Replanner) -> None:

@@ -30,6 +30,9 @@ from commsched.schedule import CommPlan, NetworkEstimate
 from commsched.schedule.fusion import ready_order
 from commsched.workload import Layer, Provenance, Tensor, Workload
 
+#: Iterations ``parallelize`` runs the provisional plan before it plans (``warmup_iters``'s default).
+WARMUP_ITERS = 2
+
 DTYPE_NAMES = {"torch.float32": "fp32", "torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float64": "fp64"}
 
 

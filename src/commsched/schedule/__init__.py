@@ -35,6 +35,8 @@ from commsched.schedule.registry import (
     policy_class,
     provisional_plan,
     scheduler_for,
+    updating_at,
+    updating_like,
 )
 
 __all__ = [
@@ -63,4 +65,6 @@ __all__ = [
     "policy_class",
     "provisional_plan",
     "scheduler_for",
+    "updating_at",
+    "updating_like",
 ]

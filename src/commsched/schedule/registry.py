@@ -10,7 +10,7 @@ runtime's warm-up): one all-reduce of every gradient after backward.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from commsched.errors import ScheduleError
@@ -62,6 +62,16 @@ AUTO = "auto"
 
 #: Every name ``parallelize(policy=...)`` and ``commsched bench`` accept.
 RUNTIME_POLICIES: tuple[str, ...] = (TORCH_DDP, AUTO, *POLICIES)
+
+
+def updating_at(mode: str) -> tuple[str, ...]:
+    """The policies whose plans update the model at ``mode`` (``"step"`` or ``"forward"``), in registry order."""
+    return tuple(name for name, cls in POLICIES.items() if cls.update_mode == mode)
+
+
+def updating_like(policies: Iterable[str]) -> frozenset[str]:
+    """Every policy that updates where one of ``policies`` does (at ``step()``, or in the next forward)."""
+    return frozenset(name for mode in {policy_class(p).update_mode for p in policies} for name in updating_at(mode))
 
 
 def policy_class(name: str) -> type[Scheduler]:
