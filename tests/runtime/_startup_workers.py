@@ -343,13 +343,32 @@ def _auto_against_ddp(rank: int, world: int, port: int, out: str, steps: int, op
     os._exit(0)
 
 
+def _forced_medians(*first: float) -> None:
+    """Trials measure ``first`` (seconds, in order), every later one 1 s."""
+    import commsched.runtime.replan as replan
+
+    medians = iter(first)
+    replan.Replanner.trial_median = lambda self, a, b: next(medians, 1.0)  # type: ignore[method-assign]
+
+
 def auto_trial(rank: int, world: int, port: int, out: str, steps: int) -> None:
-    """Every trial lost (margin < -1): auto measures its choice and the runner-up, then keeps the warm-up's plan;
-    still DDP's result."""
+    """Both trials seem slower than the warm-up (margin < -1): auto measures the warm-up's plan too; measured
+    fastest, it is kept; still DDP's result."""
     import commsched.runtime.replan as replan
 
     replan.TRIAL_MARGIN = -2.0  # every plan measures "slower than the warm-up"
+    _forced_medians(1.0, 1.0, 0.001)
     _auto_against_ddp(rank, world, port, out, steps, "sgd")
+
+
+def auto_trial_warmup_slower(rank: int, world: int, port: int, out: str, steps: int) -> None:
+    """Both trials seem slower than the warm-up, but the warm-up's plan measured like them is slower still:
+    auto goes back to the faster trial, the runner-up; still DDP's result."""
+    import commsched.runtime.replan as replan
+
+    replan.TRIAL_MARGIN = -2.0
+    _forced_medians(0.5, 0.2, 0.9)
+    _auto_against_ddp(rank, world, port, out, steps, "adam")
 
 
 def auto_trials_keep_first(rank: int, world: int, port: int, out: str, steps: int) -> None:
@@ -358,6 +377,5 @@ def auto_trials_keep_first(rank: int, world: int, port: int, out: str, steps: in
     import commsched.runtime.replan as replan
 
     replan.TRIAL_MARGIN = 100.0  # no trial loses to the warm-up
-    medians = iter([0.001])  # the first trial: 1 ms; every later one: 1 s
-    replan.Replanner.trial_median = lambda self, first, last: next(medians, 1.0)  # type: ignore[method-assign]
+    _forced_medians(0.001)  # the first trial: 1 ms; every later one: 1 s
     _auto_against_ddp(rank, world, port, out, steps, "adam")

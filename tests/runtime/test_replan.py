@@ -60,10 +60,23 @@ def test_the_trials_medians_choose_the_plan_and_the_others_are_left_out_of_re_pl
     assert (first, second) == (0.104, 0.095)
     assert r.trial_median(20, 22) is None
     r.trials = [("plan-a", "dear", first), ("plan-b", "ddp", second)]
-    assert r.keep(1) == "plan-b"
+    assert r.after_trials(1, "warm-up") == ("plan-b", False)
     assert r.tried == {"dear"}  # the kept policy stays eligible when the plan is made again
+
+
+def test_one_fast_warm_up_iteration_gets_the_warm_ups_plan_measured_like_the_trials_not_kept_outright() -> None:
+    from commsched.runtime.replan import Replanner
+
+    r = Replanner(DriftPolicy(), world=2, measures=True)
+    r.periods = {1: 0.300}
     r.trials = [("plan-a", "dear", 0.5), ("plan-b", "ddp", 0.4)]
-    assert r.keep(1) is None and r.tried == {"dear", "ddp"}
+    assert r.after_trials(1, "warm-up") == ("warm-up", True) and r.tried == set()  # measure it first
+    r.trials.append(("warm-up", "no_overlap", 0.45))  # measured like the others: slower than the runner-up
+    assert r.after_trials(1, "warm-up") == ("plan-b", False) and r.tried == {"dear", "no_overlap"}
+    r.trials[-1] = ("warm-up", "no_overlap", 0.35)
+    assert r.after_trials(1, "warm-up") == ("warm-up", False)  # faster when measured alike: kept
+    r.trials = [("warm-up", "no_overlap", 0.5), ("plan-b", "ddp", 0.4)]  # the warm-up's plan was a trial
+    assert r.after_trials(1, "warm-up") == ("plan-b", False)  # nothing more to measure
 
 
 def test_pushes_and_pulls_count_the_bytes_a_reduce_scatter_or_all_gather_would_send() -> None:

@@ -211,18 +211,28 @@ def test_a_checkpoint_keeps_the_plan_in_use_and_restoring_it_continues_exactly(t
         assert r["same_plan"] and r["diff"] < TOL, r
 
 
-def test_auto_measures_its_choice_and_the_runner_up_and_keeps_the_warm_ups_plan_when_both_are_slower(
+def test_auto_measures_the_warm_ups_plan_like_its_trials_when_both_seem_slower_and_keeps_the_fastest(
     tmp_path: Path,
 ) -> None:
     res = spawn(S.auto_trial, 2, tmp_path, 20)
     for r in res:
         assert "error" not in r and "missing" not in r, r
         assert r["diff"] < TOL, r
-        assert r["replans"] == 2  # to the runner-up, then to the warm-up's plan
-        distinct = list(dict.fromkeys(p for p in r["policies"][1:]))
-        assert len(distinct) == 3 and distinct[-1] == "no_overlap", r["policies"]  # at last the warm-up's plan
-        assert len(set(r["policies"][1:6])) == 1, r["policies"]  # the choice measured for 4 iterations
-        assert len(set(r["policies"][6:11])) == 1, r["policies"]  # and the runner-up
+        p = r["policies"]  # p[k]: the plan after step k
+        assert r["replans"] == 2, p  # to the runner-up, then to the warm-up's plan, which is kept
+        assert len(set(p[1:6])) == len(set(p[6:11])) == len(set(p[11:])) == 1, p  # 4 iterations each, then stay
+        assert len({p[1], p[6], p[11]}) == 3 and p[11] == "no_overlap", p
+    assert res[0]["policies"] == res[1]["policies"]
+
+
+def test_auto_keeps_a_trial_when_the_warm_ups_plan_measured_alike_is_slower(tmp_path: Path) -> None:
+    res = spawn(S.auto_trial_warmup_slower, 2, tmp_path, 20)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert r["diff"] < TOL, r
+        p = r["policies"]
+        assert r["replans"] == 3, p  # to the runner-up, to the warm-up's plan, back to the runner-up
+        assert p[11] == "no_overlap" and p[16] == p[-1] == p[6] != p[1], p
     assert res[0]["policies"] == res[1]["policies"]
 
 

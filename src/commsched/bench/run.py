@@ -168,7 +168,8 @@ class BenchConfig:
         """What a reader of this configuration's results should know (nothing wrong with it)."""
         if AUTO in self.policies and self.warmup < AUTO_WARMUP:
             return [
-                f"auto measures its choice and the runner-up before it keeps one ({AUTO_WARMUP} iterations in all); "
+                f"auto measures its choice and the runner-up (and, if both seem slower, the warm-up's plan) before "
+                f"it keeps one ({AUTO_WARMUP} iterations at most); "
                 f"with --warmup {self.warmup} its timed iterations include those trials "
                 f"(--warmup {AUTO_WARMUP} times only the plan it keeps)"
             ]

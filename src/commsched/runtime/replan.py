@@ -95,17 +95,18 @@ class DriftMonitor:
 #: Iterations a plan runs in its trial after the one it is switched in at; the median of all but the last
 #: (whose end is not known when rank 0 decides) decides.
 TRIAL_ITERATIONS = 4
-#: The measured fastest trial is kept unless it is slower than the warm-up's plan by more than this (relative).
+#: The warm-up's plan is measured as a trial of its own only when the fastest trial is slower than the last
+#: warm-up iteration by more than this (relative).
 TRIAL_MARGIN = 0.05
 
 
 def choose(trials: list[float | None], baseline_s: float | None, margin: float) -> int | None:
     """Which measured plan to keep: the index of the fastest trial (median seconds per iteration).
 
-    None: the warm-up's plan, because even the fastest trial is slower than the
-    warm-up's ``baseline_s`` by more than ``margin``. Trials without a
-    measurement take no part; with none measured, the last one is kept (nothing
-    says it is slow).
+    None: the warm-up's plan may be faster, because even the fastest trial is
+    slower than ``baseline_s`` (one warm-up iteration) by more than ``margin``.
+    Trials without a measurement take no part; with none measured, the last one
+    is kept (nothing says it is slow).
     """
     measured = [(t, i) for i, t in enumerate(trials) if t is not None]
     if not measured:
@@ -122,13 +123,14 @@ class Replanner:
     Besides drift, **trials**: the plan chosen by prediction and the runner-up
     of the same search (the best of the policies that update the other way:
     :func:`~commsched.schedule.updating_like`) are each measured for
-    :data:`TRIAL_ITERATIONS` iterations; the faster is kept, unless it is
-    slower than the last warm-up iteration (the provisional plan, measured on
-    the same machine) by more than :data:`TRIAL_MARGIN`, when the warm-up's
-    plan is. The policies not kept are left out of later re-plans. What the
-    simulator cannot see (e.g. the runtime's own work per message, the
-    interpreter lock a launching thread waits for) cannot keep a bad choice
-    when the search ranked a better one second.
+    :data:`TRIAL_ITERATIONS` iterations and the faster is kept. Where even the
+    faster is slower than the last warm-up iteration (the provisional plan) by
+    more than :data:`TRIAL_MARGIN`, one iteration is not taken as the verdict:
+    the warm-up's plan is measured as a third trial, the same way, and the
+    fastest of the three is kept. The policies not kept are left out of later
+    re-plans. What the simulator cannot see (e.g. the runtime's own work per
+    message, the interpreter lock a launching thread waits for) cannot keep a
+    bad choice when the search ranked a better one second.
     """
 
     __slots__ = (
@@ -176,23 +178,25 @@ class Replanner:
         trial = [self.periods[k] for k in range(first, last + 1) if k in self.periods]
         return statistics.median(trial) if trial else None
 
-    def keep(self, baseline_iteration: int) -> str | None:
-        """The plan JSON to keep after the trials (:func:`choose`); None: the warm-up's plan.
+    def after_trials(self, baseline_iteration: int, warmup_plan: str) -> tuple[str, bool]:
+        """After the last trial: ``(warmup_plan, True)`` to measure the warm-up's plan as one more trial,
+        where one warm-up iteration says it beats every trial by more than :data:`TRIAL_MARGIN` and it
+        was not measured yet; else ``(plan JSON to keep, False)``, the fastest trial (:func:`choose`).
 
         The policies not kept join :attr:`tried`.
         """
-        base = self.periods.get(baseline_iteration)
+        yardstick_measured = any(plan == warmup_plan for plan, _, _ in self.trials)
+        base = None if yardstick_measured else self.periods.get(baseline_iteration)
         index = choose([t for _, _, t in self.trials], base, TRIAL_MARGIN)
-        kept = None if index is None else self.trials[index]
-        self.tried.update(policy for plan, policy, _ in self.trials if kept is None or plan != kept[0])
-
-        def ms(t: float | None) -> str:
-            return "unmeasured" if t is None else f"{1e3 * t:.1f} ms"
-
-        shown = ", ".join(f"{policy} {ms(t)}" for _, policy, t in self.trials)
-        log.info("commsched: trials %s; warm-up %s: %s", shown, ms(base),
-                 "the warm-up's plan kept" if kept is None else f"{kept[1]} kept")  # fmt: skip
-        return None if kept is None else kept[0]
+        shown = ", ".join(f"{policy} {_ms(t)}" for _, policy, t in self.trials)
+        if index is None:
+            log.info("commsched: trials %s; the last warm-up iteration %s: measuring the warm-up's plan too",
+                     shown, _ms(base))  # fmt: skip
+            return warmup_plan, True
+        kept = self.trials[index]
+        self.tried.update(policy for plan, policy, _ in self.trials if plan != kept[0])
+        log.info("commsched: trials %s: %s kept", shown, kept[1])
+        return kept[0], False
 
     def waited(self, seconds: float) -> None:
         self._waited_s += seconds
@@ -223,3 +227,7 @@ class Replanner:
         network = replace(plan.network, bandwidth_bytes_per_s=plan.network.bandwidth_bytes_per_s * bandwidth)
         log.info("commsched: compute x%.2f, bandwidth x%.2f since the plan was made: re-planned", compute, bandwidth)
         return planner(workload, network, frozenset(self.tried))
+
+
+def _ms(seconds: float | None) -> str:
+    return "unmeasured" if seconds is None else f"{1e3 * seconds:.1f} ms"

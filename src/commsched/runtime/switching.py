@@ -4,9 +4,9 @@
   sends it to every rank as plan JSON (:func:`replan_after_warmup`);
 * the **trials**: the plan chosen by prediction and the planner's runner-up
   (the best plan of a policy that updates the other way) are each measured
-  for a few iterations and the faster is kept, or the warm-up's plan where
-  both measured slower than the last warm-up iteration —
-  :mod:`~commsched.runtime.replan`;
+  for a few iterations and the faster is kept; where both measured slower
+  than the last warm-up iteration, the warm-up's plan is measured the same
+  way and the fastest of the three kept — :mod:`~commsched.runtime.replan`;
 * **drift**: every few iterations rank 0 says whether compute or bandwidth
   moved enough to plan again;
 * :func:`use_plan` switches between iterations, every rank at
@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("commsched")
 
-#: Plans measured after the warm-up: the planner's choice and its runner-up.
-MAX_TRIALS = 2
+#: Plans the planner proposes for measuring after the warm-up: its choice and its runner-up.
+PLANNED_TRIALS = 2
+#: Trials at most: those and the warm-up's plan (measured only when both seem slower than the warm-up).
+MAX_TRIALS = PLANNED_TRIALS + 1
 
 
 def replan_after_warmup(engine: Engine) -> None:
@@ -68,8 +70,8 @@ def replan_after_warmup(engine: Engine) -> None:
 
 
 def auto_settles_after(warmup_iters: int) -> int:
-    """Iterations before ``auto`` runs the plan it keeps: the warm-up, then each trial's plan for its switch
-    iteration and ``TRIAL_ITERATIONS`` more."""
+    """Iterations before ``auto`` runs the plan it keeps, at most: the warm-up, then each trial's plan for
+    its switch iteration and ``TRIAL_ITERATIONS`` more."""
     return warmup_iters + MAX_TRIALS * (TRIAL_ITERATIONS + 1)
 
 
@@ -79,8 +81,9 @@ def start_trial(engine: Engine) -> None:
 
 
 def check_trial(engine: Engine, replanner: Replanner) -> None:
-    """A trial's end (every rank alike): rank 0 records it, then sends the runner-up to measure next, or
-    the plan to keep after the last trial (the fastest measured, or the warm-up's plan), or nothing (stay)."""
+    """A trial's end (every rank alike): rank 0 records it, then sends the next plan to measure (the
+    runner-up, or the warm-up's plan when both seem slower than the warm-up), or the plan to keep after
+    the last trial (the fastest measured), or nothing (stay)."""
     first, decide_at = engine._trial or (0, 0)
     engine._trial = None
     start = time.perf_counter()
@@ -91,7 +94,7 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
         assert engine._plan_inputs is not None
         workload, network = engine._plan_inputs
         runner_up = None
-        if len(replanner.trials) < MAX_TRIALS:
+        if len(replanner.trials) < PLANNED_TRIALS:
             measured = frozenset(policy for _, policy, _ in replanner.trials)
             # the runner-up updates the other way: the simulator errs alike on plans of one kind (a forward
             # that waits for each layer's communication is priced the same way for all of them)
@@ -100,10 +103,9 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
         if runner_up is not None:
             payload = [runner_up.to_json(indent=None), True]
         else:
-            kept = replanner.keep(engine._baseline_iteration)
-            if kept is None:
-                kept = provisional_plan(workload, network).to_json(indent=None)
-            payload = [None if kept == current else kept, False]
+            warmup_plan = provisional_plan(workload, network).to_json(indent=None)
+            plan, measure = replanner.after_trials(engine._baseline_iteration, warmup_plan)
+            payload = [None if plan == current else plan, measure]
     with startup.peers("sharing the trial's outcome"):
         dist.broadcast_object_list(payload, src=engine.groups.leader(), group=engine.groups.control)
     if payload[0] is not None:
