@@ -542,3 +542,32 @@ def test_cli_help_works_everywhere(args: tuple[str, ...]) -> None:
     result = invoke(*args, "--help")
     assert result.exit_code == 0
     assert "Usage:" in result.output
+
+
+# ---- measured batch curves ----
+
+
+def test_a_device_batch_curve_round_trips_and_is_given_per_rank_for_its_model(tmp_path: Path) -> None:
+    spec = valid_spec()
+    spec["nodes"][1]["devices"][0]["model_batch_ms"] = {"resnet18": {16: 300.0, 8: 170.0}}
+    cluster = Cluster.from_dict(spec)
+    path = tmp_path / "curve.yaml"
+    cluster.save(path)
+    assert load_cluster(str(path)) == cluster
+    assert cluster.worker_batch_curves("resnet18") == ((), (), ((8, 170.0), (16, 300.0)))  # sorted by batch
+    assert cluster.worker_batch_curves("vgg16") == cluster.worker_batch_curves() == ((), (), ())
+
+
+@pytest.mark.parametrize(
+    ("curve", "message"),
+    [
+        ({16: 300.0}, r"model_batch_ms: resnet18: needs at least 2 batch sizes, got \{16: 300.0\}"),
+        ({0: 1.0, 16: 300.0}, r"model_batch_ms\.resnet18\[0\]\.\[key\]: must be > 0, got 0"),
+        ({8: -1.0, 16: 300.0}, r"model_batch_ms\.resnet18\[8\]: must be > 0, got -1\.0"),
+    ],
+)
+def test_a_bad_batch_curve_is_refused_naming_the_field(curve: dict[int, float], message: str) -> None:
+    spec = valid_spec()
+    spec["nodes"][1]["devices"][0]["model_batch_ms"] = {"resnet18": curve}
+    with pytest.raises(SpecError, match=message):
+        Cluster.from_dict(spec)

@@ -11,6 +11,11 @@ Conventions:
 * ``speed`` is compute speed relative to the device a workload was profiled on
   (2.0 = finishes the same work in half the time). ``model_speed`` overrides it
   for named models, for when one number does not fit every model.
+  ``model_batch_ms`` gives, per model, the device's measured forward +
+  backward milliseconds at two or more local batch sizes: where present,
+  compute time follows those points as the batch changes (a fixed cost per
+  iteration, a device that gets more efficient with larger batches) instead
+  of growing in proportion to the batch (:mod:`commsched.sim.compute`).
 * ``bandwidth_gbps`` is the line rate in Gbit/s (10 GbE -> 10). ``latency_us`` is
   the one-way latency of one message; ``per_message_overhead_us`` is the fixed
   software cost of sending one (a collective step, a PS push).
@@ -51,6 +56,7 @@ from commsched.errors import SpecError, spec_error_from_pydantic
 from commsched.spec_files import read_text
 
 __all__ = [
+    "BatchCurve",
     "Cluster",
     "Device",
     "Link",
@@ -75,6 +81,11 @@ def _finite_number(value: Any) -> Any:
 _Number = BeforeValidator(_finite_number)
 PositiveFloat = Annotated[StrictFloat, _Number, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[StrictFloat, _Number, Field(ge=0, allow_inf_nan=False)]
+PositiveInt = Annotated[StrictInt, _Number, Field(gt=0)]
+
+
+#: A device's measured ``(local batch, forward + backward ms)`` points for one model, sorted by batch.
+BatchCurve = tuple[tuple[int, float], ...]
 
 
 class _Frozen(BaseModel):
@@ -89,11 +100,30 @@ class Device(_Frozen):
     model_speed: dict[str, PositiveFloat] = Field(
         default_factory=dict, description="per-model relative speed, overriding `speed`"
     )
+    model_batch_ms: dict[str, dict[PositiveInt, PositiveFloat]] = Field(
+        default_factory=dict,
+        description="per model, measured forward + backward ms at two or more local batch sizes",
+    )
     memory_gib: PositiveFloat
+
+    @field_validator("model_batch_ms")
+    @classmethod
+    def _at_least_two_points(cls, value: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
+        for model, points in value.items():
+            if len(points) < 2:
+                raise ValueError(f"{model}: needs at least 2 batch sizes, got {dict(points)!r}")
+        return value
 
     def __hash__(self) -> int:
         # pydantic's frozen hash would fail on the dict; hashable devices let callers group workers by device
-        return hash((self.name, self.speed, tuple(sorted(self.model_speed.items())), self.memory_gib))
+        curves = tuple(sorted((m, tuple(sorted(c.items()))) for m, c in self.model_batch_ms.items()))
+        return hash((self.name, self.speed, tuple(sorted(self.model_speed.items())), curves, self.memory_gib))
+
+    def batch_curve_for(self, model: str | None = None) -> BatchCurve:
+        """``model_batch_ms[model]`` as ``(batch, ms)`` pairs sorted by batch; ``()`` where it has none."""
+        if model is None or model not in self.model_batch_ms:
+            return ()
+        return tuple(sorted(self.model_batch_ms[model].items()))
 
     def speed_for(self, model: str | None = None) -> float:
         """Relative speed for ``model``: its ``model_speed`` entry if any, else ``speed``."""
@@ -264,6 +294,10 @@ class Cluster(_Frozen):
     def worker_speeds(self, model: str | None = None) -> tuple[float, ...]:
         """``worker_speed`` of every rank, in rank order."""
         return tuple(w.device.speed_for(model) for w in self.workers)
+
+    def worker_batch_curves(self, model: str | None = None) -> tuple[BatchCurve, ...]:
+        """Every rank's measured ``(batch, ms)`` points for ``model``, sorted by batch; ``()`` where none."""
+        return tuple(w.device.batch_curve_for(model) for w in self.workers)
 
     @property
     def bottleneck_nic_gbps(self) -> float:

@@ -56,7 +56,17 @@ def test_the_measured_spec_takes_speeds_from_the_profiles_and_nics_from_the_link
     assert spec.alpha_s == pytest.approx(_ALPHA_S, rel=1e-6)
     assert spec.allreduce_mbit_s == pytest.approx(_MBIT_S, rel=1e-6)
     assert spec.update_ms == 2.0 and spec.workload.model == "resnet18"
-    assert {f"update_ms={2.0:.4g}", "algorithm=ring"} <= set(spec.sim_pairs())
+    assert {f"update_ms={2.0:.4g}", "algorithm=ring", "cpu_scales_with_speed=true"} <= set(spec.sim_pairs())
+    assert spec.cluster.worker_batch_curves("resnet18") == ((), (), ())  # no batch_ms measured
+
+
+def test_the_ranks_timings_at_several_batches_become_their_devices_batch_curves() -> None:
+    workload = zoo.load("resnet18")
+    ranks = [_rank(workload, s, r == 0) for r, s in enumerate((1.0, 4.0))]
+    ranks[1]["batch_ms"] = {"16": 2800.0, "8": 1500.0, "32": 5500.0}  # JSON keys
+    spec = measured_spec(ranks, [LinkRate(0, 100.0, 0.1, 4), LinkRate(1, 100.0, 0.1, 4)], memory_gib=1.0)
+    assert spec.cluster.worker_batch_curves("resnet18") == ((), ((8, 1500.0), (16, 2800.0), (32, 5500.0)))
+    assert spec.options().cpu_scales_with_speed
 
 
 def test_a_spec_from_ranks_that_profiled_different_batches_is_refused() -> None:

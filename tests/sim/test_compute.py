@@ -6,8 +6,11 @@ import dataclasses
 
 import pytest
 
+from commsched.cluster import Cluster
 from commsched.errors import ScheduleError
-from commsched.sim import ClassCompute, ProfileCompute, WorkerClass, simulate, worker_classes
+from commsched.plan.batches import rank_compute_fn
+from commsched.sim import ClassCompute, ProfileCompute, SimOptions, WorkerClass, simulate, worker_classes
+from commsched.sim.compute import batch_factor
 from commsched.sim.ideal import ideal
 from commsched.workload import Workload
 
@@ -117,3 +120,46 @@ def test_batch_sizes_that_do_not_fit_the_cluster_are_refused(batch_sizes: list, 
     workload = make_workload(FWD, BWD, NUMEL)
     with pytest.raises(ScheduleError, match=message):
         simulate(workload, make_cluster(4), "ddp", 2, 0, batch_sizes=batch_sizes)
+
+
+def test_a_batch_curve_follows_its_measured_points_and_extends_its_end_segments() -> None:
+    curve = ((8, 150.0), (16, 260.0), (32, 480.0))
+    assert batch_factor(curve, 16, 16) == 1.0
+    assert batch_factor(curve, 8, 16) == pytest.approx(150 / 260)  # a fixed cost: more than half at half the batch
+    assert batch_factor(curve, 24, 16) == pytest.approx(370 / 260)  # between two points
+    assert batch_factor(curve, 40, 16) == pytest.approx(590 / 260)  # beyond the last: along the last segment
+    assert batch_factor(curve, 4, 16) == pytest.approx(95 / 260)  # before the first: along the first
+    assert batch_factor(((8, 100.0), (16, 300.0)), 2, 16) == pytest.approx(25 / 300)  # <= 0 there: ∝ from (8, 100)
+    assert batch_factor((), 8, 16) == 0.5  # no curve: in proportion
+
+
+def test_profile_compute_and_the_split_search_use_a_ranks_batch_curve_alike() -> None:
+    workload = make_workload(FWD, BWD, NUMEL, batch_size=16)
+    curve = ((8, 150.0), (16, 260.0), (32, 480.0))
+    cluster = make_cluster(2, speeds=[1.0, 0.5])
+    spec = cluster.model_dump()
+    spec["nodes"][1]["devices"][0]["model_batch_ms"] = {workload.model: dict(curve)}
+    curved = Cluster.from_dict(spec)
+    classes = worker_classes(curved, workload.model, [8, 8], 16)
+    assert [c.curve for c in classes] == [(), curve]  # same speed and batch would not group them: curves differ
+    base = ProfileCompute().timings(workload, WorkerClass(0, 1.0, (0,), 16), 0.0).compute_s
+    slow = ProfileCompute().timings(workload, classes[1], 0.0)
+    assert slow.compute_s == pytest.approx(base / 0.5 * 150 / 260)
+    compute_s = rank_compute_fn(workload, curved)
+    assert compute_s(1, 8) == pytest.approx(slow.compute_s)
+    assert compute_s(0, 8) == pytest.approx(base / 2)
+
+
+def test_communications_cpu_work_takes_longer_on_a_slower_rank_only_when_asked() -> None:
+    workload = make_workload(FWD, BWD, NUMEL)
+    cpu = {"cpu_per_task_ms": 0.5, "cpu_ms_per_mb": 0.2}
+    for speeds in ([1.0, 1.0], [1.0, 0.25]):
+        cluster = make_cluster(2, 8.0, 5.0, speeds=speeds)
+        plain = simulate(workload, cluster, "wfbp", 6, 2, options=SimOptions(**cpu))
+        scaled = simulate(workload, cluster, "wfbp", 6, 2, options=SimOptions(**cpu, cpu_scales_with_speed=True))
+        if speeds[1] == 1.0:
+            assert scaled.iteration_ms == pytest.approx(plain.iteration_ms)
+        else:  # the slow rank pays 4x the CPU work while it computes
+            assert scaled.iteration_ms > plain.iteration_ms
+    with pytest.raises(ScheduleError, match="cpu_scales_with_speed must be true or false, got 'yes'"):
+        SimOptions(cpu_scales_with_speed="yes")  # type: ignore[arg-type]

@@ -44,7 +44,7 @@ from commsched.bench.baselines import DEFAULT_DDP
 from commsched.bench.hetero_spec import MeasuredSpec, measured_spec, plan_command, runnable_policies
 from commsched.bench.hetero_worker import CONFIGS
 from commsched.bench.run import machine_info, source_info
-from commsched.bench.worker import calibration_sizes
+from commsched.bench.worker import CURVE_REPEATS, calibration_sizes
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.plan.batches import even_split, proportional_split
 from commsched.plan.hetero import plan_heterogeneous
@@ -119,6 +119,12 @@ class HeteroBenchConfig:
 
 def _machine_memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+
+
+def curve_batches(profile_batch: int) -> list[int]:
+    """The local batches each rank's compute is timed at for its batch curve: half, the same and twice the
+    profile's (a plan gives fast ranks more and slow ones less)."""
+    return sorted({max(1, profile_batch // 2), profile_batch, 2 * profile_batch})
 
 
 def batch_sizes(spec: MeasuredSpec, plan: CommPlan, global_batch: int) -> dict[str, list[int]]:
@@ -246,6 +252,7 @@ def run_hetero_bench(
         say(f"bench --plan: measuring the testbed ({bed.describe()})")
         links = probe_worker_links(bed, out_dir / "logs", [s.rate_bps for s in config.links])
         profile_batch = max(1, config.global_batch // n)
+        curve = curve_batches(profile_batch)
         numel = report["meta"]["model_parameters"]
         calibrate = {
             **base,
@@ -253,8 +260,10 @@ def run_hetero_bench(
             "out": str(out_dir / "calibrate"),
             "batch": profile_batch,
             "repeats": 1,
+            "batch_curve": curve,
         }
         steps = len(calibration_sizes(numel)) + 1 + 2 * (config.warmup + config.iters)
+        steps += len(curve) * (1 + CURVE_REPEATS)
         ranks = _launch(bed, "commsched.bench.worker", calibrate, out_dir / "calibrate", 0, steps, poll)
         spec = measured_spec(ranks, links, memory_gib=config.memory_gib / n, name="testbed (measured)")
         measured_dir = out_dir / "measured"
@@ -266,6 +275,7 @@ def run_hetero_bench(
             "rank_compute_ms": list(spec.rank_compute_ms),
             "profile_batch": profile_batch,
             "speeds": list(spec.speeds),
+            "batch_ms": [dict(c) for c in spec.cluster.worker_batch_curves(spec.workload.model)],
             "update_ms": spec.update_ms,
             "alpha_us": spec.alpha_s * 1e6,
             "allreduce_mbit_s": spec.allreduce_mbit_s,

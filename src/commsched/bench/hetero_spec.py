@@ -10,14 +10,19 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
 
 * the **workload**: rank 0's profile (its layers, tensors and times);
 * per rank a **speed** relative to rank 0: rank 0's forward + backward time
-  over the rank's own, both measured at the same batch;
+  over the rank's own, both measured at the same batch; and, where the ranks
+  timed forward + backward at several batches (``batch_ms``), those points as
+  the device's ``model_batch_ms``, so that compute follows them as the plan
+  changes a rank's batch;
 * per rank a one-device node whose **NIC** runs at the link's measured TCP
   rate, with the collective probe's per-step latency α (``latency_us``), as
   :func:`commsched.profile.network.measured_cluster` does for one rate;
 * the simulator **options** of the runtime on gloo
   (:func:`commsched.plan.gloo.gloo_options`), the measured optimizer
   step (``update_ms``) and communication's CPU work (``cpu_per_task_ms``,
-  ``cpu_ms_per_mb``, from rank 0's probe).
+  ``cpu_ms_per_mb``, from rank 0's probe), taking ``1 / speed`` as long on a
+  slower rank (``cpu_scales_with_speed``: the quota that slows a worker's
+  compute slows its communication threads alike).
 
 ``memory_gib`` fills the devices' memory (the testbed's workers share the
 machine's memory; a per-worker cap is not part of this spec).
@@ -69,6 +74,7 @@ class MeasuredSpec:
             update_ms=self.update_ms,
             cpu_per_task_ms=self.cpu.per_op_ms if self.cpu is not None else 0.0,
             cpu_ms_per_mb=self.cpu.ms_per_mb if self.cpu is not None else 0.0,
+            cpu_scales_with_speed=True,
             **dict(knobs or {}),
         )
 
@@ -100,6 +106,7 @@ class MeasuredSpec:
             "update_ms": f"{o.update_ms:.4g}",
             "cpu_per_task_ms": f"{o.cpu_per_task_ms:.4g}",
             "cpu_ms_per_mb": f"{o.cpu_ms_per_mb:.4g}",
+            "cpu_scales_with_speed": str(o.cpu_scales_with_speed).lower(),
         }
         return [f"{k}={v}" for k, v in pairs.items()]
 
@@ -136,7 +143,10 @@ def measured_spec(
     fit = fit_alpha_beta(samples, "all_reduce")
     nodes = []
     for r, (ms, link) in enumerate(zip(compute_ms, links, strict=True)):
-        device = {"name": f"cpu-w{r}", "speed": compute_ms[0] / ms, "memory_gib": memory_gib}
+        device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": compute_ms[0] / ms, "memory_gib": memory_gib}
+        curve = {int(b): float(t) for b, t in ranks[r].get("batch_ms", {}).items()}
+        if len(curve) >= 2:
+            device["model_batch_ms"] = {ref.model: curve}
         nic = {"bandwidth_gbps": link.throughput_mbit_s / 1e3, "latency_us": fit.alpha_s * 1e6}
         nodes.append({"name": f"w{r}", "count": 1, "device": device, "nic": nic})
     description = (

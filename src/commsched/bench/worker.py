@@ -26,8 +26,11 @@ The rank and the rendezvous come from the environment the testbed sets
     over a sweep of sizes), then every rank profiles its own replica layer by
     layer (:func:`profile_model`) at the same time, in lock-step (a barrier
     per iteration), so the profile has the CPU sharing of a real run, and
-    times ``optimizer.step()`` + ``zero_grad()`` the same way. Rank 0 writes
-    ``calibration.json``.
+    times ``optimizer.step()`` + ``zero_grad()`` the same way; with
+    ``batch_curve``, it also times forward + backward at each of those local
+    batches, in lock-step (one untimed iteration, then the median of
+    ``CURVE_REPEATS``), for the cluster spec's ``model_batch_ms``. Rank 0
+    writes ``calibration.json``.
 
 Every rank writes ``rank<r>.json``: per run, the start and the wall time of
 every iteration (forward, backward, optimizer step, zero_grad; warm-up
@@ -86,6 +89,7 @@ class Job:
     comm_timeout_s: float = 60.0
     trace_repeat: int = 0
     fail: dict[str, Any] | None = None  # {"rank", "policy", "step"}: that rank dies there (tests)
+    batch_curve: list[int] = field(default_factory=list)  # calibrate: local batches to time forward + backward at
 
     @property
     def steps(self) -> int:
@@ -299,7 +303,31 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         "samples": [asdict(s) for s in probe.samples],
         "workload": json.loads(workload.to_json()),
         "update_ms": statistics.median(step_s) * 1e3,
+        "batch_ms": {str(b): ms for b, ms in _batch_curve(job, rank, model, progress).items()},
     }
+
+
+#: Timed iterations per batch of the ``batch_curve`` (after one untimed).
+CURVE_REPEATS = 3
+
+
+def _batch_curve(job: Job, rank: int, model: torch.nn.Module, progress: _Progress) -> dict[int, float]:
+    """Median forward + backward ms at each of ``job.batch_curve``'s local batches, every rank in lock-step."""
+    curve = {}
+    for batch in job.batch_curve:
+        x, y = synthetic_batch(job.model, batch, job.seed, rank, 0)
+        times = []
+        for i in range(1 + CURVE_REPEATS):
+            dist.barrier()
+            start = time.perf_counter()
+            model_loss(model(x), y).backward()
+            elapsed = time.perf_counter() - start
+            model.zero_grad()
+            if i:
+                times.append(elapsed)
+            progress(f"batch {batch}", 0, i)
+        curve[batch] = statistics.median(times) * 1e3
+    return curve
 
 
 def _replica_spread(params: torch.Tensor) -> float:

@@ -13,9 +13,9 @@ import math
 from collections.abc import Callable, Sequence
 from functools import cache
 
-from commsched.cluster import Cluster
+from commsched.cluster import BatchCurve, Cluster
 from commsched.plan.memory import InfeasibleError, OutOfMemoryError
-from commsched.sim.compute import PROFILE, ComputeModel, ProfileCompute, WorkerClass
+from commsched.sim.compute import PROFILE, ComputeModel, ProfileCompute, WorkerClass, batch_factor
 from commsched.workload import Workload
 
 
@@ -24,20 +24,22 @@ def rank_compute_fn(
 ) -> Callable[[int, int], float]:
     """``t(rank, b)``: seconds of forward + backward + update of ``rank`` at local batch ``b`` (memoised by speed).
 
-    Under the profile compute model time is linear in the batch (:class:`~commsched.sim.compute.ProfileCompute`),
-    so each speed's time is computed once, at the profile's batch, and scaled: the bisection of
-    :func:`balanced_split` asks for hundreds of batches, and a full per-layer timing each cost a second at 16 ranks.
+    Under the profile compute model time is the profile's scaled by :func:`~commsched.sim.compute.batch_factor`
+    (:class:`~commsched.sim.compute.ProfileCompute`), so each speed's time is computed once, at the profile's
+    batch, and scaled: the bisection of :func:`balanced_split` asks for hundreds of batches, and a full
+    per-layer timing each cost a second at 16 ranks.
     """
     speeds = cluster.worker_speeds(workload.model)
+    curves = cluster.worker_batch_curves(workload.model)
 
     @cache
-    def by_speed(speed: float, batch: int) -> float:
-        return compute.timings(workload, WorkerClass(0, speed, (0,), batch), update_ms).compute_s
+    def by_speed(speed: float, batch: int, curve: BatchCurve) -> float:
+        return compute.timings(workload, WorkerClass(0, speed, (0,), batch, curve), update_ms).compute_s
 
     if isinstance(compute, ProfileCompute):
-        profile_batch = workload.batch_size
-        return lambda rank, batch: by_speed(speeds[rank], profile_batch) * batch / profile_batch
-    return lambda rank, batch: by_speed(speeds[rank], batch)
+        b0 = workload.batch_size
+        return lambda rank, batch: by_speed(speeds[rank], b0, ()) * batch_factor(curves[rank], batch, b0)
+    return lambda rank, batch: by_speed(speeds[rank], batch, curves[rank])
 
 
 def even_split(global_batch: int, workers: int) -> tuple[int, ...]:

@@ -26,6 +26,7 @@ def gloo_options(
     update_ms: float = 0.0,
     cpu_per_task_ms: float = 0.0,
     cpu_ms_per_mb: float = 0.0,
+    cpu_scales_with_speed: bool = False,
     **knobs: Any,
 ) -> SimOptions:
     """Simulator options for ``policy`` (with ``knobs``) run by the runtime on gloo.
@@ -44,7 +45,8 @@ def gloo_options(
     * ``cpu_per_task_ms``, ``cpu_ms_per_mb``: communication's CPU work, which
       gloo's threads and the kernel's TCP take from compute on the same cores
       (:class:`~commsched.sim.SimOptions`); measured by the network probe or
-      the runtime's warm-up.
+      the runtime's warm-up; ``cpu_scales_with_speed`` where slower ranks are
+      slower CPUs (:class:`~commsched.sim.SimOptions`).
     """
     plan = build_plan(policy, workload, CommModel.from_cluster(cluster).estimate(), **knobs)
     all_reduce_only = all(task.kind == "all_reduce" for task in plan.tasks)
@@ -54,4 +56,5 @@ def gloo_options(
         update_ms=update_ms,
         cpu_per_task_ms=cpu_per_task_ms,
         cpu_ms_per_mb=cpu_ms_per_mb,
+        cpu_scales_with_speed=cpu_scales_with_speed,
     )

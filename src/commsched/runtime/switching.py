@@ -208,7 +208,8 @@ class AutoPlanner:
         }
 
         def options_for(policy: str, knobs: Mapping[str, Any]) -> SimOptions:
-            return gloo_options(workload, cluster, policy, **cpu, **knobs)
+            per_task, per_mb = cpu["cpu_per_task_ms"], cpu["cpu_ms_per_mb"]
+            return gloo_options(workload, cluster, policy, cpu_per_task_ms=per_task, cpu_ms_per_mb=per_mb, **knobs)
 
         advice = advise(
             workload,

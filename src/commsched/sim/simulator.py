@@ -107,6 +107,10 @@ class SimOptions:
     the CPU work not yet charged, up to its length. 0 by default:
     overlap is free, as on a GPU whose copies and kernels run beside compute.
     ``commsched bench --validate`` fits them from the probe's CPU times.
+    ``cpu_scales_with_speed``: that CPU work takes ``1 / speed`` as long on
+    a worker of relative ``speed`` (where the devices are the CPUs that also
+    communicate, as on ``commsched bench --plan``'s testbed of CPU quotas);
+    off by default: a slower GPU does not make its host's CPU slower.
     """
 
     algorithm: str = "ring"
@@ -115,6 +119,7 @@ class SimOptions:
     network: str = "flow"
     cpu_per_task_ms: float = 0.0
     cpu_ms_per_mb: float = 0.0
+    cpu_scales_with_speed: bool = False
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -131,6 +136,8 @@ class SimOptions:
                 or not (value >= 0 and math.isfinite(value))
             ):
                 raise ScheduleError(f"sim: {name} must be a finite number >= 0, got {value!r}")
+        if not isinstance(self.cpu_scales_with_speed, bool):
+            raise ScheduleError(f"sim: cpu_scales_with_speed must be true or false, got {self.cpu_scales_with_speed!r}")
         if self.network not in NETWORK_MODELS:
             known = ", ".join(NETWORK_MODELS)
             what = "packet-level network not available yet" if self.network == "packet" else "unknown network model"
@@ -444,7 +451,8 @@ class Simulation:
     def _charge(self, tl: _Timeline, starts: list[Start]) -> None:
         """Communication's CPU work, taken from ``tl``'s compute when it starts while ``tl`` computes."""
         if self.charges_cpu and starts and not tl.blocked and not tl.finished:
-            tl.debt_s += sum(self.cpu_of_task[s.task] for s in starts)
+            work = sum(self.cpu_of_task[s.task] for s in starts)
+            tl.debt_s += work / tl.wc.speed if self.options.cpu_scales_with_speed else work
 
     def _deferred(self, tl: _Timeline, handler: Callable[..., None], *args: Any) -> bool:
         """Pay ``tl``'s CPU debt: run ``handler`` that much later (and move backward's clock along)."""
