@@ -263,7 +263,7 @@ def run_hetero_bench(
             "batch_curve": curve,
         }
         steps = len(calibration_sizes(numel)) + 1 + 2 * (config.warmup + config.iters)
-        steps += len(curve) * (1 + CURVE_REPEATS)
+        steps += 1 + CURVE_REPEATS
         ranks = _launch(bed, "commsched.bench.worker", calibrate, out_dir / "calibrate", 0, steps, poll)
         spec = measured_spec(ranks, links, memory_gib=config.memory_gib / n, name="testbed (measured)")
         measured_dir = out_dir / "measured"

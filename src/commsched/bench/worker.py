@@ -28,8 +28,9 @@ The rank and the rendezvous come from the environment the testbed sets
     per iteration), so the profile has the CPU sharing of a real run, and
     times ``optimizer.step()`` + ``zero_grad()`` the same way; with
     ``batch_curve``, it also times forward + backward at each of those local
-    batches, in lock-step (one untimed iteration, then the median of
-    ``CURVE_REPEATS``), for the cluster spec's ``model_batch_ms``. Rank 0
+    batches, in lock-step (one untimed round, then the median of
+    ``CURVE_REPEATS``, the batches taking turns), for the cluster spec's
+    ``model_batch_ms``. Rank 0
     writes ``calibration.json``.
 
 Every rank writes ``rank<r>.json``: per run, the start and the wall time of
@@ -307,27 +308,29 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
     }
 
 
-#: Timed iterations per batch of the ``batch_curve`` (after one untimed).
-CURVE_REPEATS = 3
+#: Timed iterations per batch of the ``batch_curve`` (after one untimed round).
+CURVE_REPEATS = 5
 
 
 def _batch_curve(job: Job, rank: int, model: torch.nn.Module, progress: _Progress) -> dict[int, float]:
-    """Median forward + backward ms at each of ``job.batch_curve``'s local batches, every rank in lock-step."""
-    curve = {}
-    for batch in job.batch_curve:
-        x, y = synthetic_batch(job.model, batch, job.seed, rank, 0)
-        times = []
-        for i in range(1 + CURVE_REPEATS):
+    """Median forward + backward ms at each of ``job.batch_curve``'s local batches, every rank in lock-step.
+
+    The batches take turns (one iteration each per round), so a drift of the machine's speed over the
+    measurement falls on all of them alike rather than on whichever was timed last.
+    """
+    inputs = {batch: synthetic_batch(job.model, batch, job.seed, rank, 0) for batch in job.batch_curve}
+    times: dict[int, list[float]] = {batch: [] for batch in job.batch_curve}
+    for i in range(1 + CURVE_REPEATS):
+        for batch, (x, y) in inputs.items():
             dist.barrier()
             start = time.perf_counter()
             model_loss(model(x), y).backward()
             elapsed = time.perf_counter() - start
             model.zero_grad()
             if i:
-                times.append(elapsed)
-            progress(f"batch {batch}", 0, i)
-        curve[batch] = statistics.median(times) * 1e3
-    return curve
+                times[batch].append(elapsed)
+        progress("batch curve", 0, i)
+    return {batch: statistics.median(t) * 1e3 for batch, t in times.items()}
 
 
 def _replica_spread(params: torch.Tensor) -> float:
