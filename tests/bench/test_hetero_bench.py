@@ -131,3 +131,12 @@ def test_cpu_shares_and_bad_options_are_refused_clearly(tmp_path: Path) -> None:
     result = runner.invoke(cli, ["bench", "--plan", "auto", "--worker-cpu", "0@100,1@0.1"])
     assert result.exit_code == 2 and "--worker-cpu" in result.output and "quota" in result.output
     assert probe_mib(None) == 64 and probe_mib(10**8) == pytest.approx(10**8 / 8 / 2**20)
+
+
+def test_a_batch_curve_takes_each_batchs_time_relative_to_the_reference_in_the_same_round() -> None:
+    from commsched.bench.worker import curve_points
+
+    drifting = {8: [150.0, 100.0, 75.0], 16: [300.0, 200.0, 150.0], 32: [600.0, 450.0, 300.0]}  # the machine speeds up
+    points = curve_points(drifting, 16)
+    assert points == pytest.approx({8: 100.0, 16: 200.0, 32: 400.0})  # ratios 0.5 and 2.0 in (nearly) every round
+    assert curve_points(drifting, 4) == {8: 100.0, 16: 200.0, 32: 450.0}  # no reference: the medians

@@ -287,6 +287,7 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         command=f"commsched bench --validate (rank {rank} of {world}, profiled in lock-step)",
         progress=lockstep,
     )
+    curve = _batch_curve(job, rank, model, progress)
     x, y = synthetic_batch(job.model, job.batch, job.seed, rank, 0)
     step_s = []
     for i in range(job.warmup + job.iters):
@@ -304,7 +305,8 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         "samples": [asdict(s) for s in probe.samples],
         "workload": json.loads(workload.to_json()),
         "update_ms": statistics.median(step_s) * 1e3,
-        "batch_ms": {str(b): ms for b, ms in _batch_curve(job, rank, model, progress).items()},
+        "batch_ms": {str(b): ms for b, ms in curve_points(curve, job.batch).items()},
+        "batch_times_ms": {str(b): t for b, t in curve.items()},
     }
 
 
@@ -312,8 +314,24 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
 CURVE_REPEATS = 5
 
 
-def _batch_curve(job: Job, rank: int, model: torch.nn.Module, progress: _Progress) -> dict[int, float]:
-    """Median forward + backward ms at each of ``job.batch_curve``'s local batches, every rank in lock-step.
+def curve_points(times: dict[int, list[float]], reference: int) -> dict[int, float]:
+    """One ms figure per batch from rounds of timings (``times[b][k]``: round k at batch b).
+
+    The machine's speed drifts by tens of percent over a minute (seen on this project's 2-core host), so
+    each batch's figure is the median over rounds of its time over ``reference``'s in the same round,
+    times ``reference``'s median: the rounds' drift cancels out of the ratios. Without ``reference``
+    among the batches, each batch's median.
+    """
+    if reference not in times:
+        return {b: statistics.median(t) for b, t in times.items()}
+    ref = times[reference]
+    base = statistics.median(ref)
+    return {b: statistics.median(x / r for x, r in zip(t, ref, strict=True)) * base for b, t in times.items()}
+
+
+def _batch_curve(job: Job, rank: int, model: torch.nn.Module, progress: _Progress) -> dict[int, list[float]]:
+    """Forward + backward ms of each timed iteration at each of ``job.batch_curve``'s local batches, every
+    rank in lock-step.
 
     The batches take turns (one iteration each per round), so a drift of the machine's speed over the
     measurement falls on all of them alike rather than on whichever was timed last.
@@ -328,9 +346,9 @@ def _batch_curve(job: Job, rank: int, model: torch.nn.Module, progress: _Progres
             elapsed = time.perf_counter() - start
             model.zero_grad()
             if i:
-                times[batch].append(elapsed)
+                times[batch].append(elapsed * 1e3)
         progress("batch curve", 0, i)
-    return {batch: statistics.median(t) * 1e3 for batch, t in times.items()}
+    return times
 
 
 def _replica_spread(params: torch.Tensor) -> float:
