@@ -63,3 +63,13 @@ def test_the_auto_trial_tables_are_recomputed_from_their_run() -> None:
     report = resummarise(json.loads((ROOT / "benchmarks" / "results" / "auto-2w-trials" / "bench.json").read_text()))
     for session in report["sessions"]:
         assert markdown_table(report, session) in DOCUMENT, session["label"]
+
+
+def test_the_heterogeneous_testbed_table_in_the_planning_docs_is_the_saved_runs() -> None:
+    from commsched.bench.hetero_report import markdown
+
+    saved = ROOT / "benchmarks" / "results" / "hetero-resnet5m"
+    report = json.loads((saved / "hetero.json").read_text())
+    table = markdown(report)
+    assert table.strip() == (saved / "hetero.md").read_text().strip()
+    assert table.strip() in (ROOT / "docs" / "planning.md").read_text()
