@@ -336,6 +336,8 @@ def _batch_curve(job: Job, rank: int, model: torch.nn.Module, progress: _Progres
     The batches take turns (one iteration each per round), so a drift of the machine's speed over the
     measurement falls on all of them alike rather than on whichever was timed last.
     """
+    if not job.batch_curve:
+        return {}
     inputs = {batch: synthetic_batch(job.model, batch, job.seed, rank, 0) for batch in job.batch_curve}
     times: dict[int, list[float]] = {batch: [] for batch in job.batch_curve}
     for i in range(1 + CURVE_REPEATS):
