@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 from pathlib import Path
+from typing import Any
 
 import _startup_workers as S
 import pytest
@@ -211,38 +212,32 @@ def test_a_checkpoint_keeps_the_plan_in_use_and_restoring_it_continues_exactly(t
         assert r["same_plan"] and r["diff"] < TOL, r
 
 
+def _auto_policies(worker: Any, tmp_path: Path, steps: int, replans: int) -> list[str]:
+    """Run ``worker`` on 2 ranks; each matched DDP and switched ``replans`` times, both alike. Returns the
+    plan's policy after every step (``p[k]``: after step k)."""
+    res = spawn(worker, 2, tmp_path, steps)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert r["diff"] < TOL, r
+        assert r["replans"] == replans, r["policies"]
+    assert res[0]["policies"] == res[1]["policies"]
+    return list(res[0]["policies"])
+
+
 def test_auto_measures_the_warm_ups_plan_like_its_trials_when_both_seem_slower_and_keeps_the_fastest(
     tmp_path: Path,
 ) -> None:
-    res = spawn(S.auto_trial, 2, tmp_path, 20)
-    for r in res:
-        assert "error" not in r and "missing" not in r, r
-        assert r["diff"] < TOL, r
-        p = r["policies"]  # p[k]: the plan after step k
-        assert r["replans"] == 2, p  # to the runner-up, then to the warm-up's plan, which is kept
-        assert len(set(p[1:6])) == len(set(p[6:11])) == len(set(p[11:])) == 1, p  # 4 iterations each, then stay
-        assert len({p[1], p[6], p[11]}) == 3 and p[11] == "no_overlap", p
-    assert res[0]["policies"] == res[1]["policies"]
+    p = _auto_policies(S.auto_trial, tmp_path, 20, replans=2)  # to the runner-up, then the warm-up's plan, kept
+    assert len(set(p[1:6])) == len(set(p[6:11])) == len(set(p[11:])) == 1, p  # 4 iterations each, then stay
+    assert len({p[1], p[6], p[11]}) == 3 and p[11] == "no_overlap", p
 
 
 def test_auto_keeps_a_trial_when_the_warm_ups_plan_measured_alike_is_slower(tmp_path: Path) -> None:
-    res = spawn(S.auto_trial_warmup_slower, 2, tmp_path, 20)
-    for r in res:
-        assert "error" not in r and "missing" not in r, r
-        assert r["diff"] < TOL, r
-        p = r["policies"]
-        assert r["replans"] == 3, p  # to the runner-up, to the warm-up's plan, back to the runner-up
-        assert p[11] == "no_overlap" and p[16] == p[-1] == p[6] != p[1], p
-    assert res[0]["policies"] == res[1]["policies"]
+    p = _auto_policies(S.auto_trial_warmup_slower, tmp_path, 20, replans=3)  # runner-up, warm-up's, runner-up
+    assert p[11] == "no_overlap" and p[16] == p[-1] == p[6] != p[1], p
 
 
 def test_auto_goes_back_to_its_choice_when_the_runner_up_measured_slower(tmp_path: Path) -> None:
-    res = spawn(S.auto_trials_keep_first, 2, tmp_path, 16)
-    for r in res:
-        assert "error" not in r and "missing" not in r, r
-        assert r["diff"] < TOL, r
-        p = r["policies"]
-        assert r["replans"] == 2, p  # to the runner-up and back
-        assert p[1] != p[6] and p[1] == p[11] == p[-1], " ".join(p)  # p[k]: the plan after step k
-        assert policy_class(p[1]).update_mode != policy_class(p[6]).update_mode, p  # the runner-up: the other kind
-    assert res[0]["policies"] == res[1]["policies"]
+    p = _auto_policies(S.auto_trials_keep_first, tmp_path, 16, replans=2)  # to the runner-up and back
+    assert p[1] != p[6] and p[1] == p[11] == p[-1], " ".join(p)
+    assert policy_class(p[1]).update_mode != policy_class(p[6]).update_mode, p  # the runner-up: the other kind
