@@ -30,8 +30,7 @@ The rank and the rendezvous come from the environment the testbed sets
     ``batch_curve``, it also times forward + backward at each of those local
     batches, in lock-step (one untimed round, then the median of
     ``CURVE_REPEATS``, the batches taking turns), for the cluster spec's
-    ``model_batch_ms``. Rank 0
-    writes ``calibration.json``.
+    ``model_batch_ms``. Rank 0 writes ``calibration.json``.
 
 Every rank writes ``rank<r>.json``: per run, the start and the wall time of
 every iteration (forward, backward, optimizer step, zero_grad; warm-up
