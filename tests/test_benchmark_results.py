@@ -65,10 +65,11 @@ def test_the_auto_trial_tables_are_recomputed_from_their_run() -> None:
         assert markdown_table(report, session) in DOCUMENT, session["label"]
 
 
-def test_the_heterogeneous_testbed_table_in_the_planning_docs_is_the_saved_runs() -> None:
+@pytest.mark.parametrize("session", ["", "session2"])
+def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_runs(session: str) -> None:
     from commsched.bench.hetero_report import markdown
 
-    saved = ROOT / "benchmarks" / "results" / "hetero-resnet5m"
+    saved = ROOT / "benchmarks" / "results" / "hetero-resnet5m" / session
     report = json.loads((saved / "hetero.json").read_text())
     table = markdown(report)
     assert table.strip() == (saved / "hetero.md").read_text().strip()
