@@ -134,7 +134,7 @@ def test_cpu_shares_and_bad_options_are_refused_clearly(tmp_path: Path) -> None:
 
 
 def test_a_batch_curve_takes_each_batchs_time_relative_to_the_reference_in_the_same_round() -> None:
-    from commsched.bench.worker import curve_points
+    from commsched.bench.batch_curve import curve_points
 
     drifting = {8: [150.0, 100.0, 75.0], 16: [300.0, 200.0, 150.0], 32: [600.0, 450.0, 300.0]}  # the machine speeds up
     points = curve_points(drifting, 16)

@@ -41,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from commsched.bench.baselines import DEFAULT_DDP
+from commsched.bench.batch_curve import CURVE_REPEATS
 from commsched.bench.hetero_spec import MeasuredSpec, measured_spec, plan_command, runnable_policies
 from commsched.bench.hetero_worker import CONFIGS
 from commsched.bench.run import machine_info, source_info
-from commsched.bench.worker import CURVE_REPEATS, calibration_sizes
+from commsched.bench.worker import calibration_sizes
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.plan.batches import even_split, proportional_split
 from commsched.plan.hetero import plan_heterogeneous

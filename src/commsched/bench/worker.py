@@ -29,7 +29,7 @@ The rank and the rendezvous come from the environment the testbed sets
     times ``optimizer.step()`` + ``zero_grad()`` the same way; with
     ``batch_curve``, it also times forward + backward at each of those local
     batches, in lock-step (one untimed round, then the median of
-    ``CURVE_REPEATS``, the batches taking turns), for the cluster spec's
+    ``batch_curve.CURVE_REPEATS``, the batches taking turns), for the cluster spec's
     ``model_batch_ms``. Rank 0 writes ``calibration.json``.
 
 Every rank writes ``rank<r>.json``: per run, the start and the wall time of
@@ -58,6 +58,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from commsched.bench.baselines import BY_NAME, TORCH_DDP, YARDSTICK, ddp_names
+from commsched.bench.batch_curve import curve_points, time_batch_curve
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
 
@@ -286,7 +287,7 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         command=f"commsched bench --validate (rank {rank} of {world}, profiled in lock-step)",
         progress=lockstep,
     )
-    curve = _batch_curve(job, rank, model, progress)
+    curve = time_batch_curve(job.model, job.batch_curve, job.seed, rank, model, lambda i: progress("batch curve", 0, i))
     x, y = synthetic_batch(job.model, job.batch, job.seed, rank, 0)
     step_s = []
     for i in range(job.warmup + job.iters):
@@ -307,49 +308,6 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         "batch_ms": {str(b): ms for b, ms in curve_points(curve, job.batch).items()},
         "batch_times_ms": {str(b): t for b, t in curve.items()},
     }
-
-
-#: Timed iterations per batch of the ``batch_curve`` (after one untimed round).
-CURVE_REPEATS = 5
-
-
-def curve_points(times: dict[int, list[float]], reference: int) -> dict[int, float]:
-    """One ms figure per batch from rounds of timings (``times[b][k]``: round k at batch b).
-
-    The machine's speed drifts by tens of percent over a minute (seen on this project's 2-core host), so
-    each batch's figure is the median over rounds of its time over ``reference``'s in the same round,
-    times ``reference``'s median: the rounds' drift cancels out of the ratios. Without ``reference``
-    among the batches, each batch's median.
-    """
-    if reference not in times:
-        return {b: statistics.median(t) for b, t in times.items()}
-    ref = times[reference]
-    base = statistics.median(ref)
-    return {b: statistics.median(x / r for x, r in zip(t, ref, strict=True)) * base for b, t in times.items()}
-
-
-def _batch_curve(job: Job, rank: int, model: torch.nn.Module, progress: _Progress) -> dict[int, list[float]]:
-    """Forward + backward ms of each timed iteration at each of ``job.batch_curve``'s local batches, every
-    rank in lock-step.
-
-    The batches take turns (one iteration each per round), so a drift of the machine's speed over the
-    measurement falls on all of them alike rather than on whichever was timed last.
-    """
-    if not job.batch_curve:
-        return {}
-    inputs = {batch: synthetic_batch(job.model, batch, job.seed, rank, 0) for batch in job.batch_curve}
-    times: dict[int, list[float]] = {batch: [] for batch in job.batch_curve}
-    for i in range(1 + CURVE_REPEATS):
-        for batch, (x, y) in inputs.items():
-            dist.barrier()
-            start = time.perf_counter()
-            model_loss(model(x), y).backward()
-            elapsed = time.perf_counter() - start
-            model.zero_grad()
-            if i:
-                times[batch].append(elapsed * 1e3)
-        progress("batch curve", 0, i)
-    return times
 
 
 def _replica_spread(params: torch.Tensor) -> float:
