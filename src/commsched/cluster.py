@@ -35,23 +35,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, StrictBool, ValidationError, ValidationInfo, field_validator, model_validator
 
+from commsched.cluster_parts import BatchCurve, Count, Device, Link, SpecModel
 from commsched.errors import SpecError, spec_error_from_pydantic
 from commsched.spec_files import read_text
 
@@ -68,85 +57,7 @@ __all__ = [
 ]
 
 
-def _finite_number(value: Any) -> Any:
-    # YAML reads `yes`/`true` as booleans, which pydantic would take as 1.
-    if isinstance(value, bool):
-        raise ValueError(f"must be a number, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"must be a finite number, got {value!r}")
-    return value
-
-
-# Numbers are strict: a string is never read as one (bandwidth_gbps: "10" is refused, not taken as 10).
-_Number = BeforeValidator(_finite_number)
-PositiveFloat = Annotated[StrictFloat, _Number, Field(gt=0, allow_inf_nan=False)]
-NonNegativeFloat = Annotated[StrictFloat, _Number, Field(ge=0, allow_inf_nan=False)]
-PositiveInt = Annotated[StrictInt, _Number, Field(gt=0)]
-
-
-#: A device's measured ``(local batch, forward + backward ms)`` points for one model, sorted by batch.
-BatchCurve = tuple[tuple[int, float], ...]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Device(_Frozen):
-    """One accelerator type."""
-
-    name: str = Field(min_length=1, description="e.g. 'V100'")
-    speed: PositiveFloat = Field(1.0, description="compute speed relative to the profiled device")
-    model_speed: dict[str, PositiveFloat] = Field(
-        default_factory=dict, description="per-model relative speed, overriding `speed`"
-    )
-    model_batch_ms: dict[str, dict[PositiveInt, PositiveFloat]] = Field(
-        default_factory=dict,
-        description="per model, measured forward + backward ms at two or more local batch sizes",
-    )
-    memory_gib: PositiveFloat
-
-    @field_validator("model_batch_ms")
-    @classmethod
-    def _at_least_two_points(cls, value: dict[str, dict[int, float]]) -> dict[str, dict[int, float]]:
-        for model, points in value.items():
-            if len(points) < 2:
-                raise ValueError(f"{model}: needs at least 2 batch sizes, got {dict(points)!r}")
-        return value
-
-    def __hash__(self) -> int:
-        # pydantic's frozen hash would fail on the dict; hashable devices let callers group workers by device
-        curves = tuple(sorted((m, tuple(sorted(c.items()))) for m, c in self.model_batch_ms.items()))
-        return hash((self.name, self.speed, tuple(sorted(self.model_speed.items())), curves, self.memory_gib))
-
-    def batch_curve_for(self, model: str | None = None) -> BatchCurve:
-        """``model_batch_ms[model]`` as ``(batch, ms)`` pairs sorted by batch; ``()`` where it has none."""
-        if model is None or model not in self.model_batch_ms:
-            return ()
-        return tuple(sorted(self.model_batch_ms[model].items()))
-
-    def speed_for(self, model: str | None = None) -> float:
-        """Relative speed for ``model``: its ``model_speed`` entry if any, else ``speed``."""
-        if model is not None and model in self.model_speed:
-            return self.model_speed[model]
-        return self.speed
-
-
-class Link(_Frozen):
-    """A network or bus link. Bandwidth is per direction."""
-
-    bandwidth_gbps: PositiveFloat
-    latency_us: NonNegativeFloat
-    loss_rate: Annotated[StrictFloat, _Number, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
-    per_message_overhead_us: NonNegativeFloat = 0.0
-
-    @property
-    def bandwidth_bytes_per_s(self) -> float:
-        """``bandwidth_gbps * 1e9 / 8``."""
-        return self.bandwidth_gbps * 1e9 / 8
-
-
-class Node(_Frozen):
+class Node(SpecModel):
     """One machine: its devices, its NIC, and the link between its devices.
 
     ``count`` and ``device`` are the input shorthand for ``count`` identical
@@ -155,7 +66,7 @@ class Node(_Frozen):
 
     name: str = Field(min_length=1)
     devices: tuple[Device, ...] = ()
-    count: Annotated[StrictInt, _Number, Field(ge=1)] | None = Field(None, exclude=True, repr=False)
+    count: Count | None = Field(None, exclude=True, repr=False)
     device: Device | None = Field(None, exclude=True, repr=False)
     nic: Link
     intra: Link | None = Field(None, validate_default=True)
@@ -184,7 +95,7 @@ class Node(_Frozen):
         return self
 
 
-class ParameterServers(_Frozen):
+class ParameterServers(SpecModel):
     """Parameter servers, for PS-based policies.
 
     Dedicated servers (``colocated: false``) each have their own ``link``.
@@ -192,7 +103,7 @@ class ParameterServers(_Frozen):
     that node's NIC, so ``link`` is left out.
     """
 
-    count: Annotated[StrictInt, _Number, Field(ge=1)]
+    count: Count
     colocated: StrictBool = False
     link: Link | None = Field(None, validate_default=True)
 
@@ -220,7 +131,7 @@ class Worker:
     intra: Link | None
 
 
-class Cluster(_Frozen):
+class Cluster(SpecModel):
     """Nodes (in rank order) and, optionally, parameter servers."""
 
     name: str = Field(min_length=1)
