@@ -112,7 +112,8 @@ DEFINITIONS = {
 
 #: Untimed iterations a commsched policy needs: it profiles its warm-up iterations, then switches to its plan.
 MIN_WARMUP = WARMUP_ITERS + 1
-#: Iterations before ``auto`` runs the plan it keeps (after its trials: its choice and the runner-up).
+#: Iterations before ``auto`` runs the plan it keeps, at most (after its trials: its choice, the runner-up and,
+#: when both seem slower than the warm-up, the warm-up's plan).
 AUTO_WARMUP = auto_settles_after(WARMUP_ITERS)
 
 

@@ -202,13 +202,9 @@ class AutoPlanner:
         from commsched.sim import SimOptions
 
         cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)
-        cpu = {
-            "cpu_per_task_ms": network.cpu_per_message_s * 1e3,
-            "cpu_ms_per_mb": network.cpu_s_per_byte * 2**20 * 1e3,
-        }
+        per_task, per_mb = network.cpu_per_message_s * 1e3, network.cpu_s_per_byte * 2**20 * 1e3
 
         def options_for(policy: str, knobs: Mapping[str, Any]) -> SimOptions:
-            per_task, per_mb = cpu["cpu_per_task_ms"], cpu["cpu_ms_per_mb"]
             return gloo_options(workload, cluster, policy, cpu_per_task_ms=per_task, cpu_ms_per_mb=per_mb, **knobs)
 
         advice = advise(
@@ -216,9 +212,7 @@ class AutoPlanner:
             cluster,
             budget_s=self.budget_s,
             policies=self.policies,
-            sim_options=SimOptions(cpu_per_task_ms=cpu["cpu_per_task_ms"], cpu_ms_per_mb=cpu["cpu_ms_per_mb"])
-            if self.gloo
-            else None,
+            sim_options=SimOptions(cpu_per_task_ms=per_task, cpu_ms_per_mb=per_mb) if self.gloo else None,
             options_for=options_for if self.gloo else None,
         )
         log.info(
