@@ -85,9 +85,13 @@ def test_the_plan_on_the_measured_spec_balances_compute_and_is_predicted_faster_
     sizes = batch_sizes(spec, plan.plan, 192)
     assert sizes["even_ddp"] == [64, 64, 64] and sizes["proportional_dp"] == [127, 33, 32]  # one each, then ∝ speed
     assert sum(sizes["plan"]) == 192 and sizes["plan"][0] > sizes["plan"][1]
-    predicted = predictions(spec, plan.plan, sizes)
+    assert sizes["plan_compute"] == sizes["plan"]
+    predicted, trace = predictions(spec, plan.plan, sizes)
     assert predicted["plan"] == pytest.approx(plan.iteration_ms, rel=0.05)
     assert predicted["plan"] < predicted["even_ddp"] / 1.5  # compute-bound: close to the ideal 2x
+    assert 0 < predicted["plan_compute"] <= predicted["plan"]  # compute alone: the plan without communication
+    assert trace is not None and {e.worker for e in trace.events} == {0, 1}  # per worker class: 1 and 2 are one
+    assert {"forward", "backward"} < {e.kind for e in trace.events} and any(e.bytes for e in trace.events)
 
 
 def test_the_summary_pairs_speedups_by_repeat_and_sets_predictions_beside() -> None:
@@ -95,15 +99,21 @@ def test_the_summary_pairs_speedups_by_repeat_and_sets_predictions_beside() -> N
         return {"name": name, "repeat": repeat, "starts_s": [i * step_s for i in range(5)], "times_s": [step_s] * 5}
 
     ms = {("even_ddp", 0): 0.4, ("plan", 0): 0.2, ("even_ddp", 1): 0.6, ("plan", 1): 0.25}
+    ms |= {("plan_compute", 0): 0.1, ("plan_compute", 1): 0.12}
     rank0 = {"runs": [run(n, k, s) | {"max_param_diff": 1e-7} for (n, k), s in ms.items()]}
     rank1 = {"runs": [run(n, k, s * 0.5) for (n, k), s in ms.items()]}  # never the slowest
-    summary = summarise([rank0, rank1], warmup=2, predicted={"plan": 250.0})
+    summary = summarise([rank0, rank1], warmup=2, predicted={"plan": 250.0, "plan_compute": 55.0})
     assert summary["plan"]["median_ms"] == pytest.approx(225.0)
     assert summary["plan"]["speedup_vs_even_ddp"] == pytest.approx((2.0 + 2.4) / 2)  # paired, not 500/225
     assert summary["plan"]["error_pct"] == pytest.approx((250 - 225) / 225 * 100)
-    report = {"summary": summary, "batch_sizes": {"even_ddp": [2, 2], "plan": [3, 1]}}
+    reference = summary["plan_compute"]  # measured and predicted, but no speed-up: nothing one could run
+    assert reference["median_ms"] == pytest.approx(110.0) and reference["error_pct"] == pytest.approx(-50.0)
+    assert not {"speedup_vs_even_ddp", "max_param_diff"} & set(reference)
+    sizes = {"even_ddp": [2, 2], "plan": [3, 1], "plan_compute": [3, 1]}
+    report = {"summary": summary, "batch_sizes": sizes}
     assert "| plan | 3 1 | 250 | 225 |" in markdown(report)
-    assert [met for _, met in targets(report)] == [True, True]
+    assert "| plan's compute alone (reference) | 3 1 | 55 | 110 |" in markdown(report)
+    assert [met for _, met in targets(report)] == [True, True]  # the reference's -50 % is no target's
 
 
 def test_every_configuration_trains_on_the_same_global_batches() -> None:

@@ -16,6 +16,7 @@ from commsched.bench.hetero import HeteroBenchConfig, run_hetero_bench
 from commsched.schedule import CommPlan
 from commsched.testbed import CpuShare, LinkShape, cgroup_objects, cgroups_unavailable_reason, netns_unavailable_reason
 from commsched.testbed.commands import PREFIX
+from commsched.trace import Trace
 
 _REASON = cgroups_unavailable_reason() or netns_unavailable_reason()
 pytestmark = [
@@ -57,5 +58,15 @@ def test_bench_plan_auto_measures_the_testbed_plans_on_it_and_runs_plan_and_base
         row = summary[name]
         assert row["median_ms"] > 0 and row["predicted_ms"] > 0, (name, row)
         assert row["max_param_diff"] < 1e-4, (name, row)  # same global batches: the same training
+    compute = summary["plan_compute"]  # the plan's compute alone, beside what the simulator gave the slowest rank
+    assert compute["median_ms"] > 0 and 0 < compute["predicted_ms"] <= summary["plan"]["predicted_ms"], compute
+    assert report["traces"] == {
+        "plan": "trace-plan.json",
+        "proportional_dp": "trace-proportional_dp.json",
+        "plan (predicted)": "trace-plan-predicted.json",
+    }
+    measured_trace = Trace.load(tmp_path / "trace-plan.json")
+    assert {e.worker for e in measured_trace.events} == {0, 1, 2}, "every rank's trace of the plan"
+    assert not list((tmp_path / "session" / "traces").glob("*.json"))  # merged, the parts removed
     assert (tmp_path / "hetero.json").is_file() and (tmp_path / "measured" / "cluster.yaml").is_file()
     assert cgroup_objects(PREFIX + str(os.getpid())) == []

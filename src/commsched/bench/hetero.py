@@ -19,7 +19,13 @@ A run, all on that testbed:
 3. **run** (:mod:`commsched.bench.hetero_worker`): even DP with default DDP,
    speed-proportional DP with the runtime's ring all-reduce, and the plan,
    ``repeats`` times each, alternating; the simulator's prediction of each on
-   the measured spec is set beside the measurement.
+   the measured spec is set beside the measurement. Beside them, for
+   reference, the plan's compute alone (its batches, no communication, the
+   ranks in lock-step) against the simulator's compute of the slowest rank:
+   how much of a prediction's error is compute's. The runtime's first repeat
+   of each configuration is traced (``trace-<config>.json``), the simulator's
+   run of the plan beside it (``trace-plan-predicted.json``), both for
+   Perfetto or :func:`commsched.trace.compare_traces`.
 
 Definitions (also in ``hetero.json``): a run's iteration time is the slowest
 rank's mean over the timed iterations (warm-up dropped); a configuration's
@@ -43,8 +49,8 @@ from typing import Any
 from commsched.bench.baselines import DEFAULT_DDP
 from commsched.bench.batch_curve import CURVE_REPEATS
 from commsched.bench.hetero_spec import MeasuredSpec, measured_spec, plan_command, runnable_policies
-from commsched.bench.hetero_worker import CONFIGS
-from commsched.bench.run import machine_info, source_info
+from commsched.bench.hetero_worker import CONFIGS, REFERENCES
+from commsched.bench.run import machine_info, merge_traces, source_info
 from commsched.bench.worker import calibration_sizes
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.plan.batches import even_split, proportional_split
@@ -63,6 +69,7 @@ LABELS = {
     "even_ddp": "even DP (default DDP)",
     "proportional_dp": "speed-proportional DP (ring all-reduce)",
     "plan": "plan",
+    "plan_compute": "plan's compute alone (reference)",
 }
 DEFINITIONS = {
     "iteration_ms": "per run: the slowest rank's mean wall time per timed iteration; per configuration: median "
@@ -71,6 +78,8 @@ DEFINITIONS = {
     "predicted_ms": "the simulator on the measured spec (measured/cluster.yaml, measured/workload.json) with the "
     "runtime's gloo options, the measured optimizer step and communication CPU work",
     "error_pct": "(predicted - measured) / measured * 100",
+    "plan_compute": "the plan's batches with no gradient communication, a barrier after every step; predicted: "
+    "the simulator's compute time of the slowest rank in the plan's run",
     "max_param_diff": "max |param - param of even_ddp, same repeat| on rank 0 after the last step (BatchNorm "
     "statistics are per rank, so uneven splits differ by design on models with BatchNorm)",
 }
@@ -129,24 +138,30 @@ def curve_batches(profile_batch: int) -> list[int]:
 
 
 def batch_sizes(spec: MeasuredSpec, plan: CommPlan, global_batch: int) -> dict[str, list[int]]:
-    """Per configuration, per rank: even, ∝ measured speed (largest remainder), the plan's own."""
+    """Per configuration, per rank: even, ∝ measured speed (largest remainder), the plan's own (its compute
+    alone too)."""
     n = spec.cluster.num_workers
     planned = plan.batch_sizes or even_split(global_batch, n)
     return {
         "even_ddp": list(even_split(global_batch, n)),
         "proportional_dp": list(proportional_split(global_batch, spec.speeds)),
         "plan": list(planned),
+        "plan_compute": list(planned),
     }
 
 
-def predictions(spec: MeasuredSpec, plan: CommPlan, sizes: dict[str, list[int]]) -> dict[str, float]:
-    """The simulator's iteration time of each configuration on the measured spec."""
+def predictions(spec: MeasuredSpec, plan: CommPlan, sizes: dict[str, list[int]]) -> tuple[dict[str, float], Any]:
+    """The simulator's iteration time of each configuration on the measured spec (the plan's compute alone
+    too), and its trace of the plan."""
     _, ddp_knobs = DEFAULT_DDP.simulated_as
-    return {
+    planned = spec.simulate_plan(plan, trace=True)
+    predicted = {
         "even_ddp": spec.predict_ms("ddp", {**policy_knobs("ddp"), **ddp_knobs}, sizes["even_ddp"]),
         "proportional_dp": spec.predict_ms("ddp", policy_knobs("ddp"), sizes["proportional_dp"]),
-        "plan": spec.predict_plan_ms(plan),
+        "plan": planned.iteration_ms,
+        "plan_compute": planned.compute_ms,
     }
+    return predicted, planned.trace
 
 
 def summarise(rank_files: list[dict[str, Any]], warmup: int, predicted: dict[str, float]) -> dict[str, Any]:
@@ -175,12 +190,12 @@ def summarise(rank_files: list[dict[str, Any]], warmup: int, predicted: dict[str
         for base in ("even_ddp", "proportional_dp"):
             theirs = by_repeat.get(base, {})
             paired = [theirs[k] / v for k, v in repeats.items() if k in theirs]
-            if paired and name != base:
+            if paired and name != base and name not in REFERENCES:
                 row[f"speedup_vs_{base}"] = statistics.median(paired)
         if name in predicted:
             row["predicted_ms"] = predicted[name]
             row["error_pct"] = (predicted[name] - median) / median * 100
-        if name in diffs:
+        if name in diffs and name not in REFERENCES:
             row["max_param_diff"] = max(diffs[name])
         out[name] = row
     return out
@@ -309,18 +324,25 @@ def run_hetero_bench(
             report["plan"] = {"source": config.plan, "policy": plan.policy, "batch_sizes": plan.batch_sizes}
         global_batch = sum(plan.batch_sizes) if plan.batch_sizes else config.global_batch
         sizes = batch_sizes(spec, plan, global_batch)
-        predicted = predictions(spec, plan, sizes)
+        predicted, predicted_trace = predictions(spec, plan, sizes)
+        runs = CONFIGS + REFERENCES
         job = {
             **base,
             "out": str(out_dir / "session"),
             "batch_sizes": sizes,
             "plan_path": str(plan_path),
             "repeats": config.repeats,
-            "configs": list(CONFIGS),
+            "configs": list(runs),
         }
-        steps = config.repeats * len(CONFIGS) * (config.warmup + config.iters)
-        say(f"bench --plan: running {', '.join(CONFIGS)} x {config.repeats} repeats")
+        steps = config.repeats * len(runs) * (config.warmup + config.iters)
+        say(f"bench --plan: running {', '.join(runs)} x {config.repeats} repeats")
         files = _launch(bed, "commsched.bench.hetero_worker", job, out_dir / "session", 1, steps, poll)
+    traces = merge_traces(out_dir / "session", out_dir, "", n, {"model": config.model, "batch_sizes": sizes})
+    if predicted_trace is not None:
+        predicted_trace.meta.update(policy=plan.policy, source="simulated", batch_sizes=plan.batch_sizes)
+        predicted_trace.save_chrome(out_dir / "trace-plan-predicted.json")
+        traces["plan (predicted)"] = "trace-plan-predicted.json"
+    report["traces"] = traces
     report["global_batch"] = global_batch
     report["batch_sizes"] = sizes
     report["summary"] = summarise(files, config.warmup, predicted)

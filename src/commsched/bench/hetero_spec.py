@@ -41,7 +41,7 @@ from commsched.plan.gloo import gloo_options
 from commsched.plan.search import simulate_candidate
 from commsched.profile.network import CpuFit, ProbeSample, fit_alpha_beta, fit_cpu
 from commsched.schedule import LOSSLESS, CommPlan, make_knobs, policy_class
-from commsched.sim.simulator import SimOptions, simulate_plan
+from commsched.sim.simulator import SimOptions, SimResult, simulate_plan
 from commsched.testbed.linkrate import LinkRate
 from commsched.transport import TRANSPORTS
 from commsched.workload import Workload
@@ -92,10 +92,12 @@ class MeasuredSpec:
 
     def predict_plan_ms(self, plan: CommPlan) -> float:
         """Simulated iteration time of a plan file's plan on this cluster, at its own per-rank batches."""
+        return self.simulate_plan(plan).iteration_ms
+
+    def simulate_plan(self, plan: CommPlan, *, trace: bool = False) -> SimResult:
+        """The simulator's run of a plan file's plan on this cluster, at its own per-rank batches."""
         options = self.options(plan.policy, plan.knobs.to_dict())
-        return simulate_plan(
-            plan, self.cluster, options=options, trace=False, batch_sizes=plan.batch_sizes
-        ).iteration_ms
+        return simulate_plan(plan, self.cluster, options=options, trace=trace, batch_sizes=plan.batch_sizes)
 
     def sim_pairs(self) -> list[str]:
         """The options as ``commsched plan --sim KEY=VALUE`` pairs (what ``--plan auto`` planned with)."""

@@ -10,7 +10,12 @@ seed, in an order rotated by one per repeat, each after a barrier:
   shares ∝ measured speed, gradients weighted by ``b_i / B`` and summed by the
   runtime's ring all-reduce (gloo);
 * ``plan``: ``commsched.parallelize(plan=PATH)``, the plan's policy, knobs and
-  per-rank batches.
+  per-rank batches;
+* ``plan_compute`` (a reference, not a configuration to choose): the plan's
+  per-rank batches with no gradient communication, the ranks in lock-step (a
+  barrier after every step): what the plan's iteration would take if
+  communication cost nothing, so that a prediction's error splits into
+  compute and communication.
 
 Every configuration sees the same data: step ``s``'s global batch of ``B``
 samples is drawn once (:func:`commsched.models.synthetic_batch`, rank 0's
@@ -24,7 +29,9 @@ parameter difference from ``even_ddp`` of the same repeat.
 
 Every rank writes ``rank<r>.json``: per run the start and the wall time of
 every iteration (warm-up included; the host drops it), and rank 0 appends
-one line per iteration to ``progress.jsonl``.
+one line per iteration to ``progress.jsonl``. The runtime's configurations
+record their trace in the first repeat (``traces/<config>.rank<r>.json``:
+every task's launch and completion, as ``commsched bench`` saves them).
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ from commsched.runtime import parallelize
 
 #: The configurations, in the order of a first repeat.
 CONFIGS = ("even_ddp", "proportional_dp", "plan")
+#: Runs measured beside them for reference: the plan's compute with no communication.
+REFERENCES = ("plan_compute",)
+#: The configurations run by the runtime, whose first repeat records a trace.
+TRACED = ("proportional_dp", "plan")
 
 
 @dataclass(frozen=True)
@@ -87,21 +98,26 @@ def local_batches(job: HeteroJob, config: str, rank: int) -> list[tuple[torch.Te
     return out
 
 
-def _wrap(job: HeteroJob, config: str, model: torch.nn.Module, opt: torch.optim.Optimizer) -> Any:
+def _wrap(job: HeteroJob, config: str, model: torch.nn.Module, opt: torch.optim.Optimizer, trace: bool) -> Any:
     if config == "even_ddp":
         return DistributedDataParallel(model), opt
     if config == "proportional_dp":
-        return parallelize(model, opt, policy="ddp", batch_sizes=job.batch_sizes[config], timeout_s=job.comm_timeout_s)
+        sizes = job.batch_sizes[config]
+        return parallelize(model, opt, policy="ddp", batch_sizes=sizes, timeout_s=job.comm_timeout_s, trace=trace)
     if config == "plan":
-        return parallelize(model, opt, plan=job.plan_path, timeout_s=job.comm_timeout_s)
-    raise ValueError(f"config: unknown {config!r}; known: {', '.join(CONFIGS)}")
+        return parallelize(model, opt, plan=job.plan_path, timeout_s=job.comm_timeout_s, trace=trace)
+    if config == "plan_compute":
+        return model, opt
+    raise ValueError(f"config: unknown {config!r}; known: {', '.join(CONFIGS + REFERENCES)}")
 
 
 def _run(job: HeteroJob, rank: int, config: str, repeat: int, progress: _Progress) -> tuple[dict[str, Any], Any]:
     batches = local_batches(job, config, rank)
     model = build_model(job.model, job.seed)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
-    wrapped, optimizer = _wrap(job, config, model, opt)
+    traced = config in TRACED and repeat == 0
+    wrapped, optimizer = _wrap(job, config, model, opt, traced)
+    lockstep = config in REFERENCES
     clock = _Clock()
     for step, (x, y) in enumerate(batches):
         clock.start()
@@ -112,12 +128,21 @@ def _run(job: HeteroJob, rank: int, config: str, repeat: int, progress: _Progres
         optimizer.step()
         optimizer.zero_grad()
         clock.lap("step")
+        if lockstep:
+            dist.barrier()
         clock.stop()
         progress(config, repeat, step)
-    for method in ("flush", "close"):
-        call = getattr(wrapped, method, None)
-        if call is not None:
-            call()
+    flush = getattr(wrapped, "flush", None)
+    if flush is not None:
+        flush()
+    trace = getattr(wrapped, "trace", None) if traced else None
+    if trace is not None:
+        trace.meta.update(model=job.model, batch=job.batch_sizes[config][rank], repeat=repeat)
+        (Path(job.out) / "traces").mkdir(exist_ok=True)
+        trace.save(Path(job.out) / "traces" / f"{config}.rank{rank}.json")
+    close = getattr(wrapped, "close", None)
+    if close is not None:
+        close()
     return clock.record(), _flat_params(model)
 
 

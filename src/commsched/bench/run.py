@@ -285,8 +285,9 @@ def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str
     return {"runs": runs, "summary": summary, "threads": ranks[0].get("threads")}
 
 
-def _merge_traces(session_dir: Path, out_dir: Path, label: str, world: int, meta: dict[str, Any]) -> dict[str, str]:
-    """One Chrome/Perfetto file per policy with every rank (each rank's clock starts at its engine)."""
+def merge_traces(session_dir: Path, out_dir: Path, label: str, world: int, meta: dict[str, Any]) -> dict[str, str]:
+    """One Chrome/Perfetto file per policy with every rank (each rank's clock starts at its engine):
+    ``trace-<label>-<policy>.json`` (``trace-<policy>.json`` where ``label`` is empty)."""
     files: dict[str, str] = {}
     trace_dir = session_dir / "traces"
     if not trace_dir.is_dir():
@@ -299,7 +300,7 @@ def _merge_traces(session_dir: Path, out_dir: Path, label: str, world: int, meta
             if part.exists():
                 merged.events.extend(Trace.load(part).events)
                 part.unlink()
-        path = out_dir / f"trace-{_slug(label)}-{policy}.json"
+        path = out_dir / (f"trace-{_slug(label)}-{policy}.json" if label else f"trace-{policy}.json")
         merged.save_chrome(path)
         files[policy] = path.name
     return files
@@ -491,7 +492,7 @@ def run_bench(
             _add_ratios(session, report.get("compute_alone"))
             if calibration is not None:
                 session["validation"] = predict_session(session, calibration, list(config.policies), knobs)
-            session["traces"] = _merge_traces(
+            session["traces"] = merge_traces(
                 session_dir, out_dir, shape.label, config.workers, {"model": config.model, "batch": config.batch}
             )
             report["sessions"].append(session)
