@@ -91,6 +91,7 @@ def test_the_plan_on_the_measured_spec_balances_compute_and_is_predicted_faster_
     assert predicted["plan"] < predicted["even_ddp"] / 1.5  # compute-bound: close to the ideal 2x
     assert 0 < predicted["plan_compute"] <= predicted["plan"]  # compute alone: the plan without communication
     assert trace is not None and {e.worker for e in trace.events} == {0, 1}  # per worker class: 1 and 2 are one
+    assert trace.meta["classes"] == [[0], [1, 2]]
     assert {"forward", "backward"} < {e.kind for e in trace.events} and any(e.bytes for e in trace.events)
 
 

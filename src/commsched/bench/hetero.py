@@ -155,6 +155,8 @@ def predictions(spec: MeasuredSpec, plan: CommPlan, sizes: dict[str, list[int]])
     too), and its trace of the plan."""
     _, ddp_knobs = DEFAULT_DDP.simulated_as
     planned = spec.simulate_plan(plan, trace=True)
+    if planned.trace is not None:  # a timeline per worker class, named by its lowest rank
+        planned.trace.meta["classes"] = [list(c.ranks) for c in planned.classes]
     predicted = {
         "even_ddp": spec.predict_ms("ddp", {**policy_knobs("ddp"), **ddp_knobs}, sizes["even_ddp"]),
         "proportional_dp": spec.predict_ms("ddp", policy_knobs("ddp"), sizes["proportional_dp"]),
