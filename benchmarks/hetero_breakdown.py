@@ -20,6 +20,7 @@ compute of the slowest rank (``hetero.json``'s ``plan_compute``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 from collections import defaultdict
@@ -45,7 +46,7 @@ def breakdown(trace: Trace, skip: int) -> dict[int, dict[str, float]]:
         row = {key: statistics.median(per.values()) for key, per in phases.items() if key not in ("wait", "loss")}
         s = [starts[worker][k] for k in sorted(starts[worker])]
         if len(s) > 1:
-            row["iteration"] = statistics.median((b - a) * 1e3 for a, b in zip(s, s[1:], strict=False))
+            row["iteration"] = statistics.median((b - a) * 1e3 for a, b in itertools.pairwise(s))
         out[worker] = row
     return out
 
