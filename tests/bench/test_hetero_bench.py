@@ -69,6 +69,26 @@ def test_the_ranks_timings_at_several_batches_become_their_devices_batch_curves(
     assert spec.options().cpu_scales_with_speed
 
 
+def test_where_every_rank_timed_the_profile_batch_the_curves_set_the_speeds_and_the_workloads_level() -> None:
+    workload = zoo.load("resnet18")
+    ranks = [_rank(workload, s, r == 0) for r, s in enumerate((1.0, 4.0))]
+    profiled = workload.forward_ms + workload.backward_ms
+    level = 1.1 * profiled  # the rounds of the curve: rank 0 10 % slower than its layer profile said
+    b = workload.batch_size
+    ranks[0]["batch_ms"] = {str(b // 2): level / 2, str(b): level, str(2 * b): 2 * level}
+    ranks[1]["batch_ms"] = {str(b // 2): 2.5 * level, str(b): 5 * level, str(2 * b): 10 * level}  # 1 : 5, not 1 : 4
+    links = [LinkRate(0, 100.0, 0.1, 4), LinkRate(1, 100.0, 0.1, 4)]
+    spec = measured_spec(ranks, links, memory_gib=1.0)
+    assert spec.rank_compute_ms == pytest.approx((level, 5 * level))
+    assert spec.speeds == pytest.approx((1.0, 0.2))
+    assert spec.workload.forward_ms + spec.workload.backward_ms == pytest.approx(level)
+    shares = [layer.forward_ms / workload.forward_ms for layer in workload.layers]
+    assert [layer.forward_ms / spec.workload.forward_ms for layer in spec.workload.layers] == pytest.approx(shares)
+    del ranks[1]["batch_ms"][str(b)]  # a curve without the profile's batch: the profiles set both, as before
+    spec = measured_spec(ranks, links, memory_gib=1.0)
+    assert spec.speeds == pytest.approx((1.0, 0.25)) and spec.workload == workload
+
+
 def test_a_spec_from_ranks_that_profiled_different_batches_is_refused() -> None:
     workload = zoo.load("resnet18")
     other = workload.model_copy(update={"batch_size": 8})

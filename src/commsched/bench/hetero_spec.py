@@ -13,7 +13,15 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
   over the rank's own, both measured at the same batch; and, where the ranks
   timed forward + backward at several batches (``batch_ms``), those points as
   the device's ``model_batch_ms``, so that compute follows them as the plan
-  changes a rank's batch;
+  changes a rank's batch. Where every rank's curve holds the profile's batch,
+  the curves also set the level: the speeds are the ratios of the curves at
+  that batch and the workload's layer times are scaled so that their sum is
+  rank 0's curve there (the layer profile keeps the shares). The curves'
+  points are medians over rounds taken in turn across a minute; a layer
+  profile is one stretch of iterations, on a host whose speed drifts by tens
+  of percent within a minute; the plan's compute alone (``commsched bench
+  --plan``'s reference row) came out closer to the curves than to the
+  profile on every rank;
 * per rank a one-device node whose **NIC** runs at the link's measured TCP
   rate, with the collective probe's per-step latency α (``latency_us``), as
   :func:`commsched.profile.network.measured_cluster` does for one rate;
@@ -137,7 +145,12 @@ def measured_spec(
             problems.append(f"links[{link.rank}].throughput_mbit_s: must be > 0, got {link.throughput_mbit_s!r}")
     if problems:
         raise SpecError(name, problems)
-    compute_ms = tuple(w.forward_ms + w.backward_ms for w in workloads)
+    profiled_ms = tuple(w.forward_ms + w.backward_ms for w in workloads)
+    curves = [{int(b): float(t) for b, t in r.get("batch_ms", {}).items()} for r in ranks]
+    workload, compute_ms = ref, profiled_ms
+    if all(ref.batch_size in c for c in curves):  # the level of the curves (module docstring)
+        compute_ms = tuple(c[ref.batch_size] for c in curves)
+        workload = ref.scaled(profiled_ms[0] / compute_ms[0])
     samples = tuple(
         ProbeSample(**{**s, "seconds": tuple(s["seconds"]), "cpu_seconds": tuple(s.get("cpu_seconds", ()))})
         for s in ranks[0]["samples"]
@@ -146,18 +159,18 @@ def measured_spec(
     nodes = []
     for r, (ms, link) in enumerate(zip(compute_ms, links, strict=True)):
         device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": compute_ms[0] / ms, "memory_gib": memory_gib}
-        curve = {int(b): float(t) for b, t in ranks[r].get("batch_ms", {}).items()}
-        if len(curve) >= 2:
-            device["model_batch_ms"] = {ref.model: curve}
+        if len(curves[r]) >= 2:
+            device["model_batch_ms"] = {ref.model: curves[r]}
         nic = {"bandwidth_gbps": link.throughput_mbit_s / 1e3, "latency_us": fit.alpha_s * 1e6}
         nodes.append({"name": f"w{r}", "count": 1, "device": device, "nic": nic})
     description = (
-        f"Measured on the testbed: per-rank speed from each rank's profile under its CPU quota (rank 0 = 1), "
+        f"Measured on the testbed: per-rank speed from each rank's {'profile' if workload is ref else 'batch curve'} "
+        f"under its CPU quota (rank 0 = 1), "
         f"NIC = the worker's TCP rate to the bridge, latency = gloo all-reduce step alpha {fit.alpha_s * 1e6:.1f} us"
     )
     cluster = Cluster.from_dict({"name": name, "description": description, "nodes": nodes}, source=name)
     return MeasuredSpec(
-        workload=ref,
+        workload=workload,
         cluster=cluster,
         rank_compute_ms=compute_ms,
         update_ms=float(ranks[0]["update_ms"]),
