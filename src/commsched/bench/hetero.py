@@ -60,6 +60,7 @@ from commsched.schedule import CommPlan
 from commsched.schedule import knobs as policy_knobs
 from commsched.testbed import CpuShare, HeteroTestbed, LinkShape, NetnsTestbed, run_workers
 from commsched.testbed.linkrate import probe_worker_links
+from commsched.trace import Trace
 
 #: A alone on the first core; B and C on the second at a quarter of it each.
 DEFAULT_CPU = (CpuShare(cpus=(0,)), CpuShare(cpus=(1,), quota=0.25), CpuShare(cpus=(1,), quota=0.25))
@@ -150,7 +151,9 @@ def batch_sizes(spec: MeasuredSpec, plan: CommPlan, global_batch: int) -> dict[s
     }
 
 
-def predictions(spec: MeasuredSpec, plan: CommPlan, sizes: dict[str, list[int]]) -> tuple[dict[str, float], Any]:
+def predictions(
+    spec: MeasuredSpec, plan: CommPlan, sizes: dict[str, list[int]]
+) -> tuple[dict[str, float], Trace | None]:
     """The simulator's iteration time of each configuration on the measured spec (the plan's compute alone
     too), and its trace of the plan."""
     _, ddp_knobs = DEFAULT_DDP.simulated_as
