@@ -98,10 +98,6 @@ class MeasuredSpec:
         )
         return result.iteration_ms
 
-    def predict_plan_ms(self, plan: CommPlan) -> float:
-        """Simulated iteration time of a plan file's plan on this cluster, at its own per-rank batches."""
-        return self.simulate_plan(plan).iteration_ms
-
     def simulate_plan(self, plan: CommPlan, *, trace: bool = False) -> SimResult:
         """The simulator's run of a plan file's plan on this cluster, at its own per-rank batches."""
         options = self.options(plan.policy, plan.knobs.to_dict())
