@@ -171,3 +171,18 @@ def test_a_batch_curve_takes_each_batchs_time_relative_to_the_reference_in_the_s
     points = curve_points(drifting, 16)
     assert points == pytest.approx({8: 100.0, 16: 200.0, 32: 400.0})  # ratios 0.5 and 2.0 in (nearly) every round
     assert curve_points(drifting, 4) == {8: 100.0, 16: 200.0, 32: 450.0}  # no reference: the medians
+
+
+def test_each_ranks_batch_curve_is_timed_around_its_speed_proportional_share() -> None:
+    from commsched.bench.batch_curve import batches_around_shares
+
+    # 48 samples over speeds 1 : 0.25 : 0.25 -> shares 32, 8, 8; the profile's batch 16 stays (the reference)
+    slow = [6, 8, 10, 16]
+    assert batches_around_shares(16, [600.0, 2400.0, 2400.0], 48) == [[16, 24, 32, 40], slow, slow]
+    # rounding merges points: fractions further out, then the smallest unused batches, keep the count equal
+    assert batches_around_shares(2, [10.0, 10.0, 10.0], 6) == [[1, 2, 3, 4]] * 3
+    assert batches_around_shares(1, [10.0], 1) == [[1, 2, 3, 4]]
+    with pytest.raises(ValueError, match="> 0 ms"):
+        batches_around_shares(16, [600.0, 0.0], 48)
+    with pytest.raises(ValueError, match="global_batch"):
+        batches_around_shares(16, [600.0], 0)

@@ -48,7 +48,9 @@ def test_bench_plan_auto_measures_the_testbed_plans_on_it_and_runs_plan_and_base
     rates = [link["throughput_mbit_s"] for link in measured["links"]]
     assert rates[0] > 2 * rates[1] and 150 < rates[1] < 310, rates  # 1 Gbit/s vs 300 Mbit/s, TCP goodput
     assert measured["speeds"][0] == 1.0 and max(measured["speeds"][1:]) < 0.8, measured["speeds"]
-    assert [sorted(c) for c in measured["batch_ms"]] == [[1, 2, 4]] * 3, measured["batch_ms"]  # each rank's curve
+    curves = [sorted(c) for c in measured["batch_ms"]]  # each rank's, around its share of 6 and at the profile's 2
+    assert all(len(c) == 4 and 2 in c for c in curves), curves
+    assert max(curves[0]) >= max(max(c) for c in curves[1:]), curves  # the fast rank's share is the largest
     sizes = report["batch_sizes"]
     assert sizes["even_ddp"] == [2, 2, 2] and sum(sizes["plan"]) == 6 and sum(sizes["proportional_dp"]) == 6
     assert CommPlan.load(tmp_path / "plan.json").batch_sizes == tuple(sizes["plan"])

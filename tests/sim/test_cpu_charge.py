@@ -38,6 +38,28 @@ def test_a_task_started_while_the_worker_waits_costs_nothing() -> None:
     assert _iteration_ms("no_overlap", cpu_per_task_ms=3.0) == pytest.approx(_iteration_ms("no_overlap"), abs=1e-9)
 
 
+def _all_reduce_ms(policy: str, **options: float) -> dict[str, float]:
+    result = simulate(WORKLOAD, LINK, policy, 6, 2, options=SimOptions(**options), trace=True)
+    events = [e for e in result.trace.events if e.iteration == 3 and e.worker == 0 and e.kind == "all_reduce"]
+    return {e.task: e.duration_s * 1e3 for e in events}
+
+
+def test_a_collective_whose_cpu_work_outlasts_the_network_takes_that_long_on_a_waiting_worker() -> None:
+    # no_overlap's one 3 MiB bucket: 25.2 ms on the network, after backward while the workers wait
+    assert _all_reduce_ms("no_overlap") == {"bucket0": pytest.approx(25.17, abs=0.01)}
+    assert _all_reduce_ms("no_overlap", cpu_per_task_ms=20.0) == _all_reduce_ms("no_overlap")  # the network bounds
+    assert _all_reduce_ms("no_overlap", cpu_per_task_ms=40.0) == {"bucket0": pytest.approx(40.0, abs=1e-6)}
+
+
+def test_beside_backward_a_collectives_cpu_work_gets_half_the_core() -> None:
+    # wfbp's first all-reduce (1 MiB, 8.4 ms on the network) starts with 20 ms of backward left: its 6 ms
+    # of CPU work take 12 ms at half the core; the last starts as backward ends, the network bounds it.
+    free = _all_reduce_ms("wfbp")
+    shared = _all_reduce_ms("wfbp", cpu_per_task_ms=6.0)
+    assert free == {name: pytest.approx(8.39, abs=0.01) for name in ("l2.t0", "l1.t0", "l0.t0")}
+    assert shared == {"l2.t0": pytest.approx(12.0), "l1.t0": pytest.approx(12.0), "l0.t0": pytest.approx(8.39, abs=0.01)}
+
+
 def test_more_tasks_cost_more_cpu() -> None:
     few = _iteration_ms("horovod", cpu_per_task_ms=2.0) - _iteration_ms("horovod")
     many = _iteration_ms("wfbp", cpu_per_task_ms=2.0) - _iteration_ms("wfbp")

@@ -3,6 +3,13 @@
 ``commsched bench --plan``'s calibration times every rank's forward +
 backward at a few batches, in lock-step (:func:`time_batch_curve`), and
 :func:`curve_points` turns the rounds of timings into one figure per batch.
+:func:`batches_around_shares` picks those batches per rank: the profile's
+batch (the curves' common reference) and points around the rank's
+speed-proportional share of the global batch, where a plan puts it. A curve
+is followed outside its points along its end segments, and per-sample cost is
+not constant (on this project's testbed a quarter-core worker's batch 7 costs
+0.94 of its batch 8, where a straight line from 8 and 16 gives 0.88), so
+points at the batches a plan uses beat points spread by factors of two.
 """
 
 from __future__ import annotations
@@ -16,10 +23,49 @@ import torch.distributed as dist
 
 from commsched.models import model_loss, synthetic_batch
 
-__all__ = ["CURVE_REPEATS", "curve_points", "time_batch_curve"]
+__all__ = ["AROUND_SHARE", "CURVE_REPEATS", "batches_around_shares", "curve_points", "time_batch_curve"]
 
 #: Timed rounds (after one untimed round).
 CURVE_REPEATS = 5
+
+#: Where a rank's curve is timed, as fractions of its speed-proportional share of the global batch.
+AROUND_SHARE = (0.75, 1.0, 1.25)
+#: Further fractions, taken in turn where rounding makes two of the points the same batch.
+_FILL = (0.5, 1.5, 2.0, 0.25, 3.0)
+
+
+def batches_around_shares(reference: int, times_ms: Sequence[float], global_batch: int) -> list[list[int]]:
+    """Per rank, the local batches to time its curve at: ``reference`` and :data:`AROUND_SHARE` of its share.
+
+    ``times_ms``: every rank's time at ``reference`` (speed ∝ 1 / time); a
+    rank's share is ``global_batch · speed / Σ speed``. Every rank gets the
+    same number of distinct batches (the curve is timed in lock-step, one
+    barrier per batch), sorted; where rounding merges points, :data:`_FILL`'s
+    fractions and then the smallest unused batches make up the count.
+    """
+    if reference < 1 or global_batch < 1:
+        raise ValueError(f"reference and global_batch must be >= 1, got {reference} and {global_batch}")
+    if not times_ms or any(not (t > 0) for t in times_ms):
+        raise ValueError(f"every rank's time at the reference batch must be > 0 ms, got {list(times_ms)}")
+    speeds = [1.0 / t for t in times_ms]
+    count = 1 + len(AROUND_SHARE)
+    out = []
+    for speed in speeds:
+        share = global_batch * speed / sum(speeds)
+        picked = list(dict.fromkeys([reference, *(max(1, round(f * share)) for f in AROUND_SHARE)]))
+        for f in _FILL:
+            if len(picked) == count:
+                break
+            b = max(1, round(f * share))
+            if b not in picked:
+                picked.append(b)
+        b = 1
+        while len(picked) < count:
+            if b not in picked:
+                picked.append(b)
+            b += 1
+        out.append(sorted(picked))
+    return out
 
 
 def curve_points(times: dict[int, list[float]], reference: int) -> dict[int, float]:

@@ -132,12 +132,6 @@ def _machine_memory_gib() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
 
 
-def curve_batches(profile_batch: int) -> list[int]:
-    """The local batches each rank's compute is timed at for its batch curve: half, the same and twice the
-    profile's (a plan gives fast ranks more and slow ones less)."""
-    return sorted({max(1, profile_batch // 2), profile_batch, 2 * profile_batch})
-
-
 def batch_sizes(spec: MeasuredSpec, plan: CommPlan, global_batch: int) -> dict[str, list[int]]:
     """Per configuration, per rank: even, ∝ measured speed (largest remainder), the plan's own (its compute
     alone too)."""
@@ -273,7 +267,6 @@ def run_hetero_bench(
         say(f"bench --plan: measuring the testbed ({bed.describe()})")
         links = probe_worker_links(bed, out_dir / "logs", [s.rate_bps for s in config.links])
         profile_batch = max(1, config.global_batch // n)
-        curve = curve_batches(profile_batch)
         numel = report["meta"]["model_parameters"]
         calibrate = {
             **base,
@@ -281,7 +274,7 @@ def run_hetero_bench(
             "out": str(out_dir / "calibrate"),
             "batch": profile_batch,
             "repeats": 1,
-            "batch_curve": curve,
+            "curve_global_batch": config.global_batch,
         }
         steps = len(calibration_sizes(numel)) + 1 + 2 * (config.warmup + config.iters)
         steps += 1 + CURVE_REPEATS

@@ -30,7 +30,9 @@ The rank and the rendezvous come from the environment the testbed sets
     ``batch_curve``, it also times forward + backward at each of those local
     batches, in lock-step (one untimed round, then the median of
     ``batch_curve.CURVE_REPEATS``, the batches taking turns), for the cluster spec's
-    ``model_batch_ms``. Rank 0 writes ``calibration.json``.
+    ``model_batch_ms``; with ``curve_global_batch``, at batches of its own
+    around its speed-proportional share of that global batch instead
+    (``batch_curve.batches_around_shares``, from every rank's profiled time). Rank 0 writes ``calibration.json``.
 
 Every rank writes ``rank<r>.json``: per run, the start and the wall time of
 every iteration (forward, backward, optimizer step, zero_grad; warm-up
@@ -58,7 +60,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from commsched.bench.baselines import BY_NAME, TORCH_DDP, YARDSTICK, ddp_names
-from commsched.bench.batch_curve import curve_points, time_batch_curve
+from commsched.bench.batch_curve import batches_around_shares, curve_points, time_batch_curve
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
 
@@ -91,6 +93,7 @@ class Job:
     trace_repeat: int = 0
     fail: dict[str, Any] | None = None  # {"rank", "policy", "step"}: that rank dies there (tests)
     batch_curve: list[int] = field(default_factory=list)  # calibrate: local batches to time forward + backward at
+    curve_global_batch: int = 0  # calibrate: > 0 times each rank around its share of this instead (batch_curve.py)
 
     @property
     def steps(self) -> int:
@@ -287,7 +290,13 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         command=f"commsched bench --validate (rank {rank} of {world}, profiled in lock-step)",
         progress=lockstep,
     )
-    curve = time_batch_curve(job.model, job.batch_curve, job.seed, rank, model, lambda i: progress("batch curve", 0, i))
+    batches = job.batch_curve
+    if job.curve_global_batch > 0:  # around this rank's share, from every rank's time at the profile's batch
+        mine = torch.tensor([workload.extra["iteration_ms"]], dtype=torch.float64)
+        times = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(times, mine)
+        batches = batches_around_shares(job.batch, [t.item() for t in times], job.curve_global_batch)[rank]
+    curve = time_batch_curve(job.model, batches, job.seed, rank, model, lambda i: progress("batch curve", 0, i))
     x, y = synthetic_batch(job.model, job.batch, job.seed, rank, 0)
     step_s = []
     for i in range(job.warmup + job.iters):

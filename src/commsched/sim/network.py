@@ -20,6 +20,9 @@ resource. Transfers on one resource share it equally (processor sharing:
 with ``n`` active transfers each progresses at rate ``1/n``). Every
 collective spans all workers and loads every link of its resource alike, so
 this equal share is also the max-min fair share of the flow-level model.
+A collective never ends before ``start_s + floor_s`` (the simulator sets the
+floor where the collective's CPU work, not the network, is the bound); it
+holds its slot until then.
 """
 
 from __future__ import annotations
@@ -128,6 +131,8 @@ class Collective:
     end_s: float = -1.0
     phase: int = 0
     phase_starts: list[float] = field(default_factory=list)
+    #: The least time it takes once started, whatever the network: its CPU work where that is the bound.
+    floor_s: float = 0.0
 
 
 class LinkUsage(Protocol):
@@ -206,7 +211,10 @@ class Network:
 
     def _run_phase(self, coll: Collective) -> None:
         if coll.phase == len(coll.phases):
-            if coll.phases:
+            floor_end = coll.start_s + coll.floor_s
+            if floor_end > self._loop.now:  # CPU-bound: done when its CPU work is
+                self._loop.schedule(floor_end, self._complete, coll, priority=COMM)
+            elif coll.phases:
                 self._complete(coll)
             else:  # free collective (one worker): complete through the loop, never re-entrantly
                 self._loop.schedule(self._loop.now, self._complete, coll, priority=COMM)

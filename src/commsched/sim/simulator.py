@@ -104,7 +104,10 @@ class SimOptions:
     bytes / 2²⁰``. A task that starts while its worker computes delays that
     worker's compute by its CPU work (one core does both); work that falls
     while the worker waits costs nothing (the core was idle): a wait absorbs
-    the CPU work not yet charged, up to its length. 0 by default:
+    the CPU work not yet charged, up to its length. The collective itself
+    takes at least its CPU work on its slowest worker, twice that where the
+    worker computes meanwhile (:meth:`Simulation._cpu_floor`): on a core
+    that also computes, the transfer can be CPU-bound. 0 by default:
     overlap is free, as on a GPU whose copies and kernels run beside compute.
     ``commsched bench --validate`` fits them from the probe's CPU times.
     ``cpu_scales_with_speed``: that CPU work takes ``1 / speed`` as long on
@@ -236,7 +239,9 @@ class _Timeline:
         "debt_s",
         "dispatcher",
         "finished",
+        "forward",
         "fstart",
+        "in_backward",
         "leader",
         "stall_since",
         "wc",
@@ -253,6 +258,8 @@ class _Timeline:
         self.block_l = 0
         self.stall_since = 0.0
         self.fstart: list[float] = []
+        self.forward = False  # in forward (or its update), backward's end not yet known
+        self.in_backward = False
         self.finished = False
 
 
@@ -479,7 +486,34 @@ class Simulation:
                 self.issued[key] = count
 
     def _ready(self, task: int, inst: int) -> None:
-        self.network.ready(Collective(task, inst, self.phases[task], self.loop.now))
+        phases = self.phases[task]
+        floor = self._cpu_floor(task) if self.charges_cpu and phases else 0.0
+        self.network.ready(Collective(task, inst, phases, self.loop.now, floor_s=floor))
+
+    def _cpu_floor(self, task: int) -> float:
+        """The least time ``task`` takes for its CPU work: on its slowest worker, sharing the core with compute.
+
+        A worker's core runs its compute and the collective's CPU work ``w``
+        side by side at half speed each (processor sharing), so with ``r`` of
+        compute left the work is done after ``w + min(w, r)``: ``2w`` while
+        forward or backward outlasts it, ``w`` on a worker that waits. In
+        backward ``r`` is what remains of it; in forward it is taken as
+        longer than the work; at backward's end (what follows is a wait or
+        the step) as nothing.
+        """
+        work = self.cpu_of_task[task]
+        floor = 0.0
+        now = self.loop.now
+        for tl in self.timelines:
+            w = work / tl.wc.speed if self.options.cpu_scales_with_speed else work
+            if tl.blocked or tl.finished:
+                left = 0.0
+            elif tl.in_backward:
+                left = max(0.0, tl.bstart + self.backward_s[tl.wc.index] - now)
+            else:
+                left = w if tl.forward else 0.0
+            floor = max(floor, w + min(w, left))
+        return floor
 
     def _completed(self, coll: Collective) -> None:
         task, inst = coll.task, coll.instance
@@ -506,6 +540,7 @@ class Simulation:
         if self._deferred(tl, self._begin_iteration, k):
             return
         tl.fstart.append(self.loop.now)
+        tl.forward = True
         self._forward_layer(tl, k, 0)
 
     def _forward_layer(self, tl: _Timeline, k: int, layer: int) -> None:
@@ -541,6 +576,7 @@ class Simulation:
         c = tl.wc.index
         now = self.loop.now
         tl.bstart = now
+        tl.forward, tl.in_backward = False, True
         if self.trace is not None:
             for layer, (offset, duration) in zip(self.workload.layers, self.backward_layers[c], strict=True):
                 self._record(layer.name, "backward", tl, now + offset, now + offset + duration, k)
@@ -564,6 +600,7 @@ class Simulation:
     def _backward_end(self, tl: _Timeline, k: int) -> None:
         # No debt paid here: what is left falls into the wait for the iteration's tasks
         # (absorbed) or, where the next forward starts at once, delays it.
+        tl.in_backward = False
         self._report(tl, tl.dispatcher.backward_done())
         if self.gated:
             self._report(tl, tl.dispatcher.step())

@@ -156,7 +156,7 @@ class PacketNetwork(ExtraTraffic):
         finished = self._finished
         self.fabric.run(self._loop.peek(), lambda: bool(finished))
         for coll in finished:
-            coll.end_s = self.fabric.now
+            coll.end_s = max(self.fabric.now, coll.start_s + coll.floor_s)
             self._loop.schedule(coll.end_s, self._complete, coll, priority=COMM)
         finished.clear()
         self._sync()
