@@ -14,7 +14,12 @@ the medians over the steady iterations of:
 * ``iteration``: one forward start to the next.
 
 Then the reference row: the plan's compute alone against the simulator's
-compute of the slowest rank (``hetero.json``'s ``plan_compute``).
+compute of the slowest rank (``hetero.json``'s ``plan_compute``), and per
+repeat of it (from ``hetero.json``'s per-iteration phases, so a saved run
+without traces gives this part too): each rank's median forward + backward
+and its coefficient of variation over the iterations, the slowest of the
+ranks' medians, the median over iterations of the slowest rank in each
+(lock-step: what the barrier waits for) and the iteration's median.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import itertools
 import json
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 from commsched.trace import COMM_KINDS, Trace
@@ -51,6 +57,47 @@ def breakdown(trace: Trace, skip: int) -> dict[int, dict[str, float]]:
     return out
 
 
+@dataclass(frozen=True)
+class ComputeAlone:
+    """One repeat of the plan's compute alone (ms; ``cv``: standard deviation over mean, per rank)."""
+
+    repeat: int
+    medians_ms: list[float]
+    cv: list[float]
+    slowest_median_ms: float
+    slowest_each_ms: float
+    iteration_ms: float
+
+
+def compute_alone(report: dict, skip: int) -> list[ComputeAlone]:
+    """Per repeat of ``plan_compute``: per-rank medians and spreads of forward + backward, and the straggler's."""
+    per: dict[int, dict[int, list[float]]] = defaultdict(dict)
+    iteration: dict[int, list[float]] = {}
+    for rank in report["runs"]:
+        for run in rank["runs"]:
+            if run["name"] != "plan_compute":
+                continue
+            phases = run["phases_s"]
+            both = [(f + b) * 1e3 for f, b in zip(phases["forward"], phases["backward"], strict=True)][skip:]
+            per[run["repeat"]][rank["rank"]] = both
+            iteration[run["repeat"]] = [t * 1e3 for t in run["times_s"][skip:]]
+    out = []
+    for repeat, ranks in sorted(per.items()):
+        times = [ranks[r] for r in sorted(ranks)]
+        medians = [statistics.median(t) for t in times]
+        out.append(
+            ComputeAlone(
+                repeat=repeat,
+                medians_ms=medians,
+                cv=[statistics.pstdev(t) / statistics.fmean(t) for t in times],
+                slowest_median_ms=max(medians),
+                slowest_each_ms=statistics.median(max(each) for each in zip(*times, strict=True)),
+                iteration_ms=statistics.median(iteration[repeat]),
+            )
+        )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the --out directory of `commsched bench --plan`")
@@ -58,8 +105,30 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=3, help="leading iterations left out (warm-up; default 3)")
     args = parser.parse_args()
     report = json.loads((args.out / "hetero.json").read_text())
+    traced = args.out / f"trace-{args.config}.json"
+    if traced.exists():
+        _print_traces(args, report, traced)
+    else:
+        print(f"{args.config}: no {traced.name} (a saved run keeps hetero.json only): per-rank phases left out")
+    ref = report["summary"].get("plan_compute")
+    if ref is not None:
+        print(
+            f"plan's compute alone: measured {ref['median_ms']:.0f} ms, predicted {ref['predicted_ms']:.0f} ms "
+            f"({ref['error_pct']:+.1f} %)"
+        )
+        for row in compute_alone(report, args.skip):
+            medians = " ".join(f"{m:.0f}" for m in row.medians_ms)
+            cvs = " ".join(f"{c * 100:.1f}" for c in row.cv)
+            print(
+                f"  repeat {row.repeat}: forward + backward per rank {medians} ms (CV {cvs} %); "
+                f"slowest median {row.slowest_median_ms:.0f}, slowest per iteration {row.slowest_each_ms:.0f}, "
+                f"iteration {row.iteration_ms:.0f} ms"
+            )
+
+
+def _print_traces(args: argparse.Namespace, report: dict, traced: Path) -> None:
     sizes = report["batch_sizes"][args.config]
-    measured = breakdown(Trace.load(args.out / f"trace-{args.config}.json"), args.skip)
+    measured = breakdown(Trace.load(traced), args.skip)
     predicted_path = args.out / "trace-plan-predicted.json"
     predicted = breakdown(Trace.load(predicted_path), 1) if args.config == "plan" and predicted_path.exists() else {}
     keys = sorted({k for row in measured.values() for k in row}, key=lambda k: (k != "forward", k != "backward", k))
@@ -71,12 +140,6 @@ def main() -> None:
         cls = predicted.get(representative.get(rank, rank), {})
         cells = [f"{row.get(k, float('nan')):9.0f} | " + (f"{cls[k]:8.0f}" if k in cls else f"{'—':>8}") for k in keys]
         print(f"{rank:>4} {sizes[rank]:>5}  " + "  ".join(cells))
-    ref = report["summary"].get("plan_compute")
-    if ref is not None:
-        print(
-            f"plan's compute alone: measured {ref['median_ms']:.0f} ms, predicted {ref['predicted_ms']:.0f} ms "
-            f"({ref['error_pct']:+.1f} %)"
-        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,62 @@
+"""benchmarks/hetero_breakdown.py: the plan's compute alone per repeat, from a saved run's per-iteration phases."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SESSION = ROOT / "benchmarks" / "results" / "hetero-resnet5m" / "session7"
+
+
+@pytest.fixture(scope="module")
+def script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("hetero_breakdown", ROOT / "benchmarks" / "hetero_breakdown.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["hetero_breakdown"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(rank: int, repeat: int, forward_ms: list[float], backward_ms: list[float]) -> dict:
+    return {
+        "name": "plan_compute",
+        "repeat": repeat,
+        "times_s": [(f + b + 10) / 1e3 for f, b in zip(forward_ms, backward_ms, strict=True)],
+        "phases_s": {"forward": [f / 1e3 for f in forward_ms], "backward": [b / 1e3 for b in backward_ms]},
+    }
+
+
+def test_the_slowest_rank_of_each_iteration_is_what_a_lock_step_run_waits_for(script: ModuleType) -> None:
+    # two ranks, each slowest in alternate iterations: each median is 100 ms, the slowest per iteration 120
+    report = {
+        "runs": [
+            {"rank": 0, "runs": [_run(0, 0, [999, 20, 20, 20, 20], [999, 100, 60, 100, 60])]},
+            {"rank": 1, "runs": [_run(1, 0, [999, 20, 20, 20, 20], [999, 60, 100, 60, 100])]},
+        ]
+    }
+    (row,) = script.compute_alone(report, skip=1)
+    assert row.repeat == 0
+    assert row.medians_ms == pytest.approx([100.0, 100.0])
+    assert row.slowest_median_ms == pytest.approx(100.0)
+    assert row.slowest_each_ms == pytest.approx(120.0)
+    assert row.cv == pytest.approx([0.2, 0.2])  # 80 and 120 around 100
+    assert row.iteration_ms == pytest.approx(110.0)
+
+
+def test_a_saved_run_without_traces_still_gets_its_compute_alone() -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "hetero_breakdown.py"), str(SESSION)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "no trace-plan.json" in out
+    assert "plan's compute alone: measured 1549 ms, predicted 1300 ms (-16.1 %)" in out
+    assert out.count("  repeat ") == 3, out
