@@ -12,7 +12,9 @@ published numbers behind.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -40,13 +42,10 @@ def test_the_published_tables_are_recomputed_from_the_raw_results(path: Path) ->
     assert validation_markdown(report) in DOCUMENT, f"{path.name}: validation table"
 
 
-def test_the_before_and_after_table_of_the_runtime_rewrite_is_recomputed_from_its_runs() -> None:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("compare_runs", ROOT / "benchmarks" / "compare_runs.py")
-    assert spec is not None and spec.loader is not None
-    compare_runs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(compare_runs)
+def test_the_before_and_after_table_of_the_runtime_rewrite_is_recomputed_from_its_runs(
+    script_loader: Callable[[str], ModuleType],
+) -> None:
+    compare_runs = script_loader("benchmarks/compare_runs.py")
     runs = ROOT / "benchmarks" / "results" / "refactor-check"
     before, after = sorted(runs.glob("old-*.json")), sorted(runs.glob("new-*.json"))
     assert len(before) == len(after) == 2

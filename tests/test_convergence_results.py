@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,13 +16,8 @@ RESULT = ROOT / "benchmarks" / "results" / "convergence" / "digits.json"
 
 
 @pytest.fixture(scope="module")
-def convergence() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("convergence", ROOT / "benchmarks" / "convergence.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["convergence"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+def convergence(script_loader: Callable[[str], ModuleType]) -> ModuleType:
+    return script_loader("benchmarks/convergence.py")
 
 
 @pytest.fixture(scope="module")

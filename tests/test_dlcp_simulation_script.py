@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
-def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dlcp_simulation", ROOT / "benchmarks" / "dlcp_simulation.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["dlcp_simulation"] = module
-    spec.loader.exec_module(module)
-    return module
+def script(script_loader: Callable[[str], ModuleType]) -> ModuleType:
+    return script_loader("benchmarks/dlcp_simulation.py")
 
 
 def _args(**over: object) -> argparse.Namespace:

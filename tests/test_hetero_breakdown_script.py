@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -15,13 +15,8 @@ SESSION = ROOT / "benchmarks" / "results" / "hetero-resnet5m" / "session7"
 
 
 @pytest.fixture(scope="module")
-def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("hetero_breakdown", ROOT / "benchmarks" / "hetero_breakdown.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["hetero_breakdown"] = module
-    spec.loader.exec_module(module)
-    return module
+def script(script_loader: Callable[[str], ModuleType]) -> ModuleType:
+    return script_loader("benchmarks/hetero_breakdown.py")
 
 
 def _run(rank: int, repeat: int, forward_ms: list[float], backward_ms: list[float]) -> dict:

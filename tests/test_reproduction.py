@@ -8,8 +8,7 @@ profile cannot leave the published comparison behind.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -20,13 +19,8 @@ DOCUMENT = (ROOT / "docs" / "reproduction.md").read_text()
 
 
 @pytest.fixture(scope="module")
-def reproduce() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "scripts" / "reproduce.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reproduce"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+def reproduce(script_loader: Callable[[str], ModuleType]) -> ModuleType:
+    return script_loader("scripts/reproduce.py")
 
 
 def test_the_dear_rows_of_resnet50_are_in_the_document(reproduce: ModuleType) -> None:
