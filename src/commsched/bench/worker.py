@@ -32,7 +32,8 @@ The rank and the rendezvous come from the environment the testbed sets
     ``batch_curve.CURVE_REPEATS``, the batches taking turns), for the cluster spec's
     ``model_batch_ms``; with ``curve_global_batch``, at batches of its own
     around its speed-proportional share of that global batch instead
-    (``batch_curve.batches_around_shares``, from every rank's profiled time). Rank 0 writes ``calibration.json``.
+    (``batch_curve.batches_around_shares``, from every rank's profiled
+    time). Rank 0 writes ``calibration.json``.
 
 Every rank writes ``rank<r>.json``: per run, the start and the wall time of
 every iteration (forward, backward, optimizer step, zero_grad; warm-up

@@ -239,9 +239,9 @@ class _Timeline:
         "debt_s",
         "dispatcher",
         "finished",
-        "forward",
         "fstart",
         "in_backward",
+        "in_forward",
         "leader",
         "stall_since",
         "wc",
@@ -258,7 +258,7 @@ class _Timeline:
         self.block_l = 0
         self.stall_since = 0.0
         self.fstart: list[float] = []
-        self.forward = False  # in forward (or its update), backward's end not yet known
+        self.in_forward = False  # in forward (or its update), backward's end not yet known
         self.in_backward = False
         self.finished = False
 
@@ -511,7 +511,7 @@ class Simulation:
             elif tl.in_backward:
                 left = max(0.0, tl.bstart + self.backward_s[tl.wc.index] - now)
             else:
-                left = w if tl.forward else 0.0
+                left = w if tl.in_forward else 0.0
             floor = max(floor, w + min(w, left))
         return floor
 
@@ -540,7 +540,7 @@ class Simulation:
         if self._deferred(tl, self._begin_iteration, k):
             return
         tl.fstart.append(self.loop.now)
-        tl.forward = True
+        tl.in_forward = True
         self._forward_layer(tl, k, 0)
 
     def _forward_layer(self, tl: _Timeline, k: int, layer: int) -> None:
@@ -576,7 +576,7 @@ class Simulation:
         c = tl.wc.index
         now = self.loop.now
         tl.bstart = now
-        tl.forward, tl.in_backward = False, True
+        tl.in_forward, tl.in_backward = False, True
         if self.trace is not None:
             for layer, (offset, duration) in zip(self.workload.layers, self.backward_layers[c], strict=True):
                 self._record(layer.name, "backward", tl, now + offset, now + offset + duration, k)
