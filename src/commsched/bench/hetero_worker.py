@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from commsched.bench.worker import _Clock, _flat_params, _Progress
+from commsched.bench.worker import _Clock, _flat_params, _Progress, save_trace_part
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
 
@@ -137,9 +137,8 @@ def _run(job: HeteroJob, rank: int, config: str, repeat: int, progress: _Progres
         flush()
     trace = getattr(wrapped, "trace", None) if traced else None
     if trace is not None:
-        trace.meta.update(model=job.model, batch=job.batch_sizes[config][rank], repeat=repeat)
-        (Path(job.out) / "traces").mkdir(exist_ok=True)
-        trace.save(Path(job.out) / "traces" / f"{config}.rank{rank}.json")
+        batch = job.batch_sizes[config][rank]
+        save_trace_part(Path(job.out), config, rank, trace, model=job.model, batch=batch, repeat=repeat)
     close = getattr(wrapped, "close", None)
     if close is not None:
         close()

@@ -27,13 +27,12 @@ The rank and the rendezvous come from the environment the testbed sets
     layer (:func:`profile_model`) at the same time, in lock-step (a barrier
     per iteration), so the profile has the CPU sharing of a real run, and
     times ``optimizer.step()`` + ``zero_grad()`` the same way; with
-    ``batch_curve``, it also times forward + backward at each of those local
-    batches, in lock-step (one untimed round, then the median of
-    ``batch_curve.CURVE_REPEATS``, the batches taking turns), for the cluster spec's
-    ``model_batch_ms``; with ``curve_global_batch``, at batches of its own
-    around its speed-proportional share of that global batch instead
-    (``batch_curve.batches_around_shares``, from every rank's profiled
-    time). Rank 0 writes ``calibration.json``.
+    ``curve_global_batch``, it also times forward + backward at local
+    batches of its own around its speed-proportional share of that global
+    batch (``batch_curve.batches_around_shares``, from every rank's profiled
+    time), in lock-step (one untimed round, then the median of
+    ``batch_curve.CURVE_REPEATS``, the batches taking turns), for the cluster
+    spec's ``model_batch_ms``. Rank 0 writes ``calibration.json``.
 
 Every rank writes ``rank<r>.json``: per run, the start and the wall time of
 every iteration (forward, backward, optimizer step, zero_grad; warm-up
@@ -64,6 +63,7 @@ from commsched.bench.baselines import BY_NAME, TORCH_DDP, YARDSTICK, ddp_names
 from commsched.bench.batch_curve import batches_around_shares, curve_points, time_batch_curve
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
+from commsched.trace import Trace
 
 __all__ = ["YARDSTICK", "Job", "calibration_sizes", "session_order"]
 
@@ -93,8 +93,7 @@ class Job:
     comm_timeout_s: float = 60.0
     trace_repeat: int = 0
     fail: dict[str, Any] | None = None  # {"rank", "policy", "step"}: that rank dies there (tests)
-    batch_curve: list[int] = field(default_factory=list)  # calibrate: local batches to time forward + backward at
-    curve_global_batch: int = 0  # calibrate: > 0 times each rank around its share of this instead (batch_curve.py)
+    curve_global_batch: int = 0  # calibrate: > 0 times each rank's batch curve around its share of it
 
     @property
     def steps(self) -> int:
@@ -122,6 +121,13 @@ class _Progress:
         if self.enabled:
             with open(self.path, "a") as f:
                 f.write(json.dumps({"name": name, "repeat": repeat, "step": step}) + "\n")
+
+
+def save_trace_part(session_dir: Path, policy: str, rank: int, trace: Trace, **meta: Any) -> None:
+    """One rank's trace of one run, ``traces/<policy>.rank<r>.json``, for ``bench.run.merge_traces``."""
+    trace.meta.update(meta)
+    (session_dir / "traces").mkdir(exist_ok=True)
+    trace.save(session_dir / "traces" / f"{policy}.rank{rank}.json")
 
 
 def _batches(job: Job, rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -291,7 +297,7 @@ def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         command=f"commsched bench --validate (rank {rank} of {world}, profiled in lock-step)",
         progress=lockstep,
     )
-    batches = job.batch_curve
+    batches: list[int] = []
     if job.curve_global_batch > 0:  # around this rank's share, from every rank's time at the profile's batch
         mine = torch.tensor([workload.extra["iteration_ms"]], dtype=torch.float64)
         times = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
@@ -359,9 +365,7 @@ def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
                 run["max_param_diff"] = (params - reference).abs().max().item()
                 run["max_param_abs"] = reference.abs().max().item()
             if trace is not None:
-                trace.meta.update(model=job.model, batch=job.batch, repeat=repeat)
-                (out / "traces").mkdir(exist_ok=True)
-                trace.save(out / "traces" / f"{policy}.rank{rank}.json")
+                save_trace_part(out, policy, rank, trace, model=job.model, batch=job.batch, repeat=repeat)
             runs.append(run)
     return {"rank": rank, "world": world, "runs": runs}
 

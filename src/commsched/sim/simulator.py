@@ -458,8 +458,11 @@ class Simulation:
     def _charge(self, tl: _Timeline, starts: list[Start]) -> None:
         """Communication's CPU work, taken from ``tl``'s compute when it starts while ``tl`` computes."""
         if self.charges_cpu and starts and not tl.blocked and not tl.finished:
-            work = sum(self.cpu_of_task[s.task] for s in starts)
-            tl.debt_s += work / tl.wc.speed if self.options.cpu_scales_with_speed else work
+            tl.debt_s += self._cpu_s(tl, sum(self.cpu_of_task[s.task] for s in starts))
+
+    def _cpu_s(self, tl: _Timeline, work_s: float) -> float:
+        """How long ``work_s`` of communication's CPU work takes on ``tl``'s worker (``cpu_scales_with_speed``)."""
+        return work_s / tl.wc.speed if self.options.cpu_scales_with_speed else work_s
 
     def _deferred(self, tl: _Timeline, handler: Callable[..., None], *args: Any) -> bool:
         """Pay ``tl``'s CPU debt: run ``handler`` that much later (and move backward's clock along)."""
@@ -505,7 +508,7 @@ class Simulation:
         floor = 0.0
         now = self.loop.now
         for tl in self.timelines:
-            w = work / tl.wc.speed if self.options.cpu_scales_with_speed else work
+            w = self._cpu_s(tl, work)
             if tl.blocked or tl.finished:
                 left = 0.0
             elif tl.in_backward:
