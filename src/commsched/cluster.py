@@ -16,6 +16,11 @@ Conventions:
   compute time follows those points as the batch changes (a fixed cost per
   iteration, a device that gets more efficient with larger batches) instead
   of growing in proportion to the batch (:mod:`commsched.sim.compute`).
+  ``overlap_ms_per_mb`` is how much longer the device's compute takes per MiB
+  of gradients all-reduced beside it, as measured on its host (the
+  communication's CPU work, the kernel's packet processing and whatever else
+  the two contend for); where set, the simulator charges it instead of its
+  ``cpu_ms_per_mb`` option (:class:`commsched.sim.SimOptions`).
 * ``bandwidth_gbps`` is the line rate in Gbit/s (10 GbE -> 10). ``latency_us`` is
   the one-way latency of one message; ``per_message_overhead_us`` is the fixed
   software cost of sending one (a collective step, a PS push).
@@ -209,6 +214,10 @@ class Cluster(SpecModel):
     def worker_batch_curves(self, model: str | None = None) -> tuple[BatchCurve, ...]:
         """Every rank's measured ``(batch, ms)`` points for ``model``, sorted by batch; ``()`` where none."""
         return tuple(w.device.batch_curve_for(model) for w in self.workers)
+
+    def worker_overlap_ms_per_mb(self) -> tuple[float | None, ...]:
+        """Every rank's device ``overlap_ms_per_mb`` (``None`` where the spec leaves it to the simulator)."""
+        return tuple(w.device.overlap_ms_per_mb for w in self.workers)
 
     @property
     def bottleneck_nic_gbps(self) -> float:

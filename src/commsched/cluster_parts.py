@@ -53,6 +53,11 @@ class Device(SpecModel):
         default_factory=dict,
         description="per model, measured forward + backward ms at two or more local batch sizes",
     )
+    overlap_ms_per_mb: NonNegativeFloat | None = Field(
+        None,
+        description="ms of compute lost per MiB all-reduced while this device's host computes (measured); "
+        "unset: the simulator's cpu_ms_per_mb",
+    )
     memory_gib: PositiveFloat
 
     @field_validator("model_batch_ms")
@@ -66,7 +71,8 @@ class Device(SpecModel):
     def __hash__(self) -> int:
         # pydantic's frozen hash would fail on the dict; hashable devices let callers group workers by device
         curves = tuple(sorted((m, tuple(sorted(c.items()))) for m, c in self.model_batch_ms.items()))
-        return hash((self.name, self.speed, tuple(sorted(self.model_speed.items())), curves, self.memory_gib))
+        speeds = tuple(sorted(self.model_speed.items()))
+        return hash((self.name, self.speed, speeds, curves, self.overlap_ms_per_mb, self.memory_gib))
 
     def batch_curve_for(self, model: str | None = None) -> BatchCurve:
         """``model_batch_ms[model]`` as ``(batch, ms)`` pairs sorted by batch; ``()`` where it has none."""

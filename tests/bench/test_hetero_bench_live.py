@@ -15,6 +15,8 @@ import pytest
 
 from commsched.bench.batch_curve import batches_around_shares
 from commsched.bench.hetero import HeteroBenchConfig, run_hetero_bench
+from commsched.bench.overlap import OVERLAP_REPEATS, OverlapTimes
+from commsched.cluster import load_cluster
 from commsched.schedule import CommPlan
 from commsched.testbed import CpuShare, LinkShape, cgroup_objects, cgroups_unavailable_reason, netns_unavailable_reason
 from commsched.testbed.commands import PREFIX
@@ -55,6 +57,13 @@ def test_bench_plan_auto_measures_the_testbed_plans_on_it_and_runs_plan_and_base
     profiled = [r["workload"]["extra"]["iteration_ms"] for r in ranks]  # what the ranks chose their batches from
     assert curves == batches_around_shares(2, profiled, 6), (curves, profiled)
     assert all(len(c) == 4 and 2 in c for c in curves), curves
+    # each rank timed its backward alone and beside an all-reduce of every gradient; the spec took the cost
+    overlaps = [OverlapTimes.from_dict(r["overlap"], f"rank {r['rank']}") for r in ranks]
+    numel = report["meta"]["model_parameters"]
+    assert all(len(t.backward_beside_ms) == OVERLAP_REPEATS and t.nbytes == 4 * numel for t in overlaps)
+    spec = load_cluster(measured["files"]["cluster"])
+    assert measured["overlap_ms_per_mb"] == list(spec.worker_overlap_ms_per_mb())
+    assert all(c is not None and c >= 0 for c in measured["overlap_ms_per_mb"]), measured["overlap_ms_per_mb"]
     sizes = report["batch_sizes"]
     assert sizes["even_ddp"] == [2, 2, 2] and sum(sizes["plan"]) == 6 and sum(sizes["proportional_dp"]) == 6
     assert CommPlan.load(tmp_path / "plan.json").batch_sizes == tuple(sizes["plan"])

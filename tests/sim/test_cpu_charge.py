@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from commsched.errors import ScheduleError
+from commsched.cluster import Cluster, load_cluster
+from commsched.errors import ScheduleError, SpecError
 from commsched.sim import SimOptions, simulate
 
 from sim_builders import make_cluster, make_workload
@@ -85,3 +88,45 @@ def test_fit_cpu_recovers_a_line_and_is_none_without_cpu_times() -> None:
     assert fit.per_op_s == pytest.approx(2e-4, rel=0.02)
     assert fit.per_byte_s == pytest.approx(1e-9, rel=0.02)
     assert fit_cpu([sample(n, False) for n in (2**14, 2**18)]) is None
+
+
+def _with_overlap(per_mb: list[float | None]) -> Cluster:
+    spec = LINK.to_dict()
+    nodes = [
+        {**node, "device": {**node["device"], **({} if value is None else {"overlap_ms_per_mb": value})}}
+        for node, value in zip(spec["nodes"], per_mb, strict=True)
+    ]
+    return Cluster.from_dict({**spec, "nodes": nodes})
+
+
+def test_a_devices_measured_overlap_cost_replaces_cpu_ms_per_mb_in_what_compute_loses() -> None:
+    # wfbp: two 1 MiB tasks start while backward runs (test above). Rank 1's device measured 5 ms per
+    # MiB beside compute: it is charged 1 + 5 ms per task (its per-task work stays), rank 0 keeps
+    # 1 + 2 ms; lock-step waits for rank 1, so the iteration grows by 2 x 6 ms, not 2 x 3 ms.
+    options = SimOptions(cpu_per_task_ms=1.0, cpu_ms_per_mb=2.0)
+    free = _iteration_ms("wfbp")
+    measured = simulate(WORKLOAD, _with_overlap([None, 5.0]), "wfbp", 6, 2, options=options, trace=False)
+    assert measured.iteration_ms - free == pytest.approx(12.0, abs=0.05)
+    # a measured cost charges even where the options charge no CPU work at all
+    alone = simulate(WORKLOAD, _with_overlap([5.0, 5.0]), "wfbp", 6, 2, options=SimOptions(), trace=False)
+    assert alone.iteration_ms - free == pytest.approx(10.0, abs=0.05)
+
+
+def test_ranks_with_different_overlap_costs_are_simulated_apart() -> None:
+    from commsched.sim.compute import worker_classes
+
+    classes = worker_classes(_with_overlap([None, 5.0]))
+    assert [(c.ranks, c.overlap_ms_per_mb) for c in classes] == [((0,), None), ((1,), 5.0)]
+    assert len(worker_classes(_with_overlap([5.0, 5.0]))) == 1
+
+
+@pytest.mark.parametrize("value", [-1.0, float("nan"), True, "1"])
+def test_a_bad_overlap_cost_is_refused_naming_the_field(value: object) -> None:
+    with pytest.raises(SpecError, match="overlap_ms_per_mb"):
+        _with_overlap([value, None])  # type: ignore[list-item]
+
+
+def test_the_overlap_cost_survives_a_round_trip_through_yaml(tmp_path: Path) -> None:
+    cluster = _with_overlap([None, 5.0])
+    cluster.save(tmp_path / "c.yaml")
+    assert load_cluster(str(tmp_path / "c.yaml")).worker_overlap_ms_per_mb() == (None, 5.0)

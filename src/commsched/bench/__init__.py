@@ -1,7 +1,9 @@
 """``commsched bench``: the harness that measures policies side by side on the emulated cluster.
 
 * :mod:`commsched.bench.run`: sessions, repeats, the JSON report (:func:`run_bench`);
-* :mod:`commsched.bench.worker`: what each rank runs (``python -m commsched.bench.worker JOB.json``);
+* :mod:`commsched.bench.worker`: what each rank runs (``python -m commsched.bench.worker JOB.json``),
+  with :mod:`commsched.bench.job` (its task) and :mod:`commsched.bench.calibrate_task` (the
+  measurements the simulator predicts from; :mod:`commsched.bench.overlap` among them);
 * :mod:`commsched.bench.baselines`: the PyTorch DDP configurations measured beside the policies
   (default DDP, best DDP);
 * :mod:`commsched.bench.calibrate` and :mod:`commsched.bench.validate`: ``--validate``, the

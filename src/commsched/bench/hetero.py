@@ -48,10 +48,11 @@ from typing import Any
 
 from commsched.bench.baselines import DEFAULT_DDP
 from commsched.bench.batch_curve import CURVE_REPEATS
+from commsched.bench.calibrate_task import calibration_sizes
 from commsched.bench.hetero_spec import MeasuredSpec, measured_spec, plan_command, runnable_policies
 from commsched.bench.hetero_worker import CONFIGS, REFERENCES
+from commsched.bench.overlap import OVERLAP_REPEATS
 from commsched.bench.run import machine_info, merge_traces, source_info
-from commsched.bench.worker import calibration_sizes
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.plan.batches import even_split, proportional_split
 from commsched.plan.hetero import plan_heterogeneous
@@ -275,9 +276,10 @@ def run_hetero_bench(
             "batch": profile_batch,
             "repeats": 1,
             "curve_global_batch": config.global_batch,
+            "overlap": True,
         }
         steps = len(calibration_sizes(numel)) + 1 + 2 * (config.warmup + config.iters)
-        steps += 1 + CURVE_REPEATS
+        steps += 2 + CURVE_REPEATS + OVERLAP_REPEATS
         ranks = _launch(bed, "commsched.bench.worker", calibrate, out_dir / "calibrate", 0, steps, poll)
         spec = measured_spec(ranks, links, memory_gib=config.memory_gib / n, name="testbed (measured)")
         measured_dir = out_dir / "measured"
@@ -290,6 +292,7 @@ def run_hetero_bench(
             "profile_batch": profile_batch,
             "speeds": list(spec.speeds),
             "batch_ms": [dict(c) for c in spec.cluster.worker_batch_curves(spec.workload.model)],
+            "overlap_ms_per_mb": list(spec.cluster.worker_overlap_ms_per_mb()),
             "update_ms": spec.update_ms,
             "alpha_us": spec.alpha_s * 1e6,
             "allreduce_mbit_s": spec.allreduce_mbit_s,

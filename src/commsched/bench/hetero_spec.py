@@ -30,7 +30,15 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
   step (``update_ms``) and communication's CPU work (``cpu_per_task_ms``,
   ``cpu_ms_per_mb``, from rank 0's probe), taking ``1 / speed`` as long on a
   slower rank (``cpu_scales_with_speed``: the quota that slows a worker's
-  compute slows its communication threads alike).
+  compute slows its communication threads alike);
+* per rank, where the calibration timed it (``overlap``), the device's
+  **overlap cost** ``overlap_ms_per_mb``: how much longer its backward took
+  per MiB of an all-reduce running beside it (:mod:`commsched.bench.overlap`;
+  the probe's per-task CPU work, charged apart, taken off). The probe's CPU
+  times see only the process's own work at full speed; on the testbed the
+  backward beside an all-reduce loses several times that (the kernel's
+  packet processing is charged to no process), and most where the quota is
+  tightest.
 
 ``memory_gib`` fills the devices' memory (the testbed's workers share the
 machine's memory; a per-worker cap is not part of this spec).
@@ -43,6 +51,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from commsched.bench.overlap import OverlapTimes
 from commsched.cluster import Cluster
 from commsched.errors import SpecError
 from commsched.plan.gloo import gloo_options
@@ -153,10 +162,15 @@ def measured_spec(
     )
     fit = fit_alpha_beta(samples, "all_reduce")
     nodes = []
+    cpu = fit_cpu(samples, "all_reduce")
+    speeds = [compute_ms[0] / ms for ms in compute_ms]
+    overlaps = [_overlap_ms_per_mb(rank, name, cpu, speed) for rank, speed in zip(ranks, speeds, strict=True)]
     for r, (ms, link) in enumerate(zip(compute_ms, links, strict=True)):
         device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": compute_ms[0] / ms, "memory_gib": memory_gib}
         if len(curves[r]) >= 2:
             device["model_batch_ms"] = {ref.model: curves[r]}
+        if overlaps[r] is not None:
+            device["overlap_ms_per_mb"] = overlaps[r]
         nic = {"bandwidth_gbps": link.throughput_mbit_s / 1e3, "latency_us": fit.alpha_s * 1e6}
         nodes.append({"name": f"w{r}", "count": 1, "device": device, "nic": nic})
     description = (
@@ -172,8 +186,19 @@ def measured_spec(
         update_ms=float(ranks[0]["update_ms"]),
         alpha_s=fit.alpha_s,
         allreduce_mbit_s=8.0 / fit.beta_s_per_byte / 1e6,
-        cpu=fit_cpu(samples, "all_reduce"),
+        cpu=cpu,
     )
+
+
+def _overlap_ms_per_mb(rank: Mapping[str, Any], name: str, cpu: CpuFit | None, speed: float) -> float | None:
+    """The rank's measured overlap cost per MiB, its per-task CPU work (as the simulator charges it) taken off."""
+    if "overlap" not in rank:
+        return None
+    try:
+        times = OverlapTimes.from_dict(rank["overlap"], f"{name}: rank {rank.get('rank', '?')}")
+    except ValueError as exc:
+        raise SpecError(name, [str(exc)]) from exc
+    return times.ms_per_mb(cpu.per_op_ms / speed if cpu is not None else 0.0)
 
 
 def runnable_policies() -> list[str]:

@@ -48,7 +48,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from commsched.bench.worker import _Clock, _flat_params, _Progress, save_trace_part
+from commsched.bench.job import Progress
+from commsched.bench.worker import _Clock, _flat_params, save_trace_part
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
 
@@ -111,7 +112,7 @@ def _wrap(job: HeteroJob, config: str, model: torch.nn.Module, opt: torch.optim.
     raise ValueError(f"config: unknown {config!r}; known: {', '.join(CONFIGS + REFERENCES)}")
 
 
-def _run(job: HeteroJob, rank: int, config: str, repeat: int, progress: _Progress) -> tuple[dict[str, Any], Any]:
+def _run(job: HeteroJob, rank: int, config: str, repeat: int, progress: Progress) -> tuple[dict[str, Any], Any]:
     batches = local_batches(job, config, rank)
     model = build_model(job.model, job.seed)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
@@ -146,7 +147,7 @@ def _run(job: HeteroJob, rank: int, config: str, repeat: int, progress: _Progres
 
 
 def session(job: HeteroJob, rank: int, world: int) -> dict[str, Any]:
-    progress = _Progress(Path(job.out) / "progress.jsonl", rank == 0)
+    progress = Progress(Path(job.out) / "progress.jsonl", rank == 0)
     runs: list[dict[str, Any]] = []
     for repeat in range(job.repeats):
         params: dict[str, torch.Tensor] = {}

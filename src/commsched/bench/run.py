@@ -53,7 +53,8 @@ import torch
 
 from commsched.bench.baselines import BY_NAME, DEFAULT_DDP, LEGACY_YARDSTICK, YARDSTICK, best_ddp
 from commsched.bench.calibrate import load_calibration, predict_session, save_inputs
-from commsched.bench.worker import calibration_sizes, session_order
+from commsched.bench.calibrate_task import calibration_sizes
+from commsched.bench.worker import session_order
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.runtime import RUNTIME_POLICIES
 from commsched.runtime.switching import auto_settles_after

@@ -2,7 +2,7 @@
 
 The rank and the rendezvous come from the environment the testbed sets
 (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
-``GLOO_SOCKET_IFNAME``). Two tasks:
+``GLOO_SOCKET_IFNAME``). Three tasks:
 
 ``session``
     One gloo process group for everything measured on one link shaping. Per
@@ -20,19 +20,8 @@ The rank and the rendezvous come from the environment the testbed sets
 ``compute_alone``
     World size 1: training with no communication at all, nothing else running.
 ``calibrate``
-    What the simulator needs to predict this session (``commsched bench
-    --validate``): the α-β fit of the shaped links (:func:`probe_network`:
-    gloo's ring all-reduce and the runtime's ring reduce-scatter/all-gather
-    over a sweep of sizes), then every rank profiles its own replica layer by
-    layer (:func:`profile_model`) at the same time, in lock-step (a barrier
-    per iteration), so the profile has the CPU sharing of a real run, and
-    times ``optimizer.step()`` + ``zero_grad()`` the same way; with
-    ``curve_global_batch``, it also times forward + backward at local
-    batches of its own around its speed-proportional share of that global
-    batch (``batch_curve.batches_around_shares``, from every rank's profiled
-    time), in lock-step (one untimed round, then the median of
-    ``batch_curve.CURVE_REPEATS``, the batches taking turns), for the cluster
-    spec's ``model_batch_ms``. Rank 0 writes ``calibration.json``.
+    What the simulator needs to predict this session: see
+    :mod:`commsched.bench.calibrate_task`.
 
 Every rank writes ``rank<r>.json``: per run, the start and the wall time of
 every iteration (forward, backward, optimizer step, zero_grad; warm-up
@@ -47,10 +36,8 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -60,44 +47,13 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from commsched.bench.baselines import BY_NAME, TORCH_DDP, YARDSTICK, ddp_names
-from commsched.bench.batch_curve import batches_around_shares, curve_points, time_batch_curve
+from commsched.bench.calibrate_task import calibrate
+from commsched.bench.job import Job, Progress
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
 from commsched.trace import Trace
 
-__all__ = ["YARDSTICK", "Job", "calibration_sizes", "session_order"]
-
-
-def calibration_sizes(numel: int) -> list[int]:
-    """Message sizes of the calibration's network probe: 16 KiB ×4 up to all of a model's fp32 gradients."""
-    return sorted({min(4**k * 1024, numel * 4) for k in range(2, 9)})
-
-
-@dataclass(frozen=True)
-class Job:
-    task: str
-    out: str
-    model: str
-    batch: int
-    iters: int
-    warmup: int
-    repeats: int
-    policies: list[str] = field(default_factory=list)
-    knobs: dict[str, dict[str, Any]] = field(default_factory=dict)
-    references: bool = True
-    ddp_grid: bool = True
-    seed: int = 0
-    lr: float = 0.01
-    momentum: float = 0.9
-    threads: int = 1
-    comm_timeout_s: float = 60.0
-    trace_repeat: int = 0
-    fail: dict[str, Any] | None = None  # {"rank", "policy", "step"}: that rank dies there (tests)
-    curve_global_batch: int = 0  # calibrate: > 0 times each rank's batch curve around its share of it
-
-    @property
-    def steps(self) -> int:
-        return self.warmup + self.iters
+__all__ = ["YARDSTICK", "save_trace_part", "session_order"]
 
 
 def session_order(policies: list[str], repeat: int, *, references: bool, ddp_grid: bool) -> list[str]:
@@ -110,17 +66,6 @@ def session_order(policies: list[str], repeat: int, *, references: bool, ddp_gri
     others = [p for p in policies if p not in ddp] + [n for n in ddp if n != TORCH_DDP]
     k = repeat % len(others) if others else 0
     return [TORCH_DDP, *others[k:], *others[:k]]
-
-
-class _Progress:
-    def __init__(self, path: Path, enabled: bool) -> None:
-        self.path = path
-        self.enabled = enabled
-
-    def __call__(self, name: str, repeat: int, step: int) -> None:
-        if self.enabled:
-            with open(self.path, "a") as f:
-                f.write(json.dumps({"name": name, "repeat": repeat, "step": step}) + "\n")
 
 
 def save_trace_part(session_dir: Path, policy: str, rank: int, trace: Trace, **meta: Any) -> None:
@@ -178,7 +123,7 @@ class _Clock:
 
 
 def _compute(
-    job: Job, rank: int, batches: list[Any], progress: _Progress, name: str, repeat: int, lockstep: bool = False
+    job: Job, rank: int, batches: list[Any], progress: Progress, name: str, repeat: int, lockstep: bool = False
 ) -> dict[str, Any]:
     """Training with no gradient communication: forward, backward, step, zero_grad (+ a barrier in lock-step).
 
@@ -205,7 +150,7 @@ def _compute(
     return clock.record()
 
 
-def _allreduce(job: Job, numel: int, progress: _Progress, repeat: int) -> dict[str, Any]:
+def _allreduce(job: Job, numel: int, progress: Progress, repeat: int) -> dict[str, Any]:
     """One all-reduce of ``numel`` fp32 values per iteration (all gradients in one buffer)."""
     flat = torch.randn(numel, generator=torch.Generator().manual_seed(1))
     clock = _Clock()
@@ -219,7 +164,7 @@ def _allreduce(job: Job, numel: int, progress: _Progress, repeat: int) -> dict[s
 
 
 def _policy(
-    job: Job, rank: int, policy: str, batches: list[Any], progress: _Progress, repeat: int
+    job: Job, rank: int, policy: str, batches: list[Any], progress: Progress, repeat: int
 ) -> tuple[dict[str, Any], torch.Tensor, float, Any]:
     model = build_model(job.model, job.seed)
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
@@ -268,64 +213,6 @@ def _policy(
     return {**clock.record(), **chosen}, params, (params - initial).abs().max().item(), trace
 
 
-def _calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
-    """Network probe, then the lock-step compute profile and optimizer-step time (see the module docstring)."""
-    from commsched.profile import profile_model
-    from commsched.profile.network import probe_network
-
-    out = Path(job.out)
-    progress = _Progress(out / "progress.jsonl", rank == 0)
-    model = build_model(job.model, job.seed)
-    numel = sum(p.numel() for p in model.parameters())
-    probe = probe_network(
-        sizes_bytes=calibration_sizes(numel), repeats=job.iters, warmup=1, progress=lambda _: progress("probe", 0, 0)
-    )
-    opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
-
-    def lockstep(done: int, total: int) -> None:
-        dist.barrier()
-        progress("profile", 0, done)
-
-    workload = profile_model(
-        model,
-        lambda: synthetic_batch(job.model, job.batch, job.seed, rank, 0),
-        model_loss,
-        batch_size=job.batch,
-        model_name=job.model,
-        warmup=job.warmup,
-        repeats=job.iters,
-        command=f"commsched bench --validate (rank {rank} of {world}, profiled in lock-step)",
-        progress=lockstep,
-    )
-    batches: list[int] = []
-    if job.curve_global_batch > 0:  # around this rank's share, from every rank's time at the profile's batch
-        mine = torch.tensor([workload.extra["iteration_ms"]], dtype=torch.float64)
-        times = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
-        dist.all_gather(times, mine)
-        batches = batches_around_shares(job.batch, [t.item() for t in times], job.curve_global_batch)[rank]
-    curve = time_batch_curve(job.model, batches, job.seed, rank, model, lambda i: progress("batch curve", 0, i))
-    x, y = synthetic_batch(job.model, job.batch, job.seed, rank, 0)
-    step_s = []
-    for i in range(job.warmup + job.iters):
-        model_loss(model(x), y).backward()
-        dist.barrier()
-        start = time.perf_counter()
-        opt.step()
-        opt.zero_grad()
-        if i >= job.warmup:
-            step_s.append(time.perf_counter() - start)
-        progress("optimizer step", 0, i)
-    return {
-        "rank": rank,
-        "world": world,
-        "samples": [asdict(s) for s in probe.samples],
-        "workload": json.loads(workload.to_json()),
-        "update_ms": statistics.median(step_s) * 1e3,
-        "batch_ms": {str(b): ms for b, ms in curve_points(curve, job.batch).items()},
-        "batch_times_ms": {str(b): t for b, t in curve.items()},
-    }
-
-
 def _replica_spread(params: torch.Tensor) -> float:
     """Largest difference between ranks of the float64 sum of all parameters (0 when replicas agree)."""
     mine = params.double().sum().reshape(1)
@@ -337,7 +224,7 @@ def _replica_spread(params: torch.Tensor) -> float:
 
 def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
     out = Path(job.out)
-    progress = _Progress(out / "progress.jsonl", rank == 0)
+    progress = Progress(out / "progress.jsonl", rank == 0)
     batches = _batches(job, rank)
     numel = sum(p.numel() for p in build_model(job.model, job.seed).parameters())
     runs: list[dict[str, Any]] = []
@@ -376,7 +263,7 @@ def main() -> None:
     torch.set_num_threads(job.threads)
     out = Path(job.out)
     if job.task == "compute_alone":
-        progress = _Progress(out / "progress.jsonl", rank == 0)
+        progress = Progress(out / "progress.jsonl", rank == 0)
         runs = [
             {
                 "name": "compute_alone",
@@ -389,7 +276,7 @@ def main() -> None:
     elif job.task in ("session", "calibrate"):
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=job.comm_timeout_s))
         try:
-            result = (_session if job.task == "session" else _calibrate)(job, rank, world)
+            result = _session(job, rank, world) if job.task == "session" else calibrate(job, rank, world)
             dist.barrier()
         finally:
             dist.destroy_process_group()

@@ -39,13 +39,14 @@ from commsched.workload import Workload
 
 @dataclass(frozen=True)
 class WorkerClass:
-    """Ranks that share one simulated timeline (same compute speed, batch size and batch curve)."""
+    """Ranks that share one simulated timeline (same compute speed, batch size, batch curve and overlap cost)."""
 
     index: int
     speed: float
     ranks: tuple[int, ...]
     batch_size: int
     curve: BatchCurve = ()
+    overlap_ms_per_mb: float | None = None  # the device's measured cost of communicating beside compute
 
     @property
     def rank(self) -> int:
@@ -56,7 +57,7 @@ class WorkerClass:
 def worker_classes(
     cluster: Cluster, model: str | None = None, batch_sizes: Sequence[int] | None = None, default_batch: int = 1
 ) -> tuple[WorkerClass, ...]:
-    """Group ranks by (compute speed, batch size, batch curve); the class of rank 0 (the leader) comes first.
+    """Group ranks by (compute speed, batch size, batch curve, overlap cost); rank 0's class (the leader) first.
 
     ``batch_sizes``: one per rank; ``None`` gives every rank ``default_batch``
     (the workload's batch size). Raises ScheduleError when the count does not
@@ -65,12 +66,13 @@ def worker_classes(
     speeds = cluster.worker_speeds(model)
     batches = check_batch_sizes(batch_sizes, len(speeds)) if batch_sizes is not None else (default_batch,) * len(speeds)
     curves = cluster.worker_batch_curves(model)
-    by_key: dict[tuple[float, int, BatchCurve], list[int]] = {}
-    for rank, key in enumerate(zip(speeds, batches, curves, strict=True)):
+    overlaps = cluster.worker_overlap_ms_per_mb()
+    by_key: dict[tuple[float, int, BatchCurve, float | None], list[int]] = {}
+    for rank, key in enumerate(zip(speeds, batches, curves, overlaps, strict=True)):
         by_key.setdefault(key, []).append(rank)
     return tuple(
-        WorkerClass(i, speed, tuple(ranks), batch, curve)
-        for i, ((speed, batch, curve), ranks) in enumerate(by_key.items())
+        WorkerClass(i, speed, tuple(ranks), batch, curve, overlap)
+        for i, ((speed, batch, curve, overlap), ranks) in enumerate(by_key.items())
     )
 
 

@@ -114,6 +114,10 @@ class SimOptions:
     a worker of relative ``speed`` (where the devices are the CPUs that also
     communicate, as on ``commsched bench --plan``'s testbed of CPU quotas);
     off by default: a slower GPU does not make its host's CPU slower.
+    A device whose spec measures its ``overlap_ms_per_mb`` (compute's
+    slowdown per MiB all-reduced beside it) is charged that per MiB instead
+    of ``cpu_ms_per_mb`` when a task starts while it computes; the floor
+    keeps ``cpu_ms_per_mb`` (it is the collective's own work).
     """
 
     algorithm: str = "ring"
@@ -344,6 +348,7 @@ class Simulation:
         o = self.options
         self.cpu_of_task = [(o.cpu_per_task_ms + o.cpu_ms_per_mb * task.bytes / 2**20) / 1e3 for task in tasks]
         self.charges_cpu = o.cpu_per_task_ms > 0 or o.cpu_ms_per_mb > 0
+        self.charges_overlap = any(wc.overlap_ms_per_mb is not None for wc in self.classes)
 
         self.forward_s: list[tuple[float, ...]] = []
         self.update_s: list[tuple[float, ...]] = []
@@ -457,8 +462,15 @@ class Simulation:
 
     def _charge(self, tl: _Timeline, starts: list[Start]) -> None:
         """Communication's CPU work, taken from ``tl``'s compute when it starts while ``tl`` computes."""
-        if self.charges_cpu and starts and not tl.blocked and not tl.finished:
-            tl.debt_s += self._cpu_s(tl, sum(self.cpu_of_task[s.task] for s in starts))
+        if (self.charges_cpu or self.charges_overlap) and starts and not tl.blocked and not tl.finished:
+            tl.debt_s += sum(self._debt_s(tl, s.task) for s in starts)
+
+    def _debt_s(self, tl: _Timeline, task: int) -> float:
+        """What starting ``task`` takes from ``tl``'s compute: its CPU work, or the device's measured overlap cost."""
+        per_mb = tl.wc.overlap_ms_per_mb
+        if per_mb is None:
+            return self._cpu_s(tl, self.cpu_of_task[task])
+        return self._cpu_s(tl, self.options.cpu_per_task_ms / 1e3) + per_mb * self.plan.tasks[task].bytes / 2**20 / 1e3
 
     def _cpu_s(self, tl: _Timeline, work_s: float) -> float:
         """How long ``work_s`` of communication's CPU work takes on ``tl``'s worker (``cpu_scales_with_speed``)."""

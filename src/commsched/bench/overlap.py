@@ -1,0 +1,134 @@
+"""What communicating beside compute costs a worker: its backward pass alone against beside an all-reduce.
+
+On a GPU, a collective's copies and kernels run beside compute; on the CPU
+workers of ``commsched bench --plan``'s testbed, every byte an all-reduce
+moves costs the worker's core work: gloo's threads, and the kernel's TCP and
+packet processing (softirq time that no process is charged for, so the
+probe's ``time.process_time`` does not see it), plus the caches and memory
+bandwidth the two share. Where that core also computes, compute slows down.
+The probe measures communication alone; this measures it where it costs.
+
+:func:`time_overlap` runs, on every rank in lock-step, rounds of three
+measurements taking turns: backward alone, backward with an all-reduce of
+all gradients' bytes launched as it starts (``beside``), and that
+all-reduce alone. :meth:`OverlapTimes.ms_per_mb` turns the rounds into the
+cluster spec's ``overlap_ms_per_mb`` (:mod:`commsched.cluster`): the
+backward's median growth over the MiB all-reduced while it ran (all of them
+where the all-reduce ends first, else the share of its time that the
+backward covered: the bytes taken to move evenly over the all-reduce).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commsched.models import model_loss
+
+__all__ = ["OVERLAP_REPEATS", "OverlapTimes", "time_overlap"]
+
+#: Timed rounds (after one untimed round).
+OVERLAP_REPEATS = 5
+
+_MODES = ("alone", "beside", "allreduce")
+
+
+@dataclass(frozen=True)
+class OverlapTimes:
+    """One rank's timed rounds, in ms: backward alone, backward beside the all-reduce, the all-reduce beside
+    the backward (from its launch to its end) and alone, of ``nbytes``."""
+
+    nbytes: int
+    backward_alone_ms: tuple[float, ...]
+    backward_beside_ms: tuple[float, ...]
+    allreduce_beside_ms: tuple[float, ...]
+    allreduce_alone_ms: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if self.nbytes <= 0:
+            raise ValueError(f"overlap.nbytes: must be > 0, got {self.nbytes!r}")
+        for name in _TIMED:
+            times = getattr(self, name)
+            if not times or min(times) < 0:
+                raise ValueError(f"overlap.{name}: needs timed rounds of >= 0 ms, got {times!r}")
+
+    @property
+    def extra_ms(self) -> float:
+        """How much longer the backward took beside the all-reduce (medians; negative within noise)."""
+        return statistics.median(self.backward_beside_ms) - statistics.median(self.backward_alone_ms)
+
+    @property
+    def overlapped(self) -> float:
+        """The share of the all-reduce's bytes moved while the backward ran (1 where the all-reduce ended first)."""
+        return min(1.0, statistics.median(self.backward_beside_ms) / statistics.median(self.allreduce_beside_ms))
+
+    def ms_per_mb(self, per_task_ms: float = 0.0) -> float:
+        """Compute lost per MiB all-reduced beside it, ``per_task_ms`` (charged per task apart) taken off; >= 0."""
+        mib = self.nbytes / 2**20 * self.overlapped
+        return max(0.0, self.extra_ms - per_task_ms) / mib
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str) -> OverlapTimes:
+        """Read what :func:`dataclasses.asdict` wrote; a ValueError naming ``source`` where it does not fit."""
+        try:
+            timed = [tuple(float(t) for t in data[k]) for k in _TIMED]
+            return cls(int(data["nbytes"]), *timed)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: overlap: {exc}") from exc
+
+
+_TIMED = ("backward_alone_ms", "backward_beside_ms", "allreduce_beside_ms", "allreduce_alone_ms")
+
+
+def time_overlap(
+    model: torch.nn.Module,
+    inputs: tuple[torch.Tensor, torch.Tensor],
+    nbytes: int,
+    progress: Callable[[int], None] = lambda _round: None,
+) -> OverlapTimes:
+    """The rounds of the module docstring on this rank (every rank of the process group calls it together).
+
+    The three measurements take turns, their order rotated by one per round,
+    so a drift of the machine's speed falls on all of them alike. Every
+    backward starts after a barrier that follows the forward, so the ranks
+    launch the all-reduce together.
+    """
+    x, y = inputs
+    buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
+    times: dict[str, list[float]] = {"alone": [], "beside": [], "allreduce": [], "allreduce_beside": []}
+    for i in range(1 + OVERLAP_REPEATS):
+        k = i % len(_MODES)
+        for mode in (*_MODES[k:], *_MODES[:k]):
+            if mode == "allreduce":
+                dist.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(buf)
+                elapsed = {"allreduce": time.perf_counter() - start}
+            else:
+                loss = model_loss(model(x), y)
+                dist.barrier()
+                start = time.perf_counter()
+                work = dist.all_reduce(buf, async_op=True) if mode == "beside" else None
+                loss.backward()
+                elapsed = {mode: time.perf_counter() - start}
+                if work is not None:
+                    work.wait()
+                    elapsed["allreduce_beside"] = time.perf_counter() - start
+                model.zero_grad(set_to_none=True)
+            if i:
+                for key, seconds in elapsed.items():
+                    times[key].append(seconds * 1e3)
+        progress(i)
+    return OverlapTimes(
+        nbytes=buf.numel() * 4,
+        backward_alone_ms=tuple(times["alone"]),
+        backward_beside_ms=tuple(times["beside"]),
+        allreduce_beside_ms=tuple(times["allreduce_beside"]),
+        allreduce_alone_ms=tuple(times["allreduce"]),
+    )

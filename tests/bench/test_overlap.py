@@ -1,0 +1,122 @@
+"""What communicating beside compute costs (``commsched.bench.overlap``) and how the measured spec takes it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import asdict
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from commsched import zoo
+from commsched.bench.hetero_spec import measured_spec
+from commsched.bench.overlap import OVERLAP_REPEATS, OverlapTimes, time_overlap
+from commsched.errors import SpecError
+from commsched.models import build_model, synthetic_batch
+from commsched.testbed.linkrate import LinkRate
+
+MIB = 2**20
+
+
+def _times(alone: float, beside: float, allreduce_beside: float, nbytes: int = 20 * MIB) -> OverlapTimes:
+    # five rounds around each value, so that the medians are the values
+    def spread(v: float) -> tuple[float, ...]:
+        return (v - 2.0, v, v + 1.0, v - 1.0, v + 3.0)
+
+    return OverlapTimes(nbytes, spread(alone), spread(beside), spread(allreduce_beside), spread(200.0))
+
+
+def test_the_cost_per_mib_is_the_backwards_growth_over_the_bytes_moved_beside_it() -> None:
+    # all-reduce (300 ms) ends before the backward (900 ms): all 20 MiB moved beside it
+    t = _times(800.0, 900.0, 300.0)
+    assert (t.extra_ms, t.overlapped) == (100.0, 1.0)
+    assert t.ms_per_mb() == pytest.approx(5.0)
+    assert t.ms_per_mb(per_task_ms=20.0) == pytest.approx(4.0)  # the per-task work is charged apart
+
+
+def test_an_all_reduce_that_outlasts_the_backward_counts_only_the_bytes_moved_meanwhile() -> None:
+    t = _times(800.0, 900.0, 1800.0)  # half of the all-reduce's time fell beside the backward
+    assert t.overlapped == pytest.approx(0.5)
+    assert t.ms_per_mb() == pytest.approx(10.0)
+
+
+def test_a_backward_no_slower_beside_the_all_reduce_costs_nothing_not_a_negative_cost() -> None:
+    t = _times(900.0, 880.0, 300.0)
+    assert t.extra_ms == -20.0 and t.ms_per_mb() == 0.0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"nbytes": 0}, {"backward_alone_ms": ()}, {"allreduce_beside_ms": (1.0, -1.0)}],
+)
+def test_impossible_timings_are_refused(bad: dict[str, Any]) -> None:
+    fields = {**asdict(_times(10.0, 20.0, 30.0)), **bad}
+    with pytest.raises(ValueError, match=f"overlap.{next(iter(bad))}"):
+        OverlapTimes(**fields)
+
+
+def test_saved_timings_read_back_and_malformed_ones_name_their_source() -> None:
+    t = _times(800.0, 900.0, 300.0)
+    assert OverlapTimes.from_dict(asdict(t), "x") == t
+    with pytest.raises(ValueError, match=r"rank1\.json: overlap"):
+        OverlapTimes.from_dict({**asdict(t), "backward_beside_ms": "fast"}, "rank1.json")
+    with pytest.raises(ValueError, match=r"rank1\.json: overlap"):
+        OverlapTimes.from_dict({"nbytes": 4}, "rank1.json")
+
+
+def _rank(workload: Any, overlap: OverlapTimes | dict[str, Any] | None, with_samples: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"workload": json.loads(workload.to_json()), "update_ms": 2.0}
+    if with_samples:  # an all-reduce with 1 ms + 1 ms per MiB of CPU work
+        out["samples"] = [
+            {"op": "all_reduce", "nbytes": n, "world_size": 2, "seconds": [1e-3 + n / 1e8], "cpu_seconds": [c]}
+            for n, c in ((MIB, 2e-3), (4 * MIB, 5e-3), (16 * MIB, 17e-3))
+        ]
+    if overlap is not None:
+        out["overlap"] = asdict(overlap) if isinstance(overlap, OverlapTimes) else overlap
+    return out
+
+
+def test_the_measured_spec_gives_each_device_its_overlap_cost_less_the_per_task_work() -> None:
+    workload = zoo.load("resnet18")
+    ranks = [_rank(workload, _times(800.0, 900.0, 300.0), True), _rank(workload, None, False)]
+    links = [LinkRate(0, 100.0, 0.1, 4), LinkRate(1, 100.0, 0.1, 4)]
+    spec = measured_spec(ranks, links, memory_gib=1.0)
+    assert spec.cpu is not None and spec.cpu.per_op_ms == pytest.approx(1.0)
+    # (100 ms - 1 ms per task) / 20 MiB; rank 1 measured nothing, so the simulator's option stays
+    assert spec.cluster.worker_overlap_ms_per_mb() == pytest.approx((99.0 / 20, None))  # type: ignore[arg-type]
+
+
+def test_a_malformed_overlap_measurement_is_refused_naming_the_rank() -> None:
+    workload = zoo.load("resnet18")
+    ranks = [_rank(workload, None, True), {**_rank(workload, {"nbytes": 4}, False), "rank": 1}]
+    with pytest.raises(SpecError, match="rank 1: overlap"):
+        measured_spec(ranks, [LinkRate(0, 100.0, 0.1, 4), LinkRate(1, 100.0, 0.1, 4)], memory_gib=1.0)
+
+
+@pytest.fixture
+def group_of_one() -> Iterator[None]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_time_overlap_times_every_round_of_the_three_measurements(group_of_one: None) -> None:
+    model = build_model("cnn", 0)
+    rounds: list[int] = []
+    times = time_overlap(model, synthetic_batch("cnn", 4, 0, 0, 0), 10_000, rounds.append)
+    assert rounds == list(range(1 + OVERLAP_REPEATS))
+    assert times.nbytes == 10_000
+    timed = (times.backward_alone_ms, times.backward_beside_ms, times.allreduce_beside_ms, times.allreduce_alone_ms)
+    assert all(len(t) == OVERLAP_REPEATS and min(t) > 0 for t in timed)
+    # the all-reduce beside the backward is waited for after it: never shorter
+    assert all(a >= b for a, b in zip(times.allreduce_beside_ms, times.backward_beside_ms, strict=True))
+    assert all(p.grad is None for p in model.parameters())  # left as found
+    assert times.extra_ms == pytest.approx(times.extra_ms)  # finite
