@@ -56,6 +56,7 @@ from commsched.plan.batches import balanced_split, candidate_splits, even_split,
 from commsched.plan.budget import Budget
 from commsched.plan.hetero_result import BASELINE_POLICY, Baseline, HeteroPlan
 from commsched.plan.memory import InfeasibleError, MemoryModel, OutOfMemoryError, batch_caps, rank_memory
+from commsched.plan.refine import refine_split
 from commsched.plan.search import Candidate, Progress, search_policies, simulate_candidate
 from commsched.plan.servers import runtime_servers
 from commsched.schedule import knobs as policy_knobs
@@ -201,14 +202,10 @@ def plan_heterogeneous(
         if progress is not None:
             progress(f"{label}: {what}", simulations + k)
 
-    for i, split in enumerate(chosen_splits):
-        label = f"{splits[split]} split"
-        share = budget.share(budget.left_s() / (len(chosen_splits) - i))
-        # a later split is searched when its policies' defaults and the finals of the best fit
-        floor = len(searching or ()) * quick_total + top_policies * (iterations + warmup)
-        if i > 0 and not budget.fits(BASELINE_POLICY, floor):
-            notes.append(f"budget reached: {len(chosen_splits) - i} screened split(s) not searched")
-            break
+    finalists: list[tuple[Candidate, tuple[int, ...]]] = []  # fully simulated candidates, with their split
+
+    def search_split(split: tuple[int, ...], share: Budget) -> tuple[Candidate, ...]:
+        nonlocal simulations, searched, exhausted
         outcome = search_policies(
             workload,
             cluster,
@@ -229,11 +226,62 @@ def plan_heterogeneous(
         budget.simulations += outcome.simulations
         searched += 1
         exhausted = exhausted or outcome.budget_exhausted
+        finalists.extend((c, split) for c in outcome.candidates if c.iterations == iterations)
+        return outcome.candidates
+
+    for i, split in enumerate(chosen_splits):
+        label = f"{splits[split]} split"
+        # each screened split an equal share of what is left, the refinement (below) one more
+        share = budget.share(budget.left_s() / (len(chosen_splits) - i + 1))
+        # a later split is searched when its policies' defaults and the finals of the best fit
+        floor = len(searching or ()) * quick_total + top_policies * (iterations + warmup)
+        if i > 0 and not budget.fits(BASELINE_POLICY, floor):
+            notes.append(f"budget reached: {len(chosen_splits) - i} screened split(s) not searched")
+            break
+        candidates = search_split(split, share)
         if i == 0:
-            searching = [c.policy for c in outcome.candidates[:top_policies]]
-        top = outcome.candidates[0]
+            searching = [c.policy for c in candidates[:top_policies]]
+        top = candidates[0]
         if best is None or top.iteration_ms < best[0].iteration_ms:
             best = (top, split)
+
+    # refine: the best candidates' splits by local search; a split better than every searched one gets the
+    # policy search too, and its best candidates the local search again
+    unit = micro_batch or 1
+    searched_splits = set(chosen_splits[:searched])
+    refined_from: set[tuple[str, str, str, tuple[int, ...]]] = set()
+    while best is not None and not budget.exhausted:
+        leaders = sorted(finalists, key=lambda cs: (cs[0].iteration_ms, cs[0].policy))
+        todo = [cs for cs in leaders if _setting(*cs) not in refined_from][:top_policies]
+        if not todo:
+            break
+        for cand, split in todo:
+            refined_from.add(_setting(cand, split))
+            label = f"refining {cand.policy} from split {'/'.join(map(str, split))}"
+            out = refine_split(
+                workload, cluster, cand, split, caps, unit=unit, options=opts, budget=budget,
+                iterations=iterations, warmup=warmup, progress=relay,
+            )  # fmt: skip
+            simulations += out.simulations
+            exhausted = exhausted or out.exhausted
+            if out.split != split:
+                finalists.append((out.candidate, out.split))
+                refined_from.add(_setting(out.candidate, out.split))
+            if out.candidate.iteration_ms < best[0].iteration_ms:
+                notes.append(
+                    f"split refined by local search ({cand.policy}): {'/'.join(map(str, split))} "
+                    f"{cand.iteration_ms:.0f} ms -> {'/'.join(map(str, out.split))} "
+                    f"{out.candidate.iteration_ms:.0f} ms predicted"
+                )
+                best = (out.candidate, out.split)
+        new_split = best[1]
+        if new_split in searched_splits or budget.exhausted:
+            continue
+        searched_splits.add(new_split)
+        label = f"refined split {'/'.join(map(str, new_split))}"
+        top = search_split(new_split, budget.share(budget.left_s() / 2))[0]
+        if top.iteration_ms < best[0].iteration_ms:
+            best = (top, new_split)
 
     feasible = [b for b in baselines if b.fits]
     fallback = min(feasible, key=lambda b: b.iteration_ms) if feasible else None
@@ -276,6 +324,11 @@ def plan_heterogeneous(
         servers=servers,
         micro_batch=micro_batch,
     )
+
+
+def _setting(cand: Candidate, split: tuple[int, ...]) -> tuple[str, str, str, tuple[int, ...]]:
+    """What identifies a candidate's setting at a split (its knobs as text: they hold floats and bools)."""
+    return (cand.policy, repr(sorted(cand.knobs.items())), cand.sync, split)
 
 
 __all__ = [
