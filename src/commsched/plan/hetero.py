@@ -30,11 +30,15 @@ training equals one process on the global batch (``docs/runtime.md``).
 Candidate splits (balanced, speed-proportional, even, and blends of balanced
 and even) are screened first with the overlap bound
 (:func:`commsched.sim.ideal.ideal`), which costs no simulation; only the best
-few are searched. Baselines are simulated beside the plan with PyTorch DDP's
-defaults: even DP by all-reduce, even DP by PS (with servers) and
-speed-proportional DP (shares ∝ samples/s, largest-remainder rounding). The
-planner never returns a plan its simulator scores slower than the best
-baseline that fits in memory: it returns that baseline instead and says so.
+few are searched. Those splits balance compute alone; the best candidates'
+splits are then refined by local search with communication in the
+simulation (:mod:`commsched.plan.refine`), and a refined split faster than
+every searched one gets the policy search too. Baselines are simulated
+beside the plan with PyTorch DDP's defaults: even DP by all-reduce, even DP
+by PS (with servers) and speed-proportional DP (shares ∝ samples/s,
+largest-remainder rounding). The planner never returns a plan its simulator
+scores slower than the best baseline that fits in memory: it returns that
+baseline instead and says so.
 
 Every rank holds the whole model here; when that does not fit, the refusal
 is an :class:`~commsched.plan.memory.OutOfMemoryError` and

@@ -11,7 +11,9 @@ pattern search over the split for a fixed policy, knobs and sync:
 * a **move** takes ``step`` units (samples, or micro-batches) from one rank
   and gives them to another, within the receiver's memory cap, every rank
   keeping at least one unit. Ranks with the same device, links and batch are
-  interchangeable, so one move is tried per ordered pair of such groups;
+  interchangeable and limit the iteration together, so per ordered pair of
+  such groups two moves are tried: one rank to one rank, and ``step`` from
+  every rank of the one spread over the ranks of the other;
 * every move is simulated, and the fastest taken while it beats the split it
   came from (steepest descent); when none does, ``step`` halves, down to one
   unit. The first step is an eighth of the mean batch (at least one unit).
@@ -48,26 +50,35 @@ class Refined:
 
 
 def moves(split: Sequence[int], caps: Sequence[int], keys: Sequence[object], step: int) -> list[tuple[int, ...]]:
-    """Every split one move of ``step`` away (see the module docstring), one per ordered pair of rank groups.
+    """Every split one move of ``step`` away (see the module docstring), in a fixed order, without repeats.
 
-    ``keys[r]`` says which ranks are interchangeable besides their batch; ``caps[r]`` is rank ``r``'s
-    largest batch. Splits are in the units the caps are in; each rank keeps at least 1.
+    Ranks with equal ``keys[r]`` and batch form a group. For each ordered pair of groups (giver, taker)
+    two moves: ``step`` from the giver's first rank to the taker's first, and ``step`` from every rank
+    of the giver spread over the taker's ranks as evenly as can be (alike ranks are the bottleneck
+    together, so moving one of them alone changes nothing). ``caps[r]`` is rank ``r``'s largest batch;
+    splits are in the units the caps are in, and every rank keeps at least 1.
     """
-    firsts: dict[tuple[object, int], int] = {}
+    groups: dict[tuple[object, int], list[int]] = {}
     for r, (key, b) in enumerate(zip(keys, split, strict=True)):
-        firsts.setdefault((key, b), r)
-    reps = sorted(firsts.values())
-    out = []
-    for giver in reps:
-        if split[giver] - step < 1:
+        groups.setdefault((key, b), []).append(r)
+    members = sorted(groups.values())
+    out: dict[tuple[int, ...], None] = {}
+    for givers in members:
+        if split[givers[0]] - step < 1:
             continue
-        for taker in reps:
-            if taker != giver and split[taker] + step <= caps[taker]:
+        for takers in members:
+            if takers is givers:
+                continue
+            for moved_from, receivers in (([givers[0]], takers[:1]), (givers, takers)):
+                share, extra = divmod(step * len(moved_from), len(receivers))
                 moved = list(split)
-                moved[giver] -= step
-                moved[taker] += step
-                out.append(tuple(moved))
-    return out
+                for r in moved_from:
+                    moved[r] -= step
+                for i, r in enumerate(receivers):
+                    moved[r] += share + (1 if i < extra else 0)
+                if all(moved[r] <= caps[r] for r in receivers):
+                    out.setdefault(tuple(moved), None)
+    return list(out)
 
 
 def refine_split(
