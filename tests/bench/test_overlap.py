@@ -49,9 +49,22 @@ def test_a_backward_no_slower_beside_the_all_reduce_costs_nothing_not_a_negative
     assert t.extra_ms == -20.0 and t.ms_per_mb() == 0.0
 
 
+def test_the_growth_is_paired_by_round_so_the_hosts_drift_between_rounds_cancels() -> None:
+    # the host slows down from round 2 on (the beside timing first there): each round's difference
+    # is 50 ms but in one, where the medians of the two would differ by 450
+    alone, beside = (800.0, 800.0, 800.0, 1200.0, 1200.0), (850.0, 850.0, 1250.0, 1250.0, 1250.0)
+    t = OverlapTimes(20 * MIB, alone, beside, beside, (200.0,) * 5)
+    assert t.extra_ms == 50.0
+
+
 @pytest.mark.parametrize(
     "bad",
-    [{"nbytes": 0}, {"backward_alone_ms": ()}, {"allreduce_beside_ms": (1.0, -1.0)}],
+    [
+        {"nbytes": 0},
+        {"backward_alone_ms": ()},
+        {"allreduce_beside_ms": (1.0, -1.0)},
+        {"backward_beside_ms": (1.0, 2.0)},  # not one per round
+    ],
 )
 def test_impossible_timings_are_refused(bad: dict[str, Any]) -> None:
     fields = {**asdict(_times(10.0, 20.0, 30.0)), **bad}

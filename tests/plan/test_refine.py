@@ -11,7 +11,7 @@ from commsched.bench.hetero_spec import MeasuredSpec, measured_spec
 from commsched.cluster import Cluster
 from commsched.plan.budget import Budget
 from commsched.plan.hetero import plan_heterogeneous
-from commsched.plan.refine import moves, refine_split
+from commsched.plan.refine import Refined, moves, refine_split
 from commsched.plan.search import Candidate, simulate_candidate
 from commsched.schedule import knobs as policy_knobs
 from commsched.sim.simulator import SimOptions
@@ -69,7 +69,7 @@ def _candidate(cluster: Cluster, split: tuple[int, ...], knobs: dict[str, float]
     return Candidate("ddp", {**policy_knobs("ddp"), **knobs}, "collective", 1, result, 4)
 
 
-def _refine(cluster: Cluster, split: tuple[int, ...], budget_s: float = 60.0):  # type: ignore[no-untyped-def]
+def _refine(cluster: Cluster, split: tuple[int, ...], budget_s: float = 60.0) -> Refined:
     return refine_split(
         WORKLOAD, cluster, _candidate(cluster, split, SMALL_BUCKETS), split, [64] * 3,
         options=OPTIONS, budget=Budget(budget_s), iterations=4, warmup=2,

@@ -13,7 +13,8 @@ measurements taking turns: backward alone, backward with an all-reduce of
 all gradients' bytes launched as it starts (``beside``), and that
 all-reduce alone. :meth:`OverlapTimes.ms_per_mb` turns the rounds into the
 cluster spec's ``overlap_ms_per_mb`` (:mod:`commsched.cluster`): the
-backward's median growth over the MiB all-reduced while it ran (all of them
+backward's growth (the median over rounds of each round's difference) over
+the MiB all-reduced while it ran (all of them
 where the all-reduce ends first, else the share of its time that the
 backward covered: the bytes taken to move evenly over the all-reduce).
 """
@@ -34,7 +35,7 @@ from commsched.models import model_loss
 __all__ = ["OVERLAP_REPEATS", "OverlapTimes", "time_overlap"]
 
 #: Timed rounds (after one untimed round).
-OVERLAP_REPEATS = 5
+OVERLAP_REPEATS = 9
 
 _MODES = ("alone", "beside", "allreduce")
 
@@ -57,11 +58,20 @@ class OverlapTimes:
             times = getattr(self, name)
             if not times or min(times) < 0:
                 raise ValueError(f"overlap.{name}: needs timed rounds of >= 0 ms, got {times!r}")
+        rounds = len(self.backward_alone_ms)
+        for name in _TIMED[1:]:
+            if len(getattr(self, name)) != rounds:
+                raise ValueError(
+                    f"overlap.{name}: one time per round, {rounds} as backward_alone_ms, got {len(getattr(self, name))}"
+                )
 
     @property
     def extra_ms(self) -> float:
-        """How much longer the backward took beside the all-reduce (medians; negative within noise)."""
-        return statistics.median(self.backward_beside_ms) - statistics.median(self.backward_alone_ms)
+        """How much longer the backward took beside the all-reduce: the median over rounds of each round's
+        difference (the two are timed next to each other, so the host's drift between rounds cancels;
+        a difference of the two medians mixes it in); negative within noise."""
+        pairs = zip(self.backward_beside_ms, self.backward_alone_ms, strict=True)
+        return statistics.median(beside - alone for beside, alone in pairs)
 
     @property
     def overlapped(self) -> float:
