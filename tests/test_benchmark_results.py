@@ -65,7 +65,7 @@ def test_the_auto_trial_tables_are_recomputed_from_their_run() -> None:
 
 
 @pytest.mark.parametrize(
-    "session", ["", "session2", "session3", "session4", "session5", "session6", "session7", "session8", "session9"]
+    "session", ["", *(f"session{n}" for n in range(2, 14))]
 )
 def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_runs(session: str) -> None:
     from commsched.bench.hetero_report import markdown
