@@ -35,17 +35,23 @@ OPTIONS = SimOptions(max_concurrent=2, cpu_per_task_ms=2.5, cpu_ms_per_mb=2.0, c
 SMALL_BUCKETS = {"bucket_cap_mb": 4.0, "first_bucket_mb": 1.0}
 
 
-def test_moves_take_step_units_between_groups_of_interchangeable_ranks_within_caps() -> None:
-    same = ["a", "a", "a"]
-    # ranks 1 and 2 are alike (same key, same batch): one rank to one rank, and the group's step from
-    # each of its ranks (rank 0's one sample to the group lands on one of them: the same split)
-    assert moves((4, 2, 2), (8, 8, 8), same, 1) == [(3, 3, 2), (5, 1, 2), (6, 1, 1)]
-    # a group spreads over a group evenly: 2 x 1 sample over three ranks
-    assert moves((2, 2, 1, 1, 1), (9,) * 5, ["a"] * 5, 1) == [(1, 2, 2, 1, 1), (1, 1, 2, 2, 1)]
+def test_moves_take_step_units_between_kinds_of_ranks_within_caps() -> None:
+    kinds = ["a", "b", "b"]
+    # ranks 1 and 2 are of one kind: one rank to one rank, and the kind's step from each of its ranks
+    # (rank 0's one sample to the kind lands on one of them: the same split)
+    assert moves((4, 2, 2), (8, 8, 8), kinds, 1) == [(3, 3, 2), (5, 1, 2), (6, 1, 1)]
+    # a kind spreads over a kind evenly, smallest batches first (2 x 1 sample over three ranks); kind b
+    # cannot give from every rank (two hold 1), but its largest batch can give one
+    assert moves((2, 2, 1, 2, 1), (9,) * 5, ["a", "a", "b", "b", "b"], 1) == [
+        (1, 2, 2, 2, 1),
+        (1, 1, 2, 2, 2),
+        (3, 2, 1, 1, 1),
+    ]
     # distinct ranks: every ordered pair, but no rank below 1 and none above its cap
     assert sorted(moves((4, 2, 1), (8, 2, 8), ["a", "b", "c"], 1)) == [(3, 2, 2), (4, 1, 2), (5, 1, 1)]
-    assert moves((4, 2, 2), (8, 8, 8), same, 2) == [(2, 4, 2), (2, 3, 3)]  # neither of ranks 1, 2 can give 2
+    assert moves((4, 2, 2), (8, 8, 8), kinds, 2) == [(2, 4, 2), (2, 3, 3)]  # neither of ranks 1, 2 can give 2
     assert moves((1, 1), (1, 1), ["a", "b"], 1) == []
+    assert moves((4, 2, 2), (8, 8, 8), ["a"] * 3, 1) == []  # one kind: nothing to move between
 
 
 def _cluster(overlap_ms_per_mb: float | None) -> Cluster:

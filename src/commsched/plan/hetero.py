@@ -250,27 +250,27 @@ def plan_heterogeneous(
             best = (top, split)
 
     # refine: the best candidates' splits by local search; a split better than every searched one gets the
-    # policy search too, and its best candidates the local search again
+    # policy search too, and its best candidates the local search again (until no refined split is better)
     unit = micro_batch or 1
     searched_splits = set(chosen_splits[:searched])
     refined_from: set[tuple[str, str, str, tuple[int, ...]]] = set()
-    while best is not None and not budget.exhausted:
-        leaders = sorted(finalists, key=lambda cs: (cs[0].iteration_ms, cs[0].policy))
-        todo = [cs for cs in leaders if _setting(*cs) not in refined_from][:top_policies]
-        if not todo:
-            break
+    todo = sorted(finalists, key=lambda cs: (cs[0].iteration_ms, cs[0].policy))[:top_policies]
+    # it ends a twentieth of the budget before the deadline, leaving the plan's assembly room
+    refining = budget.share(budget.left_s() - budget.budget_s / 20)
+    while best is not None and todo and not refining.exhausted:
+        improved = False
         for cand, split in todo:
+            if _setting(cand, split) in refined_from:
+                continue
             refined_from.add(_setting(cand, split))
             label = f"refining {cand.policy} from split {'/'.join(map(str, split))}"
             out = refine_split(
-                workload, cluster, cand, split, caps, unit=unit, options=opts, budget=budget,
+                workload, cluster, cand, split, caps, unit=unit, options=opts, budget=refining,
                 iterations=iterations, warmup=warmup, progress=relay,
             )  # fmt: skip
             simulations += out.simulations
             exhausted = exhausted or out.exhausted
-            if out.split != split:
-                finalists.append((out.candidate, out.split))
-                refined_from.add(_setting(out.candidate, out.split))
+            refined_from.add(_setting(out.candidate, out.split))
             if out.candidate.iteration_ms < best[0].iteration_ms:
                 notes.append(
                     f"split refined by local search ({cand.policy}): {'/'.join(map(str, split))} "
@@ -278,14 +278,15 @@ def plan_heterogeneous(
                     f"{out.candidate.iteration_ms:.0f} ms predicted"
                 )
                 best = (out.candidate, out.split)
-        new_split = best[1]
-        if new_split in searched_splits or budget.exhausted:
-            continue
-        searched_splits.add(new_split)
-        label = f"refined split {'/'.join(map(str, new_split))}"
-        top = search_split(new_split, budget.share(budget.left_s() / 2))[0]
-        if top.iteration_ms < best[0].iteration_ms:
-            best = (top, new_split)
+                improved = True
+        if not improved or best[1] in searched_splits or refining.exhausted:
+            break
+        searched_splits.add(best[1])
+        label = f"refined split {'/'.join(map(str, best[1]))}"
+        new = search_split(best[1], refining.share(refining.left_s() / 2))
+        if new[0].iteration_ms < best[0].iteration_ms:
+            best = (new[0], best[1])
+        todo = [(c, best[1]) for c in new[:top_policies] if c.iterations == iterations]
 
     feasible = [b for b in baselines if b.fits]
     fallback = min(feasible, key=lambda b: b.iteration_ms) if feasible else None

@@ -6,17 +6,19 @@ beside compute slows it (the cluster spec's ``overlap_ms_per_mb``), a slow
 link stretches the ranks behind it, and the knobs that overlap most pay
 off only where the split leaves the ranks they slow some room. A split
 that balances compute and communication together is found here, by a
-pattern search over the split for a fixed policy, knobs and sync:
+local search over the split for a fixed policy, knobs and sync:
 
-* a **move** takes ``step`` units (samples, or micro-batches) from one rank
-  and gives them to another, within the receiver's memory cap, every rank
-  keeping at least one unit. Ranks with the same device, links and batch are
-  interchangeable and limit the iteration together, so per ordered pair of
-  such groups two moves are tried: one rank to one rank, and ``step`` from
-  every rank of the one spread over the ranks of the other;
-* every move is simulated, and the fastest taken while it beats the split it
-  came from (steepest descent); when none does, ``step`` halves, down to one
-  unit. The first step is an eighth of the mean batch (at least one unit).
+* a **move** takes ``step`` units (samples, or micro-batches) from ranks of
+  one kind (same device and links) and gives them to ranks of another,
+  within the receivers' memory caps, every rank keeping at least one unit.
+  Ranks of a kind limit the iteration together, so per ordered pair of
+  kinds two moves are tried: from its rank with the largest batch to the
+  other's with the smallest, and ``step`` from every rank of the one spread
+  over the ranks of the other;
+* every move of one unit is simulated, and the fastest taken while it beats
+  the split it came from (steepest descent), then doubled (2, 4, 8 ... units)
+  while that is faster still (a line search: large batches move far in few
+  simulations, and the search is over when no one-unit move is faster).
 
 Simulations go through the search's :class:`~commsched.plan.budget.Budget`;
 the search stops, with the best split so far, when the next one does not fit.
@@ -52,24 +54,26 @@ class Refined:
 def moves(split: Sequence[int], caps: Sequence[int], keys: Sequence[object], step: int) -> list[tuple[int, ...]]:
     """Every split one move of ``step`` away (see the module docstring), in a fixed order, without repeats.
 
-    Ranks with equal ``keys[r]`` and batch form a group. For each ordered pair of groups (giver, taker)
-    two moves: ``step`` from the giver's first rank to the taker's first, and ``step`` from every rank
-    of the giver spread over the taker's ranks as evenly as can be (alike ranks are the bottleneck
-    together, so moving one of them alone changes nothing). ``caps[r]`` is rank ``r``'s largest batch;
-    splits are in the units the caps are in, and every rank keeps at least 1.
+    Ranks with equal ``keys[r]`` are of one kind. For each ordered pair of kinds (giver, taker) two
+    moves: ``step`` from the giver's rank with the largest batch to the taker's with the smallest, and
+    ``step`` from every rank of the giver spread as evenly as can be over the taker's ranks, smallest
+    batches first (alike ranks are the bottleneck together, so moving one of them alone changes
+    nothing). ``caps[r]`` is rank ``r``'s largest batch; splits are in the units the caps are in, and
+    every rank keeps at least 1.
     """
-    groups: dict[tuple[object, int], list[int]] = {}
-    for r, (key, b) in enumerate(zip(keys, split, strict=True)):
-        groups.setdefault((key, b), []).append(r)
-    members = sorted(groups.values())
+    kinds: dict[object, list[int]] = {}
+    for r, key in enumerate(keys):
+        kinds.setdefault(key, []).append(r)
     out: dict[tuple[int, ...], None] = {}
-    for givers in members:
-        if split[givers[0]] - step < 1:
-            continue
-        for takers in members:
+    for givers in kinds.values():
+        largest = max(givers, key=lambda r: (split[r], -r))
+        for takers in kinds.values():
             if takers is givers:
                 continue
-            for moved_from, receivers in (([givers[0]], takers[:1]), (givers, takers)):
+            by_batch = sorted(takers, key=lambda r: (split[r], r))
+            for moved_from, receivers in (([largest], by_batch[:1]), (givers, by_batch)):
+                if any(split[r] - step < 1 for r in moved_from):
+                    continue
                 share, extra = divmod(step * len(moved_from), len(receivers))
                 moved = list(split)
                 for r in moved_from:
@@ -95,7 +99,7 @@ def refine_split(
     warmup: int,
     progress: Callable[[str, int], None] | None = None,
 ) -> Refined:
-    """The pattern search of the module docstring from ``split`` (in samples), for ``candidate``'s setting.
+    """The local search of the module docstring from ``split`` (in samples), for ``candidate``'s setting.
 
     ``caps``: each rank's largest batch in samples; ``unit``: batches stay multiples of it.
     ``candidate.result`` must be the simulation of ``split`` with ``iterations`` after ``warmup``.
@@ -105,7 +109,6 @@ def refine_split(
     unit_caps = [c // unit for c in caps]
     current = tuple(b // unit for b in split)
     best_result = candidate.result
-    step = max(1, round(sum(current) / len(current) / 8))
     simulations = taken = 0
     exhausted = False
     seen: set[tuple[int, ...]] = {current}
@@ -134,25 +137,33 @@ def refine_split(
 
     while not exhausted:
         best_move: tuple[tuple[int, ...], SimResult] | None = None
-        for moved in moves(current, unit_caps, keys, step):
+        for moved in moves(current, unit_caps, keys, 1):
             if moved in seen:
                 continue
             seen.add(moved)
             result = simulate(moved)
             if exhausted:
                 break
-            if result is None:
-                continue
             beats = best_result if best_move is None else best_move[1]
-            if result.iteration_ms < beats.iteration_ms:
+            if result is not None and result.iteration_ms < beats.iteration_ms:
                 best_move = (moved, result)
-        if best_move is not None:
-            current, best_result = best_move
-            taken += 1
-        elif step > 1:
-            step //= 2
-        else:
+        if best_move is None:
             break
+        # the line search: the same move doubled while that is faster still
+        delta = [m - c for m, c in zip(best_move[0], current, strict=True)]
+        scale = 2
+        while not exhausted:
+            further = tuple(c + scale * d for c, d in zip(current, delta, strict=True))
+            if further in seen or not all(1 <= b <= cap for b, cap in zip(further, unit_caps, strict=True)):
+                break
+            seen.add(further)
+            result = simulate(further)
+            if result is None or result.iteration_ms >= best_move[1].iteration_ms:
+                break
+            best_move = (further, result)
+            scale *= 2
+        current, best_result = best_move
+        taken += 1
     refined = Candidate(
         candidate.policy, candidate.knobs, candidate.sync, candidate.trials, best_result, candidate.iterations
     )
