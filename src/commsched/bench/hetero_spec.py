@@ -165,12 +165,12 @@ def measured_spec(
     cpu = fit_cpu(samples, "all_reduce")
     speeds = [compute_ms[0] / ms for ms in compute_ms]
     overlaps = [_overlap_ms_per_mb(rank, name, cpu, speed) for rank, speed in zip(ranks, speeds, strict=True)]
-    for r, (ms, link) in enumerate(zip(compute_ms, links, strict=True)):
-        device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": compute_ms[0] / ms, "memory_gib": memory_gib}
+    for r, (speed, overlap, link) in enumerate(zip(speeds, overlaps, links, strict=True)):
+        device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": speed, "memory_gib": memory_gib}
         if len(curves[r]) >= 2:
             device["model_batch_ms"] = {ref.model: curves[r]}
-        if overlaps[r] is not None:
-            device["overlap_ms_per_mb"] = overlaps[r]
+        if overlap is not None:
+            device["overlap_ms_per_mb"] = overlap
         nic = {"bandwidth_gbps": link.throughput_mbit_s / 1e3, "latency_us": fit.alpha_s * 1e6}
         nodes.append({"name": f"w{r}", "count": 1, "device": device, "nic": nic})
     description = (

@@ -14,9 +14,9 @@ all gradients' bytes launched as it starts (``beside``), and that
 all-reduce alone. :meth:`OverlapTimes.ms_per_mb` turns the rounds into the
 cluster spec's ``overlap_ms_per_mb`` (:mod:`commsched.cluster`): the
 backward's growth (the median over rounds of each round's difference) over
-the MiB all-reduced while it ran (all of them
-where the all-reduce ends first, else the share of its time that the
-backward covered: the bytes taken to move evenly over the all-reduce).
+the MiB all-reduced while it ran (all of them where the all-reduce ends
+first, else the share of its time that the backward covered: the bytes
+taken to move evenly over the all-reduce).
 """
 
 from __future__ import annotations

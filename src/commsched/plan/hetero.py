@@ -206,7 +206,7 @@ def plan_heterogeneous(
         if progress is not None:
             progress(f"{label}: {what}", simulations + k)
 
-    finalists: list[tuple[Candidate, tuple[int, ...]]] = []  # fully simulated candidates, with their split
+    finalists: list[tuple[Candidate, tuple[int, ...]]] = []  # the screened splits' fully simulated candidates
 
     def search_split(split: tuple[int, ...], share: Budget) -> tuple[Candidate, ...]:
         nonlocal simulations, searched, exhausted
@@ -230,7 +230,6 @@ def plan_heterogeneous(
         budget.simulations += outcome.simulations
         searched += 1
         exhausted = exhausted or outcome.budget_exhausted
-        finalists.extend((c, split) for c in outcome.candidates if c.iterations == iterations)
         return outcome.candidates
 
     for i, split in enumerate(chosen_splits):
@@ -243,6 +242,7 @@ def plan_heterogeneous(
             notes.append(f"budget reached: {len(chosen_splits) - i} screened split(s) not searched")
             break
         candidates = search_split(split, share)
+        finalists.extend((c, split) for c in candidates if c.iterations == iterations)
         if i == 0:
             searching = [c.policy for c in candidates[:top_policies]]
         top = candidates[0]
