@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import statistics
 from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Any
@@ -129,7 +130,9 @@ def test_time_overlap_times_every_round_of_the_three_measurements(group_of_one: 
     assert times.nbytes == 10_000
     timed = (times.backward_alone_ms, times.backward_beside_ms, times.allreduce_beside_ms, times.allreduce_alone_ms)
     assert all(len(t) == OVERLAP_REPEATS and min(t) > 0 for t in timed)
-    # the all-reduce beside the backward is waited for after it: never shorter
-    assert all(a >= b for a, b in zip(times.allreduce_beside_ms, times.backward_beside_ms, strict=True))
+    # the all-reduce's end is when it completed, not when the backward did: alone in its group, it
+    # completes long before a backward of the model ends
+    assert statistics.median(times.allreduce_beside_ms) < statistics.median(times.backward_beside_ms)
+    assert times.overlapped == 1.0
     assert all(p.grad is None for p in model.parameters())  # left as found
     assert times.extra_ms == pytest.approx(times.extra_ms)  # finite

@@ -15,7 +15,8 @@ the same CPUs as in the session:
    (:func:`commsched.bench.batch_curve.batches_around_shares`, from every rank's
    profiled time), in lock-step, for the cluster spec's ``model_batch_ms``;
 4. with ``Job.overlap``, backward alone against backward beside an all-reduce
-   of all gradients (:mod:`commsched.bench.overlap`), for the cluster spec's
+   of :data:`~commsched.bench.overlap.OVERLAP_VOLUME` times all gradients'
+   bytes (:mod:`commsched.bench.overlap`), for the cluster spec's
    ``overlap_ms_per_mb``;
 5. ``optimizer.step()`` + ``zero_grad()``, timed the same way (``update_ms``).
 
@@ -37,7 +38,7 @@ import torch.distributed as dist
 
 from commsched.bench.batch_curve import batches_around_shares, curve_points, time_batch_curve
 from commsched.bench.job import Job, Progress
-from commsched.bench.overlap import time_overlap
+from commsched.bench.overlap import OVERLAP_VOLUME, time_overlap
 from commsched.models import build_model, model_loss, synthetic_batch
 
 __all__ = ["calibrate", "calibration_sizes"]
@@ -86,7 +87,7 @@ def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
     x, y = synthetic_batch(job.model, job.batch, job.seed, rank, 0)
     overlap = None
     if job.overlap:
-        overlap = time_overlap(model, (x, y), numel * 4, lambda i: progress("overlap", 0, i))
+        overlap = time_overlap(model, (x, y), OVERLAP_VOLUME * numel * 4, lambda i: progress("overlap", 0, i))
     step_s = []
     for i in range(job.warmup + job.iters):
         model_loss(model(x), y).backward()

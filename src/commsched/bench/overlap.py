@@ -9,14 +9,23 @@ bandwidth the two share. Where that core also computes, compute slows down.
 The probe measures communication alone; this measures it where it costs.
 
 :func:`time_overlap` runs, on every rank in lock-step, rounds of three
-measurements taking turns: backward alone, backward with an all-reduce of
-all gradients' bytes launched as it starts (``beside``), and that
-all-reduce alone. :meth:`OverlapTimes.ms_per_mb` turns the rounds into the
-cluster spec's ``overlap_ms_per_mb`` (:mod:`commsched.cluster`): the
-backward's growth (the median over rounds of each round's difference) over
-the MiB all-reduced while it ran (all of them where the all-reduce ends
-first, else the share of its time that the backward covered: the bytes
-taken to move evenly over the all-reduce).
+measurements taking turns: backward alone, backward with an all-reduce
+launched as it starts (``beside``), and that all-reduce alone.
+:meth:`OverlapTimes.ms_per_mb` turns the rounds into the cluster spec's
+``overlap_ms_per_mb`` (:mod:`commsched.cluster`): the backward's growth (the
+median over rounds of each round's difference) over the MiB all-reduced while
+it ran (all of them where the all-reduce ends first, else the share of its
+time that the backward covered: the bytes taken to move evenly over the
+all-reduce). The all-reduce's end is taken when it completes (a callback on
+its future), not when the backward is done, so that share is known.
+
+The all-reduce moves :data:`OVERLAP_VOLUME` times the gradients' bytes. On
+the testbed of ``commsched bench --plan`` (benchmarks/results/hetero-resnet5m,
+sessions 10-15, the quarter-core workers), one volume of gradients grew the
+backward by 100-300 ms while single rounds of the backward alone spread over
+300-800 ms: nine rounds' median difference then read 0.6 to 17 ms/MiB on
+workers that paid 15-25 in the runs. Four volumes give the growth four times
+the signal over the same noise, and still end within those workers' backward.
 """
 
 from __future__ import annotations
@@ -32,10 +41,12 @@ import torch.distributed as dist
 
 from commsched.models import model_loss
 
-__all__ = ["OVERLAP_REPEATS", "OverlapTimes", "time_overlap"]
+__all__ = ["OVERLAP_REPEATS", "OVERLAP_VOLUME", "OverlapTimes", "time_overlap"]
 
 #: Timed rounds (after one untimed round).
 OVERLAP_REPEATS = 9
+#: The all-reduce beside the backward moves this many times the gradients' bytes (the module docstring).
+OVERLAP_VOLUME = 4
 
 _MODES = ("alone", "beside", "allreduce")
 
@@ -43,7 +54,8 @@ _MODES = ("alone", "beside", "allreduce")
 @dataclass(frozen=True)
 class OverlapTimes:
     """One rank's timed rounds, in ms: backward alone, backward beside the all-reduce, the all-reduce beside
-    the backward (from its launch to its end) and alone, of ``nbytes``."""
+    the backward (from its launch to its completion, which may come before the backward's end) and alone,
+    of ``nbytes``."""
 
     nbytes: int
     backward_alone_ms: tuple[float, ...]
@@ -125,11 +137,13 @@ def time_overlap(
                 dist.barrier()
                 start = time.perf_counter()
                 work = dist.all_reduce(buf, async_op=True) if mode == "beside" else None
+                # the callback runs as the all-reduce completes; its value is when
+                ended = None if work is None else work.get_future().then(lambda _f: time.perf_counter())
                 loss.backward()
                 elapsed = {mode: time.perf_counter() - start}
-                if work is not None:
+                if work is not None and ended is not None:
                     work.wait()
-                    elapsed["allreduce_beside"] = time.perf_counter() - start
+                    elapsed["allreduce_beside"] = ended.wait() - start
                 model.zero_grad(set_to_none=True)
             if i:
                 for key, seconds in elapsed.items():
