@@ -32,7 +32,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from commsched.trace import COMM_KINDS, Trace
+from commsched.bench.task_overlap import beside_backward
+from commsched.cluster import load_cluster
+from commsched.trace import COMM_KINDS, Trace, TraceEvent
 
 
 def breakdown(trace: Trace, skip: int) -> dict[int, dict[str, float]]:
@@ -98,6 +100,28 @@ def compute_alone(report: dict, skip: int) -> list[ComputeAlone]:
     return out
 
 
+def overlap_paid(report: dict, trace: Trace, skip: int) -> dict[int, tuple[float, float, float]]:
+    """Per rank, in the traced repeat: (the plan's backward over the compute alone's, in ms; the tasks that
+    started inside it; the MiB they moved meanwhile), each the median over the steady iterations."""
+    first = min(e.iteration for e in trace.events)
+    alone: dict[int, float] = {}
+    for rank in report["runs"]:
+        for run in rank["runs"]:
+            if run["name"] == "plan_compute" and run["repeat"] == 0:  # the runtime traces repeat 0
+                alone[rank["rank"]] = statistics.median(run["phases_s"]["backward"][skip:]) * 1e3
+    by_worker: dict[int, list[TraceEvent]] = defaultdict(list)
+    for e in trace.events:
+        by_worker[e.worker].append(e)
+    out = {}
+    for worker, events in sorted(by_worker.items()):
+        iterations = sorted({e.iteration for e in events if e.iteration >= first + skip})
+        rows = [r for r in (beside_backward(events, worker, it) for it in iterations) if r is not None]
+        if rows and worker in alone:
+            ms, tasks, mib = (statistics.median(col) for col in zip(*rows, strict=True))
+            out[worker] = (ms - alone[worker], tasks, mib)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="the --out directory of `commsched bench --plan`")
@@ -124,6 +148,26 @@ def main() -> None:
                 f"slowest median {row.slowest_median_ms:.0f}, slowest per iteration {row.slowest_each_ms:.0f}, "
                 f"iteration {row.iteration_ms:.0f} ms"
             )
+        if args.config == "plan" and traced.exists():
+            _print_overlap_paid(args, report, traced)
+
+
+def _print_overlap_paid(args: argparse.Namespace, report: dict, traced: Path) -> None:
+    spec = args.out / "measured" / "cluster.yaml"
+    cluster = load_cluster(spec) if spec.exists() else None
+    per_mb = cluster.worker_overlap_ms_per_mb() if cluster is not None else ()
+    per_task = cluster.worker_overlap_ms_per_task() if cluster is not None else ()
+    print("overlap paid in the plan's run (its backward over the compute alone's, first repeat):")
+    for rank, (extra, tasks, mib) in overlap_paid(report, Trace.load(traced), args.skip).items():
+        mb = per_mb[rank] if rank < len(per_mb) else None
+        task = per_task[rank] if rank < len(per_task) else None
+        charged = (mb or 0.0) * mib + (task or 0.0) * tasks
+        calibrated = f"{task:.1f} ms per task" if task is not None else "— per task"
+        calibrated += f", {mb:.1f} ms/MiB" if mb is not None else ", — per MiB"
+        print(
+            f"  rank {rank}: backward {extra:+.0f} ms beside {tasks:.0f} task(s) moving {mib:.1f} MiB; "
+            f"calibrated {calibrated}: {charged:.0f} ms"
+        )
 
 
 def _print_traces(args: argparse.Namespace, report: dict, traced: Path) -> None:

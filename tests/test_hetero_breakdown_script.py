@@ -55,3 +55,26 @@ def test_a_saved_run_without_traces_still_gets_its_compute_alone() -> None:
     assert "no trace-plan.json" in out
     assert "plan's compute alone: measured 1549 ms, predicted 1300 ms (-16.1 %)" in out
     assert out.count("  repeat ") == 3, out
+
+
+def test_the_overlap_paid_is_the_traced_backward_over_the_compute_alone_of_the_traced_repeat(
+    script: ModuleType,
+) -> None:
+    from commsched.trace import Trace, TraceEvent
+
+    mib = 2**20
+    trace = Trace()
+    for it in (0, 1, 2):
+        t = 10.0 * it
+        trace.add(TraceEvent("layer1", "backward", 0, t + 1.0, t + 2.0, iteration=it))
+        trace.add(TraceEvent("layer0", "backward", 0, t + 2.0, t + 2.5, iteration=it))  # 1.5 s in all
+        trace.add(TraceEvent("b0", "all_reduce", 0, t + 1.5, t + 2.0, bytes=4 * mib, iteration=it))  # inside
+        trace.add(TraceEvent("b1", "all_reduce", 0, t + 2.0, t + 4.0, bytes=8 * mib, iteration=it))  # a quarter
+        trace.add(TraceEvent("b2", "all_reduce", 0, t + 2.5, t + 3.0, bytes=8 * mib, iteration=it))  # after it
+
+    def run(repeat: int, backward_s: float) -> dict:
+        return {"name": "plan_compute", "repeat": repeat, "phases_s": {"backward": [9.0, backward_s, backward_s]}}
+
+    report = {"runs": [{"rank": 0, "runs": [run(0, 1.2), run(1, 0.5)]}]}  # repeat 1 is not traced
+    (extra, tasks, moved) = script.overlap_paid(report, trace, skip=1)[0]
+    assert (extra, tasks, moved) == (pytest.approx(300.0), 2, pytest.approx(6.0))

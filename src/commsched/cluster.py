@@ -21,6 +21,9 @@ Conventions:
   communication's CPU work, the kernel's packet processing and whatever else
   the two contend for); where set, the simulator charges it instead of its
   ``cpu_ms_per_mb`` option (:class:`commsched.sim.SimOptions`).
+  ``overlap_ms_per_task`` is the same per communication task, whatever its
+  size (starting it, handing its completion back to the training process),
+  charged instead of ``cpu_per_task_ms``.
 * ``bandwidth_gbps`` is the line rate in Gbit/s (10 GbE -> 10). ``latency_us`` is
   the one-way latency of one message; ``per_message_overhead_us`` is the fixed
   software cost of sending one (a collective step, a PS push).
@@ -218,6 +221,10 @@ class Cluster(SpecModel):
     def worker_overlap_ms_per_mb(self) -> tuple[float | None, ...]:
         """Every rank's device ``overlap_ms_per_mb`` (``None`` where the spec leaves it to the simulator)."""
         return tuple(w.device.overlap_ms_per_mb for w in self.workers)
+
+    def worker_overlap_ms_per_task(self) -> tuple[float | None, ...]:
+        """Every rank's device ``overlap_ms_per_task`` (``None`` where the spec leaves it to the simulator)."""
+        return tuple(w.device.overlap_ms_per_task for w in self.workers)
 
     @property
     def bottleneck_nic_gbps(self) -> float:

@@ -58,6 +58,11 @@ class Device(SpecModel):
         description="ms of compute lost per MiB all-reduced while this device's host computes (measured); "
         "unset: the simulator's cpu_ms_per_mb",
     )
+    overlap_ms_per_task: NonNegativeFloat | None = Field(
+        None,
+        description="ms of compute lost per communication task started while this device's host computes, "
+        "beside its bytes (measured); unset: the simulator's cpu_per_task_ms",
+    )
     memory_gib: PositiveFloat
 
     @field_validator("model_batch_ms")
@@ -72,7 +77,8 @@ class Device(SpecModel):
         # pydantic's frozen hash would fail on the dict; hashable devices let callers group workers by device
         curves = tuple(sorted((m, tuple(sorted(c.items()))) for m, c in self.model_batch_ms.items()))
         speeds = tuple(sorted(self.model_speed.items()))
-        return hash((self.name, self.speed, speeds, curves, self.overlap_ms_per_mb, self.memory_gib))
+        overlaps = (self.overlap_ms_per_mb, self.overlap_ms_per_task)
+        return hash((self.name, self.speed, speeds, curves, overlaps, self.memory_gib))
 
     def batch_curve_for(self, model: str | None = None) -> BatchCurve:
         """``model_batch_ms[model]`` as ``(batch, ms)`` pairs sorted by batch; ``()`` where it has none."""

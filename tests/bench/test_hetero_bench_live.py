@@ -15,7 +15,8 @@ import pytest
 
 from commsched.bench.batch_curve import batches_around_shares
 from commsched.bench.hetero import HeteroBenchConfig, run_hetero_bench
-from commsched.bench.overlap import OVERLAP_REPEATS, OverlapTimes
+from commsched.bench.overlap import OVERLAP_REPEATS, OVERLAP_VOLUME, OverlapTimes
+from commsched.bench.task_overlap import TaskOverlap
 from commsched.cluster import load_cluster
 from commsched.schedule import CommPlan
 from commsched.testbed import CpuShare, LinkShape, cgroup_objects, cgroups_unavailable_reason, netns_unavailable_reason
@@ -60,10 +61,17 @@ def test_bench_plan_auto_measures_the_testbed_plans_on_it_and_runs_plan_and_base
     # each rank timed its backward alone and beside an all-reduce of every gradient; the spec took the cost
     overlaps = [OverlapTimes.from_dict(r["overlap"], f"rank {r['rank']}") for r in ranks]
     numel = report["meta"]["model_parameters"]
-    assert all(len(t.backward_beside_ms) == OVERLAP_REPEATS and t.nbytes == 4 * numel for t in overlaps)
+    volume = OVERLAP_VOLUME * 4 * numel
+    assert all(len(t.backward_beside_ms) == OVERLAP_REPEATS and t.nbytes == volume for t in overlaps)
     spec = load_cluster(measured["files"]["cluster"])
     assert measured["overlap_ms_per_mb"] == list(spec.worker_overlap_ms_per_mb())
     assert all(c is not None and c >= 0 for c in measured["overlap_ms_per_mb"]), measured["overlap_ms_per_mb"]
+    # and beside the runtime's own tasks, round by round; the spec took the cost per task where tasks ran inside
+    tasks = [TaskOverlap.from_dict(r["task_overlap"], f"rank {r['rank']}") for r in ranks]
+    assert all(len(t.beside_ms) == OVERLAP_REPEATS for t in tasks)
+    assert measured["overlap_ms_per_task"] == list(spec.worker_overlap_ms_per_task())
+    per_mb = measured["overlap_ms_per_mb"]
+    assert measured["overlap_ms_per_task"] == [t.ms_per_task(m) for t, m in zip(tasks, per_mb, strict=True)]
     sizes = report["batch_sizes"]
     assert sizes["even_ddp"] == [2, 2, 2] and sum(sizes["plan"]) == 6 and sum(sizes["proportional_dp"]) == 6
     assert CommPlan.load(tmp_path / "plan.json").batch_sizes == tuple(sizes["plan"])

@@ -264,3 +264,22 @@ def crash(rank: int, world: int, port: int, out: str, policy: str) -> None:
         outcome = f"{type(exc).__name__}: {exc}"
     Path(out, f"rank{rank}.json").write_text(json.dumps({"outcome": outcome, "seconds": time.monotonic() - start}))
     os._exit(0)
+
+
+def task_overlap(rank: int, world: int, port: int, out: str, rounds: int) -> None:
+    """``commsched.bench.task_overlap.time_task_overlap`` on every rank: its rounds, or the error."""
+    from dataclasses import asdict
+
+    from commsched.bench.task_overlap import time_task_overlap
+    from commsched.models import synthetic_batch
+
+    init(rank, world, port)
+    try:
+        seen: list[int] = []
+        times = time_task_overlap("cnn", 0, synthetic_batch("cnn", 8, 0, rank, 0), rounds, 60.0, seen.append)
+        result: dict[str, Any] = {"rounds": asdict(times), "progress": seen}
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))

@@ -90,10 +90,10 @@ def test_fit_cpu_recovers_a_line_and_is_none_without_cpu_times() -> None:
     assert fit_cpu([sample(n, False) for n in (2**14, 2**18)]) is None
 
 
-def _with_overlap(per_mb: list[float | None]) -> Cluster:
+def _with_overlap(per_mb: list[float | None], field: str = "overlap_ms_per_mb") -> Cluster:
     spec = LINK.to_dict()
     nodes = [
-        {**node, "device": {**node["device"], **({} if value is None else {"overlap_ms_per_mb": value})}}
+        {**node, "device": {**node["device"], **({} if value is None else {field: value})}}
         for node, value in zip(spec["nodes"], per_mb, strict=True)
     ]
     return Cluster.from_dict({**spec, "nodes": nodes})
@@ -112,21 +112,41 @@ def test_a_devices_measured_overlap_cost_replaces_cpu_ms_per_mb_in_what_compute_
     assert alone.iteration_ms - free == pytest.approx(10.0, abs=0.05)
 
 
-def test_ranks_with_different_overlap_costs_are_simulated_apart() -> None:
+def test_a_devices_measured_cost_per_task_replaces_cpu_per_task_ms_and_keeps_the_bytes_charge() -> None:
+    # as above, two 1 MiB tasks beside backward; rank 1 measured 5 ms per task: charged 5 + 2 ms per
+    # task (its bytes at cpu_ms_per_mb), so lock-step grows by 2 x 7 ms; with both costs measured, 5 + 3
+    # (past 8 ms per task the last all-reduce, not compute, ends the iteration)
+    options = SimOptions(cpu_per_task_ms=1.0, cpu_ms_per_mb=2.0)
+    free = _iteration_ms("wfbp")
+    per_task = _with_overlap([None, 5.0], "overlap_ms_per_task")
+    measured = simulate(WORKLOAD, per_task, "wfbp", 6, 2, options=options, trace=False)
+    assert measured.iteration_ms - free == pytest.approx(14.0, abs=0.05)
+    both = per_task.to_dict()
+    both["nodes"][1]["device"]["overlap_ms_per_mb"] = 3.0
+    measured = simulate(WORKLOAD, Cluster.from_dict(both), "wfbp", 6, 2, options=options, trace=False)
+    assert measured.iteration_ms - free == pytest.approx(16.0, abs=0.05)
+
+
+@pytest.mark.parametrize("field", ["overlap_ms_per_mb", "overlap_ms_per_task"])
+def test_ranks_with_different_overlap_costs_are_simulated_apart(field: str) -> None:
     from commsched.sim.compute import worker_classes
 
-    classes = worker_classes(_with_overlap([None, 5.0]))
-    assert [(c.ranks, c.overlap_ms_per_mb) for c in classes] == [((0,), None), ((1,), 5.0)]
-    assert len(worker_classes(_with_overlap([5.0, 5.0]))) == 1
+    classes = worker_classes(_with_overlap([None, 5.0], field))
+    assert [(c.ranks, getattr(c, field)) for c in classes] == [((0,), None), ((1,), 5.0)]
+    assert len(worker_classes(_with_overlap([5.0, 5.0], field))) == 1
 
 
+@pytest.mark.parametrize("field", ["overlap_ms_per_mb", "overlap_ms_per_task"])
 @pytest.mark.parametrize("value", [-1.0, float("nan"), True, "1"])
-def test_a_bad_overlap_cost_is_refused_naming_the_field(value: object) -> None:
-    with pytest.raises(SpecError, match="overlap_ms_per_mb"):
-        _with_overlap([value, None])  # type: ignore[list-item]
+def test_a_bad_overlap_cost_is_refused_naming_the_field(value: object, field: str) -> None:
+    with pytest.raises(SpecError, match=field):
+        _with_overlap([value, None], field)  # type: ignore[list-item]
 
 
-def test_the_overlap_cost_survives_a_round_trip_through_yaml(tmp_path: Path) -> None:
-    cluster = _with_overlap([None, 5.0])
-    cluster.save(tmp_path / "c.yaml")
-    assert load_cluster(str(tmp_path / "c.yaml")).worker_overlap_ms_per_mb() == (None, 5.0)
+def test_the_overlap_costs_survive_a_round_trip_through_yaml(tmp_path: Path) -> None:
+    both = _with_overlap([None, 5.0]).to_dict()
+    both["nodes"][0]["device"]["overlap_ms_per_task"] = 3.0
+    Cluster.from_dict(both).save(tmp_path / "c.yaml")
+    cluster = load_cluster(str(tmp_path / "c.yaml"))
+    assert cluster.worker_overlap_ms_per_mb() == (None, 5.0)
+    assert cluster.worker_overlap_ms_per_task() == (3.0, None)

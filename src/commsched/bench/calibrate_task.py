@@ -17,7 +17,9 @@ the same CPUs as in the session:
 4. with ``Job.overlap``, backward alone against backward beside an all-reduce
    of :data:`~commsched.bench.overlap.OVERLAP_VOLUME` times all gradients'
    bytes (:mod:`commsched.bench.overlap`), for the cluster spec's
-   ``overlap_ms_per_mb``;
+   ``overlap_ms_per_mb``; then the backward alone against the backward beside
+   the runtime's own tasks (:mod:`commsched.bench.task_overlap`), for its
+   ``overlap_ms_per_task``;
 5. ``optimizer.step()`` + ``zero_grad()``, timed the same way (``update_ms``).
 
 Every rank returns its own measurements (rank 0's also hold the probe), which
@@ -38,7 +40,8 @@ import torch.distributed as dist
 
 from commsched.bench.batch_curve import batches_around_shares, curve_points, time_batch_curve
 from commsched.bench.job import Job, Progress
-from commsched.bench.overlap import OVERLAP_VOLUME, time_overlap
+from commsched.bench.overlap import OVERLAP_REPEATS, OVERLAP_VOLUME, time_overlap
+from commsched.bench.task_overlap import time_task_overlap
 from commsched.models import build_model, model_loss, synthetic_batch
 
 __all__ = ["calibrate", "calibration_sizes"]
@@ -85,9 +88,12 @@ def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         batches = batches_around_shares(job.batch, [t.item() for t in times], job.curve_global_batch)[rank]
     curve = time_batch_curve(job.model, batches, job.seed, rank, model, lambda i: progress("batch curve", 0, i))
     x, y = synthetic_batch(job.model, job.batch, job.seed, rank, 0)
-    overlap = None
+    overlap = tasks = None
     if job.overlap:
         overlap = time_overlap(model, (x, y), OVERLAP_VOLUME * numel * 4, lambda i: progress("overlap", 0, i))
+        tasks = time_task_overlap(
+            job.model, job.seed, (x, y), OVERLAP_REPEATS, job.comm_timeout_s, lambda i: progress("task overlap", 0, i)
+        )
     step_s = []
     for i in range(job.warmup + job.iters):
         model_loss(model(x), y).backward()
@@ -107,4 +113,5 @@ def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         "batch_ms": {str(b): ms for b, ms in curve_points(curve, job.batch).items()},
         "batch_times_ms": {str(b): t for b, t in curve.items()},
         **({"overlap": asdict(overlap)} if overlap is not None else {}),
+        **({"task_overlap": asdict(tasks)} if tasks is not None else {}),
     }

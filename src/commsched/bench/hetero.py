@@ -279,7 +279,7 @@ def run_hetero_bench(
             "overlap": True,
         }
         steps = len(calibration_sizes(numel)) + 1 + 2 * (config.warmup + config.iters)
-        steps += 2 + CURVE_REPEATS + OVERLAP_REPEATS
+        steps += 2 + CURVE_REPEATS + OVERLAP_REPEATS + 2 + OVERLAP_REPEATS  # the last: bench.task_overlap
         ranks = _launch(bed, "commsched.bench.worker", calibrate, out_dir / "calibrate", 0, steps, poll)
         spec = measured_spec(ranks, links, memory_gib=config.memory_gib / n, name="testbed (measured)")
         measured_dir = out_dir / "measured"
@@ -293,6 +293,7 @@ def run_hetero_bench(
             "speeds": list(spec.speeds),
             "batch_ms": [dict(c) for c in spec.cluster.worker_batch_curves(spec.workload.model)],
             "overlap_ms_per_mb": list(spec.cluster.worker_overlap_ms_per_mb()),
+            "overlap_ms_per_task": list(spec.cluster.worker_overlap_ms_per_task()),
             "update_ms": spec.update_ms,
             "alpha_us": spec.alpha_s * 1e6,
             "allreduce_mbit_s": spec.allreduce_mbit_s,

@@ -80,10 +80,12 @@ def targets(report: dict[str, Any]) -> list[tuple[str, bool]]:
 def spec_rows(report: dict[str, Any]) -> list[list[str]]:
     """Per worker: its CPU share and link as set, and as measured (what the planner saw).
 
-    The last cell, the overlap cost in ms per MiB, is "—" in reports from before it was measured.
+    The last cells, the overlap costs in ms per MiB and per task, are "—" in reports from before they were
+    measured.
     """
     cfg, measured = report["meta"]["config"], report["measured"]
     overlaps = measured.get("overlap_ms_per_mb") or [None] * len(cfg["cpu"])
+    per_task = measured.get("overlap_ms_per_task") or [None] * len(cfg["cpu"])
     out = []
     for r, (cpu, link, rate) in enumerate(zip(cfg["cpu"], cfg["links"], measured["links"], strict=True)):
         cores = "any" if cpu["cpus"] is None else ",".join(map(str, cpu["cpus"]))
@@ -98,6 +100,7 @@ def spec_rows(report: dict[str, Any]) -> list[list[str]]:
                 f"{measured['rank_compute_ms'][r]:.1f}",
                 f"{measured['speeds'][r]:.3f}",
                 "—" if overlaps[r] is None else f"{overlaps[r]:.1f}",
+                "—" if per_task[r] is None else f"{per_task[r]:.1f}",
             ]
         )
     return out
@@ -111,7 +114,16 @@ def tables(report: dict[str, Any]) -> list[Table]:
         f"Mbit/s, α {m['alpha_us']:.0f} µs; update {m['update_ms']:.1f} ms)",
         title_justify="left",
     )
-    for col in ("worker", "CPU (set)", "link (set)", "link (measured)", "fwd+bwd ms", "speed", "overlap ms/MiB"):
+    for col in (
+        "worker",
+        "CPU (set)",
+        "link (set)",
+        "link (measured)",
+        "fwd+bwd ms",
+        "speed",
+        "overlap ms/MiB",
+        "ms/task",
+    ):
         spec.add_column(col, justify="left" if col in ("worker", "CPU (set)") else "right")
     for cells in spec_rows(report):
         spec.add_row(*cells)

@@ -38,7 +38,9 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
   times see only the process's own work at full speed; on the testbed the
   backward beside an all-reduce loses several times that (the kernel's
   packet processing is charged to no process), and most where the quota is
-  tightest.
+  tightest; and where it also timed the runtime's tasks (``task_overlap``),
+  its ``overlap_ms_per_task``: the backward's growth beside them less their
+  bytes at that cost per MiB, per task (:mod:`commsched.bench.task_overlap`).
 
 ``memory_gib`` fills the devices' memory (the testbed's workers share the
 machine's memory; a per-worker cap is not part of this spec).
@@ -52,6 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from commsched.bench.overlap import OverlapTimes
+from commsched.bench.task_overlap import TaskOverlap
 from commsched.cluster import Cluster
 from commsched.errors import SpecError
 from commsched.plan.gloo import gloo_options
@@ -165,12 +168,15 @@ def measured_spec(
     cpu = fit_cpu(samples, "all_reduce")
     speeds = [compute_ms[0] / ms for ms in compute_ms]
     overlaps = [_overlap_ms_per_mb(rank, name, cpu, speed) for rank, speed in zip(ranks, speeds, strict=True)]
+    per_task = [_overlap_ms_per_task(rank, name, per_mb) for rank, per_mb in zip(ranks, overlaps, strict=True)]
     for r, (speed, overlap, link) in enumerate(zip(speeds, overlaps, links, strict=True)):
         device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": speed, "memory_gib": memory_gib}
         if len(curves[r]) >= 2:
             device["model_batch_ms"] = {ref.model: curves[r]}
         if overlap is not None:
             device["overlap_ms_per_mb"] = overlap
+        if per_task[r] is not None:
+            device["overlap_ms_per_task"] = per_task[r]
         nic = {"bandwidth_gbps": link.throughput_mbit_s / 1e3, "latency_us": fit.alpha_s * 1e6}
         nodes.append({"name": f"w{r}", "count": 1, "device": device, "nic": nic})
     description = (
@@ -199,6 +205,17 @@ def _overlap_ms_per_mb(rank: Mapping[str, Any], name: str, cpu: CpuFit | None, s
     except ValueError as exc:
         raise SpecError(name, [str(exc)]) from exc
     return times.ms_per_mb(cpu.per_op_ms / speed if cpu is not None else 0.0)
+
+
+def _overlap_ms_per_task(rank: Mapping[str, Any], name: str, per_mb: float | None) -> float | None:
+    """The rank's measured cost per runtime task beside its backward, its bytes' share at ``per_mb`` taken off."""
+    if "task_overlap" not in rank or per_mb is None:
+        return None
+    try:
+        times = TaskOverlap.from_dict(rank["task_overlap"], f"{name}: rank {rank.get('rank', '?')}")
+    except ValueError as exc:
+        raise SpecError(name, [str(exc)]) from exc
+    return times.ms_per_task(per_mb)
 
 
 def runnable_policies() -> list[str]:

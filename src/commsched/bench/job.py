@@ -37,7 +37,8 @@ class Job:
     trace_repeat: int = 0
     fail: dict[str, Any] | None = None  # {"rank", "policy", "step"}: that rank dies there (tests)
     curve_global_batch: int = 0  # calibrate: > 0 times each rank's batch curve around its share of it
-    overlap: bool = False  # calibrate: time backward alone and beside an all-reduce (bench.overlap)
+    overlap: bool = False  # calibrate: time backward alone and beside an all-reduce (bench.overlap) and beside
+    # the runtime's tasks (bench.task_overlap)
 
     @property
     def steps(self) -> int:

@@ -39,7 +39,7 @@ from commsched.workload import Workload
 
 @dataclass(frozen=True)
 class WorkerClass:
-    """Ranks that share one simulated timeline (same compute speed, batch size, batch curve and overlap cost)."""
+    """Ranks that share one simulated timeline (same compute speed, batch size, batch curve and overlap costs)."""
 
     index: int
     speed: float
@@ -47,6 +47,7 @@ class WorkerClass:
     batch_size: int
     curve: BatchCurve = ()
     overlap_ms_per_mb: float | None = None  # the device's measured cost of communicating beside compute
+    overlap_ms_per_task: float | None = None  # the same per task started beside compute
 
     @property
     def rank(self) -> int:
@@ -57,7 +58,7 @@ class WorkerClass:
 def worker_classes(
     cluster: Cluster, model: str | None = None, batch_sizes: Sequence[int] | None = None, default_batch: int = 1
 ) -> tuple[WorkerClass, ...]:
-    """Group ranks by (compute speed, batch size, batch curve, overlap cost); rank 0's class (the leader) first.
+    """Group ranks by (compute speed, batch size, batch curve, overlap costs); rank 0's class (the leader) first.
 
     ``batch_sizes``: one per rank; ``None`` gives every rank ``default_batch``
     (the workload's batch size). Raises ScheduleError when the count does not
@@ -66,13 +67,13 @@ def worker_classes(
     speeds = cluster.worker_speeds(model)
     batches = check_batch_sizes(batch_sizes, len(speeds)) if batch_sizes is not None else (default_batch,) * len(speeds)
     curves = cluster.worker_batch_curves(model)
-    overlaps = cluster.worker_overlap_ms_per_mb()
-    by_key: dict[tuple[float, int, BatchCurve, float | None], list[int]] = {}
-    for rank, key in enumerate(zip(speeds, batches, curves, overlaps, strict=True)):
+    per_mb, per_task = cluster.worker_overlap_ms_per_mb(), cluster.worker_overlap_ms_per_task()
+    by_key: dict[tuple[float, int, BatchCurve, float | None, float | None], list[int]] = {}
+    for rank, key in enumerate(zip(speeds, batches, curves, per_mb, per_task, strict=True)):
         by_key.setdefault(key, []).append(rank)
     return tuple(
-        WorkerClass(i, speed, tuple(ranks), batch, curve, overlap)
-        for i, ((speed, batch, curve, overlap), ranks) in enumerate(by_key.items())
+        WorkerClass(i, speed, tuple(ranks), batch, curve, mb, task)
+        for i, ((speed, batch, curve, mb, task), ranks) in enumerate(by_key.items())
     )
 
 

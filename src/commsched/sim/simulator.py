@@ -116,8 +116,10 @@ class SimOptions:
     off by default: a slower GPU does not make its host's CPU slower.
     A device whose spec measures its ``overlap_ms_per_mb`` (compute's
     slowdown per MiB all-reduced beside it) is charged that per MiB instead
-    of ``cpu_ms_per_mb`` when a task starts while it computes; the floor
-    keeps ``cpu_ms_per_mb`` (it is the collective's own work).
+    of ``cpu_ms_per_mb`` when a task starts while it computes, and one
+    whose spec measures ``overlap_ms_per_task`` that per task instead of
+    ``cpu_per_task_ms``; the floor keeps the options' CPU work (it is the
+    collective's own).
     """
 
     algorithm: str = "ring"
@@ -348,7 +350,9 @@ class Simulation:
         o = self.options
         self.cpu_of_task = [(o.cpu_per_task_ms + o.cpu_ms_per_mb * task.bytes / 2**20) / 1e3 for task in tasks]
         self.charges_cpu = o.cpu_per_task_ms > 0 or o.cpu_ms_per_mb > 0
-        self.charges_overlap = any(wc.overlap_ms_per_mb is not None for wc in self.classes)
+        self.charges_overlap = any(
+            wc.overlap_ms_per_mb is not None or wc.overlap_ms_per_task is not None for wc in self.classes
+        )
 
         self.forward_s: list[tuple[float, ...]] = []
         self.update_s: list[tuple[float, ...]] = []
@@ -466,11 +470,14 @@ class Simulation:
             tl.debt_s += sum(self._debt_s(tl, s.task) for s in starts)
 
     def _debt_s(self, tl: _Timeline, task: int) -> float:
-        """What starting ``task`` takes from ``tl``'s compute: its CPU work, or the device's measured overlap cost."""
-        per_mb = tl.wc.overlap_ms_per_mb
-        if per_mb is None:
-            return self._cpu_s(tl, self.cpu_of_task[task])
-        return self._cpu_s(tl, self.options.cpu_per_task_ms / 1e3) + per_mb * self.plan.tasks[task].bytes / 2**20 / 1e3
+        """What starting ``task`` takes from ``tl``'s compute: its CPU work, or the device's measured overlap costs
+        (per task and per MiB, each where measured)."""
+        per_mb, per_task = tl.wc.overlap_ms_per_mb, tl.wc.overlap_ms_per_task
+        o = self.options
+        fixed_s = self._cpu_s(tl, o.cpu_per_task_ms / 1e3) if per_task is None else per_task / 1e3
+        mib = self.plan.tasks[task].bytes / 2**20
+        bytes_s = self._cpu_s(tl, o.cpu_ms_per_mb * mib / 1e3) if per_mb is None else per_mb * mib / 1e3
+        return fixed_s + bytes_s
 
     def _cpu_s(self, tl: _Timeline, work_s: float) -> float:
         """How long ``work_s`` of communication's CPU work takes on ``tl``'s worker (``cpu_scales_with_speed``)."""

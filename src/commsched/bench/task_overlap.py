@@ -1,0 +1,182 @@
+"""What each communication task of the runtime costs a worker's backward, beside the bytes it moves.
+
+:mod:`commsched.bench.overlap` times one gloo all-reduce, launched before
+the backward, and gives the cost per MiB. The runtime launches its tasks
+from its own thread as gradients become ready, while the backward runs, and
+each hands its start and its completion between that thread and the
+training thread (on a CPU worker: between threads of one Python process, on
+a core the backward also uses). On ``commsched bench --plan``'s testbed
+that costs the quarter-core workers per task what no per-MiB figure covers:
+sessions 10-15 (benchmarks/results/hetero-resnet5m) paid 7-15 ms per MiB
+for one or two large buckets beside the backward and 15-22 for six small
+ones, where one all-reduce of four volumes of gradients measured 6.
+
+:func:`time_task_overlap` runs the runtime itself (``policy="ddp"`` with
+:data:`TASK_OVERLAP_BUCKET_MB` buckets, so that many tasks start during the
+backward) on every rank in lock-step, rounds of two measurements taking
+turns: the backward under ``no_sync()`` (no communication; the time from the
+forward's end to the backward's) and the backward with its tasks beside it
+(the same interval, from the runtime's trace, which also says how many tasks
+started inside it and how many MiB they moved meanwhile).
+:meth:`TaskOverlap.ms_per_task` then takes the bytes' share off the growth
+at a given cost per MiB and divides the rest by the tasks: the cluster
+spec's ``overlap_ms_per_task``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from commsched.models import build_model, model_loss
+from commsched.runtime import parallelize
+from commsched.runtime.api import ParallelModule
+from commsched.trace import COMM_KINDS, TraceEvent
+
+__all__ = ["TASK_OVERLAP_BUCKET_MB", "TaskOverlap", "beside_backward", "time_task_overlap"]
+
+#: The runtime's bucket cap while timing (resnet5m's 19.6 MB of gradients: about 20 tasks).
+TASK_OVERLAP_BUCKET_MB = 1.0
+
+
+@dataclass(frozen=True)
+class TaskOverlap:
+    """One rank's rounds: backward alone and beside the runtime's tasks (ms), and per beside-round the tasks
+    that started inside the backward and the MiB they moved while it ran."""
+
+    alone_ms: tuple[float, ...]
+    beside_ms: tuple[float, ...]
+    tasks: tuple[int, ...]
+    mib: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        for name in ("alone_ms", "beside_ms", "tasks", "mib"):
+            values = getattr(self, name)
+            if not values or min(values) < 0:
+                raise ValueError(f"task_overlap.{name}: needs timed rounds of values >= 0, got {values!r}")
+            if len(values) != len(self.alone_ms):
+                raise ValueError(
+                    f"task_overlap.{name}: one value per round, {len(self.alone_ms)} as alone_ms, got {len(values)}"
+                )
+
+    @property
+    def extra_ms(self) -> float:
+        """The backward's growth: the median over rounds of each round's difference (drift cancels)."""
+        return statistics.median(b - a for b, a in zip(self.beside_ms, self.alone_ms, strict=True))
+
+    def ms_per_task(self, ms_per_mb: float) -> float | None:
+        """The growth less ``ms_per_mb`` per MiB moved beside the backward, per task started in it; >= 0;
+        ``None`` where no task started inside the backward (nothing to divide by)."""
+        tasks = statistics.median(self.tasks)
+        if tasks <= 0:
+            return None
+        return max(0.0, self.extra_ms - ms_per_mb * statistics.median(self.mib)) / tasks
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str) -> TaskOverlap:
+        """Read what :func:`dataclasses.asdict` wrote; a ValueError naming ``source`` where it does not fit."""
+        try:
+            return cls(
+                tuple(float(t) for t in data["alone_ms"]),
+                tuple(float(t) for t in data["beside_ms"]),
+                tuple(int(n) for n in data["tasks"]),
+                tuple(float(m) for m in data["mib"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: task_overlap: {exc}") from exc
+
+
+def beside_backward(events: Iterable[TraceEvent], worker: int, iteration: int) -> tuple[float, int, float] | None:
+    """From a runtime trace: ``worker``'s backward in ``iteration`` as (ms from its start to its end, tasks
+    started inside it, MiB they moved while it ran: each task's bytes times the share of its time inside);
+    ``None`` where the trace has no backward there."""
+    mine = [e for e in events if e.worker == worker and e.iteration == iteration]
+    backward = [e for e in mine if e.kind == "backward"]
+    if not backward:
+        return None
+    lo, hi = min(e.start_s for e in backward), max(e.end_s for e in backward)
+    tasks, mib = 0, 0.0
+    for e in mine:
+        if e.kind not in COMM_KINDS:
+            continue
+        tasks += lo <= e.start_s < hi
+        inside = max(0.0, min(hi, e.end_s) - max(lo, e.start_s))
+        share = inside / e.duration_s if e.duration_s > 0 else float(lo <= e.start_s <= hi)
+        mib += e.bytes * share / 2**20
+    return (hi - lo) * 1e3, tasks, mib
+
+
+def time_task_overlap(
+    model_name: str,
+    seed: int,
+    inputs: tuple[torch.Tensor, torch.Tensor],
+    rounds: int,
+    timeout_s: float,
+    progress: Callable[[int], None] = lambda _round: None,
+) -> TaskOverlap:
+    """The rounds of the module docstring on this rank (every rank of the process group calls it together),
+    on a fresh replica of ``model_name`` (the runtime's hooks stay on the model it wraps).
+
+    The two measurements take turns, their order swapped every round; every
+    forward starts after a barrier. The runtime's warm-up iteration and one
+    round more go untimed.
+    """
+    rank = dist.get_rank()
+    model = build_model(model_name, seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    wrapped, optimizer = parallelize(
+        model,
+        opt,
+        policy="ddp",
+        bucket_cap_mb=TASK_OVERLAP_BUCKET_MB,
+        first_bucket_mb=TASK_OVERLAP_BUCKET_MB,
+        warmup_iters=1,
+        timeout_s=timeout_s,
+        trace=True,
+    )
+    assert isinstance(wrapped, ParallelModule) and wrapped.trace is not None  # parallelize(trace=True)
+    trace = wrapped.trace
+    x, y = inputs
+    alone: list[float] = []
+    beside: list[tuple[float, int, float]] = []
+    try:
+        for i in range(2 + rounds):
+            for synced in (True, False) if i % 2 else (False, True):
+                if i == 0 and not synced:
+                    continue  # the warm-up iteration is synchronised
+                dist.barrier()
+                if synced:
+                    seen = len(trace.events)
+                    loss = model_loss(wrapped(x), y)
+                    loss.backward()
+                    optimizer.step()
+                    wrapped.flush()
+                    new = trace.events[seen:]
+                    iteration = max(e.iteration for e in new if e.kind == "backward")
+                    measured = beside_backward(new, rank, iteration)
+                    if measured is not None and i >= 2:
+                        beside.append(measured)
+                else:
+                    with wrapped.no_sync():
+                        out = wrapped(x)
+                        start = time.perf_counter()
+                        model_loss(out, y).backward()
+                        elapsed = time.perf_counter() - start
+                    if i >= 2:
+                        alone.append(elapsed * 1e3)
+                optimizer.zero_grad(set_to_none=True)
+            progress(i)
+    finally:
+        wrapped.close()
+    return TaskOverlap(
+        alone_ms=tuple(alone),
+        beside_ms=tuple(b[0] for b in beside),
+        tasks=tuple(b[1] for b in beside),
+        mib=tuple(b[2] for b in beside),
+    )
