@@ -161,12 +161,12 @@ def _print_overlap_paid(args: argparse.Namespace, report: dict, traced: Path) ->
     for rank, (extra, tasks, mib) in overlap_paid(report, Trace.load(traced), args.skip).items():
         mb = per_mb[rank] if rank < len(per_mb) else None
         task = per_task[rank] if rank < len(per_task) else None
+        parts = [f"{mb:.1f} ms/MiB x {mib:.1f}" if mb is not None else "per MiB: the simulator's cpu_ms_per_mb"]
+        parts.append(f"{task:.1f} ms x {tasks:.0f} task(s)" if task is not None else "per task: its cpu_per_task_ms")
         charged = (mb or 0.0) * mib + (task or 0.0) * tasks
-        calibrated = f"{task:.1f} ms per task" if task is not None else "— per task"
-        calibrated += f", {mb:.1f} ms/MiB" if mb is not None else ", — per MiB"
         print(
             f"  rank {rank}: backward {extra:+.0f} ms beside {tasks:.0f} task(s) moving {mib:.1f} MiB; "
-            f"calibrated {calibrated}: {charged:.0f} ms"
+            f"calibrated {' + '.join(parts)} = {charged:.0f} ms"
         )
 
 

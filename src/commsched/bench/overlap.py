@@ -22,10 +22,12 @@ its future), not when the backward is done, so that share is known.
 The all-reduce moves :data:`OVERLAP_VOLUME` times the gradients' bytes. On
 the testbed of ``commsched bench --plan`` (benchmarks/results/hetero-resnet5m,
 sessions 10-15, the quarter-core workers), one volume of gradients grew the
-backward by 100-300 ms while single rounds of the backward alone spread over
-300-800 ms: nine rounds' median difference then read 0.6 to 17 ms/MiB on
-workers that paid 15-25 in the runs. Four volumes give the growth four times
-the signal over the same noise, and still end within those workers' backward.
+backward by 24-351 ms (the median of the rounds' differences) while single
+rounds of the backward alone spread over up to 720 ms: 0.6 to 17 ms/MiB,
+where their backward grew by 7-15 ms per MiB beside the runtime's large
+bucket in the runs (``breakdown.txt``). Four volumes give the growth four
+times the signal over the same noise, and still end within those workers'
+backward.
 """
 
 from __future__ import annotations

@@ -7,9 +7,10 @@ each hands its start and its completion between that thread and the
 training thread (on a CPU worker: between threads of one Python process, on
 a core the backward also uses). On ``commsched bench --plan``'s testbed
 that costs the quarter-core workers per task what no per-MiB figure covers:
-sessions 10-15 (benchmarks/results/hetero-resnet5m) paid 7-15 ms per MiB
-for one or two large buckets beside the backward and 15-22 for six small
-ones, where one all-reduce of four volumes of gradients measured 6.
+in sessions 11-16 (benchmarks/results/hetero-resnet5m, ``breakdown.txt``)
+their backward grew by 7-15 ms per MiB beside one large bucket and by 21-23
+beside five smaller ones, where an all-reduce of four volumes of gradients,
+launched before the backward, cost them 6-9 (sessions 16 and 17).
 
 :func:`time_task_overlap` runs the runtime itself (``policy="ddp"`` with
 :data:`TASK_OVERLAP_BUCKET_MB` buckets, so that many tasks start during the
@@ -41,7 +42,8 @@ from commsched.trace import COMM_KINDS, TraceEvent
 
 __all__ = ["TASK_OVERLAP_BUCKET_MB", "TaskOverlap", "beside_backward", "time_task_overlap"]
 
-#: The runtime's bucket cap while timing (resnet5m's 19.6 MB of gradients: about 20 tasks).
+#: The runtime's bucket cap while timing (resnet5m, whose largest tensors are 9, 4.5 and 2.25 MiB: 8 buckets,
+#: 6 of them started while the backward runs).
 TASK_OVERLAP_BUCKET_MB = 1.0
 
 

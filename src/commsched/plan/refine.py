@@ -2,11 +2,12 @@
 
 The candidate splits of :mod:`commsched.plan.batches` balance compute alone.
 Communication does not cost every rank alike: on a CPU a task that runs
-beside compute slows it (the cluster spec's ``overlap_ms_per_mb``), a slow
-link stretches the ranks behind it, and the knobs that overlap most pay
-off only where the split leaves the ranks they slow some room. A split
-that balances compute and communication together is found here, by a
-local search over the split for a fixed policy, knobs and sync:
+beside compute slows it (the cluster spec's ``overlap_ms_per_mb`` and
+``overlap_ms_per_task``), a slow link stretches the ranks behind it, and
+the knobs that overlap most pay off only where the split leaves the ranks
+they slow some room. A split that balances compute and communication
+together is found here, by a local search over the split for a fixed
+policy, knobs and sync:
 
 * a **move** takes ``step`` units (samples, or micro-batches) from ranks of
   one kind (same device and links) and gives them to ranks of another,
