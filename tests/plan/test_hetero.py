@@ -48,6 +48,14 @@ def test_proportional_split_uses_largest_remainders_and_keeps_the_sum() -> None:
     assert proportional_split(512, [1.0, 1.0, 0.72, 0.72, 0.72, 0.72, 0.592, 0.592]) == (
         84, 84, 61, 61, 61, 61, 50, 50,
     )  # fmt: skip
+    # every share of the whole batch, not one sample each first and the rest in proportion (32/8/8 here)
+    assert proportional_split(48, [1.0, 0.238, 0.226]) == (33, 8, 7)
+
+
+def test_proportional_split_gives_every_rank_one_sample_taken_from_the_largest_shares() -> None:
+    assert proportional_split(10, [100.0, 1.0, 1.0]) == (8, 1, 1)
+    assert proportional_split(3, [100.0, 1.0, 1.0]) == (1, 1, 1)
+    assert proportional_split(12, [50.0, 50.0, 1.0]) == (6, 5, 1)
     assert even_split(10, 4) == (3, 3, 2, 2)
 
 

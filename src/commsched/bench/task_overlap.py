@@ -121,13 +121,14 @@ def time_task_overlap(
     rounds: int,
     timeout_s: float,
     progress: Callable[[int], None] = lambda _round: None,
-) -> TaskOverlap:
+) -> TaskOverlap | None:
     """The rounds of the module docstring on this rank (every rank of the process group calls it together),
     on a fresh replica of ``model_name`` (the runtime's hooks stay on the model it wraps).
 
     The two measurements take turns, their order swapped every round; every
     forward starts after a barrier. The runtime's warm-up iteration and one
-    round more go untimed.
+    round more go untimed. ``None`` where the trace held no backward of this
+    rank in any round (nothing to compare).
     """
     rank = dist.get_rank()
     model = build_model(model_name, seed)
@@ -149,6 +150,7 @@ def time_task_overlap(
     beside: list[tuple[float, int, float]] = []
     try:
         for i in range(2 + rounds):
+            by_mode: dict[bool, Any] = {}
             for synced in (True, False) if i % 2 else (False, True):
                 if i == 0 and not synced:
                     continue  # the warm-up iteration is synchronised
@@ -160,22 +162,23 @@ def time_task_overlap(
                     optimizer.step()
                     wrapped.flush()
                     new = trace.events[seen:]
-                    iteration = max(e.iteration for e in new if e.kind == "backward")
-                    measured = beside_backward(new, rank, iteration)
-                    if measured is not None and i >= 2:
-                        beside.append(measured)
+                    iterations = [e.iteration for e in new if e.kind == "backward" and e.worker == rank]
+                    by_mode[True] = beside_backward(new, rank, max(iterations)) if iterations else None
                 else:
                     with wrapped.no_sync():
                         out = wrapped(x)
                         start = time.perf_counter()
                         model_loss(out, y).backward()
-                        elapsed = time.perf_counter() - start
-                    if i >= 2:
-                        alone.append(elapsed * 1e3)
+                        by_mode[False] = (time.perf_counter() - start) * 1e3
                 optimizer.zero_grad(set_to_none=True)
+            if i >= 2 and by_mode.get(True) is not None:  # a round counts with both of its measurements
+                alone.append(by_mode[False])
+                beside.append(by_mode[True])
             progress(i)
     finally:
         wrapped.close()
+    if not beside:
+        return None
     return TaskOverlap(
         alone_ms=tuple(alone),
         beside_ms=tuple(b[0] for b in beside),

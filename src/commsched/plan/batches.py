@@ -49,17 +49,24 @@ def even_split(global_batch: int, workers: int) -> tuple[int, ...]:
 
 
 def proportional_split(global_batch: int, weights: Sequence[float]) -> tuple[int, ...]:
-    """Shares ∝ ``weights``, largest-remainder rounding (Hamilton), each at least 1; sums to ``global_batch``."""
+    """Shares ∝ ``weights`` with largest-remainder rounding (Hamilton), each at least 1; sums to ``global_batch``.
+
+    A rank whose share rounds to 0 gets 1, taken from the ranks furthest above their exact shares.
+    """
     n = len(weights)
     if global_batch < n:
         raise InfeasibleError(f"plan: global batch {global_batch} is smaller than the {n} ranks")
-    spare = global_batch - n  # one sample each first
     total = sum(weights)
-    exact = [spare * w / total for w in weights]
-    out = [1 + math.floor(x) for x in exact]
+    exact = [global_batch * w / total for w in weights]
+    out = [max(1, math.floor(x)) for x in exact]
     left = global_batch - sum(out)
-    for r in sorted(range(n), key=lambda r: (-(exact[r] - math.floor(exact[r])), r))[:left]:
-        out[r] += 1
+    if left > 0:  # the largest remainders, among the ranks not raised to 1
+        rounded = [r for r in range(n) if out[r] == math.floor(exact[r])]
+        for r in sorted(rounded, key=lambda r: (-(exact[r] - math.floor(exact[r])), r))[:left]:
+            out[r] += 1
+    for _ in range(-left):
+        r = max((r for r in range(n) if out[r] > 1), key=lambda r: (out[r] - exact[r], -r))
+        out[r] -= 1
     return tuple(out)
 
 
@@ -137,7 +144,7 @@ def micro_units(
 def blend(a: Sequence[int], b: Sequence[int], weight: float, global_batch: int) -> tuple[int, ...]:
     """``(1 - weight)·a + weight·b``, rounded by largest remainder to sum to ``global_batch``."""
     return proportional_split(
-        global_batch, [max(1e-9, (1 - weight) * x + weight * y - 1) for x, y in zip(a, b, strict=True)]
+        global_batch, [max(1e-9, (1 - weight) * x + weight * y) for x, y in zip(a, b, strict=True)]
     )
 
 
