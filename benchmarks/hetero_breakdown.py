@@ -109,15 +109,19 @@ def overlap_paid(report: dict, trace: Trace, skip: int) -> dict[int, tuple[float
         for run in rank["runs"]:
             if run["name"] == "plan_compute" and run["repeat"] == 0:  # the runtime traces repeat 0
                 alone[rank["rank"]] = statistics.median(run["phases_s"]["backward"][skip:]) * 1e3
-    by_worker: dict[int, list[TraceEvent]] = defaultdict(list)
+    by_step: dict[tuple[int, int], list[TraceEvent]] = defaultdict(list)
     for e in trace.events:
-        by_worker[e.worker].append(e)
+        if e.iteration >= first + skip:
+            by_step[(e.worker, e.iteration)].append(e)
+    rows: dict[int, list[tuple[float, int, float]]] = defaultdict(list)
+    for (worker, iteration), events in sorted(by_step.items()):
+        row = beside_backward(events, worker, iteration)
+        if row is not None:
+            rows[worker].append(row)
     out = {}
-    for worker, events in sorted(by_worker.items()):
-        iterations = sorted({e.iteration for e in events if e.iteration >= first + skip})
-        rows = [r for r in (beside_backward(events, worker, it) for it in iterations) if r is not None]
-        if rows and worker in alone:
-            ms, tasks, mib = (statistics.median(col) for col in zip(*rows, strict=True))
+    for worker, per in rows.items():
+        if worker in alone:
+            ms, tasks, mib = (statistics.median(col) for col in zip(*per, strict=True))
             out[worker] = (ms - alone[worker], tasks, mib)
     return out
 

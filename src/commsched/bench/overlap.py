@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from commsched.models import model_loss
 
-__all__ = ["OVERLAP_REPEATS", "OVERLAP_VOLUME", "OverlapTimes", "time_overlap"]
+__all__ = ["OVERLAP_REPEATS", "OVERLAP_VOLUME", "OverlapTimes", "paired_growth", "time_overlap"]
 
 #: Timed rounds (after one untimed round).
 OVERLAP_REPEATS = 9
@@ -51,6 +51,12 @@ OVERLAP_REPEATS = 9
 OVERLAP_VOLUME = 4
 
 _MODES = ("alone", "beside", "allreduce")
+
+
+def paired_growth(beside_ms: Sequence[float], alone_ms: Sequence[float]) -> float:
+    """The median over rounds of each round's ``beside - alone``: the two are timed next to each other, so
+    the host's drift between rounds cancels (a difference of the two medians mixes it in)."""
+    return statistics.median(b - a for b, a in zip(beside_ms, alone_ms, strict=True))
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,7 @@ class OverlapTimes:
         """How much longer the backward took beside the all-reduce: the median over rounds of each round's
         difference (the two are timed next to each other, so the host's drift between rounds cancels;
         a difference of the two medians mixes it in); negative within noise."""
-        pairs = zip(self.backward_beside_ms, self.backward_alone_ms, strict=True)
-        return statistics.median(beside - alone for beside, alone in pairs)
+        return paired_growth(self.backward_beside_ms, self.backward_alone_ms)
 
     @property
     def overlapped(self) -> float:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commsched.bench.overlap import paired_growth
 from commsched.models import build_model, model_loss
 from commsched.runtime import parallelize
 from commsched.runtime.api import ParallelModule
@@ -70,7 +71,7 @@ class TaskOverlap:
     @property
     def extra_ms(self) -> float:
         """The backward's growth: the median over rounds of each round's difference (drift cancels)."""
-        return statistics.median(b - a for b, a in zip(self.beside_ms, self.alone_ms, strict=True))
+        return paired_growth(self.beside_ms, self.alone_ms)
 
     def ms_per_task(self, ms_per_mb: float) -> float | None:
         """The growth less ``ms_per_mb`` per MiB moved beside the backward, per task started in it; >= 0;
