@@ -83,6 +83,17 @@ def test_bench_plan_auto_measures_the_testbed_plans_on_it_and_runs_plan_and_base
         assert row["max_param_diff"] < 1e-4, (name, row)  # same global batches: the same training
     compute = summary["plan_compute"]  # the plan's compute alone, beside what the simulator gave the slowest rank
     assert compute["median_ms"] > 0 and 0 < compute["predicted_ms"] <= summary["plan"]["predicted_ms"], compute
+    # the repeat began with every rank's reference at the profile's batch: the speed factors and, beside each
+    # prediction, the same at the runs' speed
+    session = [json.loads((tmp_path / "session" / f"rank{r}.json").read_text()) for r in range(3)]
+    assert all(len(f["reference"]) == 1 and f["reference"][0]["batch"] == 2 for f in session), session[0]["reference"]
+    (factors,) = measured["speed_factors"]
+    assert factors == [
+        sorted(f["reference"][0]["ms"])[len(f["reference"][0]["ms"]) // 2] / ms
+        for f, ms in zip(session, measured["rank_compute_ms"], strict=True)
+    ]
+    for row in summary.values():
+        assert row["predicted_at_run_ms"] > 0 and "error_at_run_pct" in row, row
     assert report["traces"] == {
         "plan": "trace-plan.json",
         "proportional_dp": "trace-proportional_dp.json",

@@ -25,13 +25,17 @@ A run, all on that testbed:
    how much of a prediction's error is compute's. The runtime's first repeat
    of each configuration is traced (``trace-<config>.json``), the simulator's
    run of the plan beside it (``trace-plan-predicted.json``), both for
-   Perfetto or :func:`commsched.trace.compare_traces`.
+   Perfetto or :func:`commsched.trace.compare_traces`. Every repeat starts
+   with every rank timing forward + backward at the calibration's batch: the
+   host's compute speed then, for a second prediction of every configuration
+   at the runs' speed (:mod:`commsched.bench.drift`).
 
 Definitions (also in ``hetero.json``): a run's iteration time is the slowest
 rank's mean over the timed iterations (warm-up dropped); a configuration's
 is the median over repeats; a speed-up is the median over repeats of the
 baseline's time over the configuration's in the same repeat (paired);
-``error_pct = (predicted - measured) / measured × 100``.
+``error_pct = (predicted - measured) / measured × 100``; ``error_at_run_pct``
+the same for the prediction at the runs' speed.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from typing import Any
 from commsched.bench.baselines import DEFAULT_DDP
 from commsched.bench.batch_curve import CURVE_REPEATS
 from commsched.bench.calibrate_task import calibration_sizes
+from commsched.bench.drift import predictions_at_run_speed, speed_factors
 from commsched.bench.hetero_spec import MeasuredSpec, measured_spec, plan_command, runnable_policies
 from commsched.bench.hetero_worker import CONFIGS, REFERENCES
 from commsched.bench.overlap import OVERLAP_REPEATS
@@ -80,6 +85,10 @@ DEFINITIONS = {
     "predicted_ms": "the simulator on the measured spec (measured/cluster.yaml, measured/workload.json) with the "
     "runtime's gloo options, the measured optimizer step and communication CPU work",
     "error_pct": "(predicted - measured) / measured * 100",
+    "predicted_at_run_ms": "median over repeats of the same simulation with every rank's compute scaled by its "
+    "speed factor in that repeat: its forward + backward at the profile batch, timed before the repeat's "
+    "configurations, over the calibration's",
+    "error_at_run_pct": "(predicted_at_run - measured) / measured * 100",
     "plan_compute": "the plan's batches with no gradient communication, a barrier after every step; predicted: "
     "the simulator's compute time of the slowest rank in the plan's run",
     "max_param_diff": "max |param - param of even_ddp, same repeat| on rank 0 after the last step (BatchNorm "
@@ -147,12 +156,12 @@ def batch_sizes(spec: MeasuredSpec, plan: CommPlan, global_batch: int) -> dict[s
 
 
 def predictions(
-    spec: MeasuredSpec, plan: CommPlan, sizes: dict[str, list[int]]
+    spec: MeasuredSpec, plan: CommPlan, sizes: dict[str, list[int]], *, trace: bool = True
 ) -> tuple[dict[str, float], Trace | None]:
     """The simulator's iteration time of each configuration on the measured spec (the plan's compute alone
-    too), and its trace of the plan."""
+    too), and its trace of the plan (with ``trace``)."""
     _, ddp_knobs = DEFAULT_DDP.simulated_as
-    planned = spec.simulate_plan(plan, trace=True)
+    planned = spec.simulate_plan(plan, trace=trace)
     if planned.trace is not None:  # a timeline per worker class, named by its lowest rank
         planned.trace.meta["classes"] = [list(c.ranks) for c in planned.classes]
     predicted = {
@@ -164,8 +173,14 @@ def predictions(
     return predicted, planned.trace
 
 
-def summarise(rank_files: list[dict[str, Any]], warmup: int, predicted: dict[str, float]) -> dict[str, Any]:
-    """Per configuration: measured median/min/max, paired speed-ups, prediction error, parameter difference."""
+def summarise(
+    rank_files: list[dict[str, Any]],
+    warmup: int,
+    predicted: dict[str, float],
+    at_run_speed: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """Per configuration: measured median/min/max, paired speed-ups, prediction errors (at the calibration's
+    speed and, where given, at the runs'), parameter difference."""
     by_repeat: dict[str, dict[int, float]] = {}
     diffs: dict[str, list[float]] = {}
     for i, run0 in enumerate(rank_files[0]["runs"]):
@@ -195,6 +210,9 @@ def summarise(rank_files: list[dict[str, Any]], warmup: int, predicted: dict[str
         if name in predicted:
             row["predicted_ms"] = predicted[name]
             row["error_pct"] = (predicted[name] - median) / median * 100
+        if at_run_speed and name in at_run_speed:
+            row["predicted_at_run_ms"] = at_run_speed[name]
+            row["error_at_run_pct"] = (at_run_speed[name] - median) / median * 100
         if name in diffs and name not in REFERENCES:
             row["max_param_diff"] = max(diffs[name])
         out[name] = row
@@ -335,8 +353,9 @@ def run_hetero_bench(
             "plan_path": str(plan_path),
             "repeats": config.repeats,
             "configs": list(runs),
+            "reference_batch": profile_batch,
         }
-        steps = config.repeats * len(runs) * (config.warmup + config.iters)
+        steps = config.repeats * (len(runs) * (config.warmup + config.iters) + 1 + CURVE_REPEATS)
         say(f"bench --plan: running {', '.join(runs)} x {config.repeats} repeats")
         files = _launch(bed, "commsched.bench.hetero_worker", job, out_dir / "session", 1, steps, poll)
     traces = merge_traces(out_dir / "session", out_dir, "", n, {"model": config.model, "batch_sizes": sizes})
@@ -347,7 +366,10 @@ def run_hetero_bench(
     report["traces"] = traces
     report["global_batch"] = global_batch
     report["batch_sizes"] = sizes
-    report["summary"] = summarise(files, config.warmup, predicted)
+    factors = speed_factors([f.get("reference", []) for f in files], spec.rank_compute_ms)
+    report["measured"]["speed_factors"] = factors
+    at_run = predictions_at_run_speed(spec, plan, sizes, factors, lambda s, p, z: predictions(s, p, z, trace=False)[0])
+    report["summary"] = summarise(files, config.warmup, predicted, at_run)
     report["runs"] = files
     report["meta"]["wall_s"] = time.time() - started
     (out_dir / "hetero.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from commsched.bench.overlap import OverlapTimes
@@ -114,6 +114,23 @@ class MeasuredSpec:
         """The simulator's run of a plan file's plan on this cluster, at its own per-rank batches."""
         options = self.options(plan.policy, plan.knobs.to_dict())
         return simulate_plan(plan, self.cluster, options=options, trace=trace, batch_sizes=plan.batch_sizes)
+
+    def rescaled(self, factors: Sequence[float]) -> MeasuredSpec:
+        """This spec with rank r's compute taking ``factors[r]`` times as long (its device's speed divided by the
+        factor, its batch curve multiplied; the workload, links and overlap costs as they are)."""
+        if len(factors) != self.cluster.num_workers or any(not f > 0 for f in factors):
+            raise ValueError(f"factors: one > 0 per rank ({self.cluster.num_workers}), got {list(factors)}")
+        data = self.cluster.to_dict()
+        for r, (node, f) in enumerate(zip(data["nodes"], factors, strict=True)):
+            device = node.get("device")
+            if device is None or node.get("count", 1) != 1:
+                raise ValueError(f"nodes[{r}]: a measured spec has one device per node, got {node!r}")
+            device["speed"] = device.get("speed", 1.0) / f
+            for curve in device.get("model_batch_ms", {}).values():
+                curve.update({b: ms * f for b, ms in curve.items()})
+        cluster = Cluster.from_dict(data, source=f"{self.cluster.name} (rescaled)")
+        compute_ms = tuple(ms * f for ms, f in zip(self.rank_compute_ms, factors, strict=True))
+        return replace(self, cluster=cluster, rank_compute_ms=compute_ms)
 
     def sim_pairs(self) -> list[str]:
         """The options as ``commsched plan --sim KEY=VALUE`` pairs (what ``--plan auto`` planned with)."""

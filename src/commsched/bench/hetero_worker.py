@@ -27,8 +27,15 @@ summation order on models without BatchNorm (BatchNorm's statistics are per
 rank, so uneven splits differ by design). Rank 0 records the largest
 parameter difference from ``even_ddp`` of the same repeat.
 
+With ``reference_batch``, every repeat starts with every rank timing its
+forward + backward at that batch in lock-step, as the calibration did
+(:func:`commsched.bench.drift.time_reference`): the host's compute speed in
+that repeat against the calibration's, for the predictions at the runs'
+speed (:mod:`commsched.bench.drift`).
+
 Every rank writes ``rank<r>.json``: per run the start and the wall time of
-every iteration (warm-up included; the host drops it), and rank 0 appends
+every iteration (warm-up included; the host drops it), per repeat the
+reference's rounds (``reference``), and rank 0 appends
 one line per iteration to ``progress.jsonl``. The runtime's configurations
 record their trace in the first repeat (``traces/<config>.rank<r>.json``:
 every task's launch and completion, as ``commsched bench`` saves them).
@@ -36,6 +43,7 @@ every task's launch and completion, as ``commsched bench`` saves them).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -48,6 +56,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from commsched.bench.drift import time_reference
 from commsched.bench.job import Progress
 from commsched.bench.worker import _Clock, _flat_params, save_trace_part
 from commsched.models import build_model, model_loss, synthetic_batch
@@ -76,6 +85,7 @@ class HeteroJob:
     momentum: float = 0.9
     threads: int = 1
     comm_timeout_s: float = 60.0
+    reference_batch: int = 0  # > 0: time forward + backward at this batch before every repeat
 
     @property
     def steps(self) -> int:
@@ -149,7 +159,13 @@ def _run(job: HeteroJob, rank: int, config: str, repeat: int, progress: Progress
 def session(job: HeteroJob, rank: int, world: int) -> dict[str, Any]:
     progress = Progress(Path(job.out) / "progress.jsonl", rank == 0)
     runs: list[dict[str, Any]] = []
+    references: list[dict[str, Any]] = []
     for repeat in range(job.repeats):
+        if job.reference_batch > 0:
+            model = build_model(job.model, job.seed)
+            tick = functools.partial(progress, "reference", repeat)
+            rounds = time_reference(job.model, job.reference_batch, job.seed, rank, model, tick)
+            references.append({"repeat": repeat, "batch": job.reference_batch, "ms": rounds})
         params: dict[str, torch.Tensor] = {}
         for config in order(job.configs, repeat):
             dist.barrier()
@@ -158,7 +174,7 @@ def session(job: HeteroJob, rank: int, world: int) -> dict[str, Any]:
         if "even_ddp" in params:
             for run in runs[-len(job.configs) :]:
                 run["max_param_diff"] = (params[run["name"]] - params["even_ddp"]).abs().max().item()
-    return {"rank": rank, "world": world, "runs": runs}
+    return {"rank": rank, "world": world, "runs": runs, "reference": references}
 
 
 def main() -> None:
