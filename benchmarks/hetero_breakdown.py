@@ -19,7 +19,9 @@ repeat of it (from ``hetero.json``'s per-iteration phases, so a saved run
 without traces gives this part too): each rank's median forward + backward
 and its coefficient of variation over the iterations, the slowest of the
 ranks' medians, the median over iterations of the slowest rank in each
-(lock-step: what the barrier waits for) and the iteration's median.
+(lock-step: what the barrier waits for) and the iteration's median; where
+the run timed each rank's reference before every repeat, the prediction at
+the runs' speed and each repeat's speed factors (:mod:`commsched.bench.drift`).
 """
 
 from __future__ import annotations
@@ -144,6 +146,12 @@ def main() -> None:
             f"plan's compute alone: measured {ref['median_ms']:.0f} ms, predicted {ref['predicted_ms']:.0f} ms "
             f"({ref['error_pct']:+.1f} %)"
         )
+        if "predicted_at_run_ms" in ref:
+            at_run, error = ref["predicted_at_run_ms"], ref["error_at_run_pct"]
+            print(f"  at the runs' speed: predicted {at_run:.0f} ms ({error:+.1f} %)")
+        for repeat, factors in enumerate(report["measured"].get("speed_factors", [])):
+            cells = " ".join(f"{f:.3f}" for f in factors)
+            print(f"  repeat {repeat}: speed factor per rank {cells} (reference before the repeat over calibration)")
         for row in compute_alone(report, args.skip):
             medians = " ".join(f"{m:.0f}" for m in row.medians_ms)
             cvs = " ".join(f"{c * 100:.1f}" for c in row.cv)

@@ -8,7 +8,9 @@ The measured spec is rebuilt from the saved calibration
 to that spec's workload (its split and policy as they were chosen), and every
 configuration is simulated again; beside it, the prediction the run itself
 made and the measured median, so a change to the model can be judged on runs
-already made.
+already made. Runs that timed each rank's reference before every repeat
+(``speed_factors``) are also predicted again at the runs' speed
+(:mod:`commsched.bench.drift`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from commsched.bench.drift import predictions_at_run_speed
 from commsched.bench.hetero import batch_sizes, predictions
 from commsched.bench.hetero_spec import measured_spec
 from commsched.schedule import CommPlan
@@ -33,11 +36,16 @@ def repredict(run: Path) -> dict[str, dict[str, float]]:
     memory = report["meta"]["config"]["memory_gib"] / n
     spec = measured_spec(ranks, links, memory_gib=memory, name="testbed (measured)")
     plan = dataclasses.replace(CommPlan.load(run / "plan.json"), workload=spec.workload)
-    now, _ = predictions(spec, plan, batch_sizes(spec, plan, report["global_batch"]))
+    sizes = batch_sizes(spec, plan, report["global_batch"])
+    now, _ = predictions(spec, plan, sizes, trace=False)
+    factors = report["measured"].get("speed_factors", [])
+    at_run = predictions_at_run_speed(spec, plan, sizes, factors, lambda s, p, z: predictions(s, p, z, trace=False)[0])
     out = {}
     for name, row in report["summary"].items():
         if name in now:
             out[name] = {"measured": row["median_ms"], "saved": row["predicted_ms"], "now": now[name]}
+            if name in at_run:
+                out[name]["now_at_run"] = at_run[name]
     return out
 
 
@@ -45,15 +53,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, nargs="+", help="directories of saved `commsched bench --plan` runs")
     args = parser.parse_args()
-    print("| run | configuration | measured ms | predicted then | error | predicted now | error |")
-    print("|---|---|---|---|---|---|---|")
-    for run in args.runs:
-        for name, r in repredict(run).items():
+    rows = {run: repredict(run) for run in args.runs}
+    at_run = any("now_at_run" in r for per in rows.values() for r in per.values())
+    extra = " at run speed now | error |" if at_run else ""
+    print("| run | configuration | measured ms | predicted then | error | predicted now | error |" + extra)
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if at_run else ""))
+    for run, per in rows.items():
+        for name, r in per.items():
             m = r["measured"]
-            print(
+            cells = (
                 f"| {run.name} | {name} | {m:.0f} | {r['saved']:.0f} | {(r['saved'] - m) / m * 100:+.1f} % "
                 f"| {r['now']:.0f} | {(r['now'] - m) / m * 100:+.1f} % |"
             )
+            if at_run:
+                v = r.get("now_at_run")
+                cells += " — | — |" if v is None else f" {v:.0f} | {(v - m) / m * 100:+.1f} % |"
+            print(cells)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,11 @@ Conventions:
   ``cpu_ms_per_mb`` option (:class:`commsched.sim.SimOptions`).
   ``overlap_ms_per_task`` is the same per communication task, whatever its
   size (starting it, handing its completion back to the training process),
-  charged instead of ``cpu_per_task_ms``.
+  charged instead of ``cpu_per_task_ms``. ``overlap_comm_rate`` is the
+  other side of the same contention: the share of its uncontended rate a
+  collective keeps while the device's host computes (on a CPU quota the
+  communication threads wait for the compute's slice), measured beside a
+  backward pass; unset, transfers keep their rate.
 * ``bandwidth_gbps`` is the line rate in Gbit/s (10 GbE -> 10). ``latency_us`` is
   the one-way latency of one message; ``per_message_overhead_us`` is the fixed
   software cost of sending one (a collective step, a PS push).
@@ -225,6 +229,10 @@ class Cluster(SpecModel):
     def worker_overlap_ms_per_task(self) -> tuple[float | None, ...]:
         """Every rank's device ``overlap_ms_per_task`` (``None`` where the spec leaves it to the simulator)."""
         return tuple(w.device.overlap_ms_per_task for w in self.workers)
+
+    def worker_overlap_comm_rate(self) -> tuple[float | None, ...]:
+        """Every rank's device ``overlap_comm_rate`` (``None`` where transfers keep their rate beside compute)."""
+        return tuple(w.device.overlap_comm_rate for w in self.workers)
 
     @property
     def bottleneck_nic_gbps(self) -> float:

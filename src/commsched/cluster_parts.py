@@ -13,7 +13,17 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt, field_validator
 
-__all__ = ["BatchCurve", "Count", "Device", "Link", "NonNegativeFloat", "PositiveFloat", "PositiveInt", "SpecModel"]
+__all__ = [
+    "BatchCurve",
+    "Count",
+    "Device",
+    "Fraction",
+    "Link",
+    "NonNegativeFloat",
+    "PositiveFloat",
+    "PositiveInt",
+    "SpecModel",
+]
 
 
 def _finite_number(value: Any) -> Any:
@@ -31,6 +41,8 @@ PositiveFloat = Annotated[StrictFloat, _Number, Field(gt=0, allow_inf_nan=False)
 NonNegativeFloat = Annotated[StrictFloat, _Number, Field(ge=0, allow_inf_nan=False)]
 PositiveInt = Annotated[StrictInt, _Number, Field(gt=0)]
 Count = Annotated[StrictInt, _Number, Field(ge=1)]
+#: A share of something, in (0, 1].
+Fraction = Annotated[StrictFloat, _Number, Field(gt=0, le=1, allow_inf_nan=False)]
 
 
 #: A device's measured ``(local batch, forward + backward ms)`` points for one model, sorted by batch.
@@ -63,6 +75,11 @@ class Device(SpecModel):
         description="ms of compute lost per communication task started while this device's host computes, "
         "beside its bytes (measured); unset: the simulator's cpu_per_task_ms",
     )
+    overlap_comm_rate: Fraction | None = Field(
+        None,
+        description="the share of its uncontended rate a collective keeps while this device's host computes "
+        "(measured, in (0, 1]); unset: 1, transfers do not slow down beside compute",
+    )
     memory_gib: PositiveFloat
 
     @field_validator("model_batch_ms")
@@ -77,7 +94,7 @@ class Device(SpecModel):
         # pydantic's frozen hash would fail on the dict; hashable devices let callers group workers by device
         curves = tuple(sorted((m, tuple(sorted(c.items()))) for m, c in self.model_batch_ms.items()))
         speeds = tuple(sorted(self.model_speed.items()))
-        overlaps = (self.overlap_ms_per_mb, self.overlap_ms_per_task)
+        overlaps = (self.overlap_ms_per_mb, self.overlap_ms_per_task, self.overlap_comm_rate)
         return hash((self.name, self.speed, speeds, curves, overlaps, self.memory_gib))
 
     def batch_curve_for(self, model: str | None = None) -> BatchCurve:

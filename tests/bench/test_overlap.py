@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from commsched import zoo
 from commsched.bench.hetero_spec import measured_spec
-from commsched.bench.overlap import OVERLAP_REPEATS, OverlapTimes, time_overlap
+from commsched.bench.overlap import MIN_COMM_RATE, OVERLAP_REPEATS, OverlapTimes, time_overlap
 from commsched.errors import SpecError
 from commsched.models import build_model, synthetic_batch
 from commsched.testbed.linkrate import LinkRate
@@ -56,6 +56,18 @@ def test_the_growth_is_paired_by_round_so_the_hosts_drift_between_rounds_cancels
     alone, beside = (800.0, 800.0, 800.0, 1200.0, 1200.0), (850.0, 850.0, 1250.0, 1250.0, 1250.0)
     t = OverlapTimes(20 * MIB, alone, beside, beside, (200.0,) * 5)
     assert t.extra_ms == 50.0
+
+
+def test_the_comm_rate_is_the_share_of_its_rate_the_all_reduce_kept_beside_compute() -> None:
+    # alone 200 ms; beside the backward 300 ms, all of it inside 900 ms of compute: 2/3 of its rate
+    assert _times(800.0, 900.0, 300.0).comm_rate(900.0) == pytest.approx(200.0 / 300.0)
+    # 500 ms beside 400 ms of compute: the 300 ms it lost fell inside those 400 ms, so it kept a quarter
+    # there (0.25 x 400 + 100 ms at full rate after = its 200 ms alone)
+    assert _times(800.0, 900.0, 500.0).comm_rate(400.0) == pytest.approx(0.25)
+    assert _times(800.0, 900.0, 190.0).comm_rate(900.0) == 1.0  # no slower beside compute: no slowdown
+    assert _times(800.0, 900.0, 1200.0).comm_rate(500.0) == MIN_COMM_RATE  # more than compute can explain
+    with pytest.raises(ValueError, match=r"computing_ms: must be > 0, got 0\.0"):
+        _times(800.0, 900.0, 300.0).comm_rate(0.0)
 
 
 @pytest.mark.parametrize(
@@ -102,6 +114,20 @@ def test_the_measured_spec_gives_each_device_its_overlap_cost_less_the_per_task_
     assert spec.cpu is not None and spec.cpu.per_op_ms == pytest.approx(1.0)
     # (100 ms - 1 ms per task) / 20 MiB; rank 1 measured nothing, so the simulator's option stays
     assert spec.cluster.worker_overlap_ms_per_mb() == pytest.approx((99.0 / 20, None))  # type: ignore[arg-type]
+
+
+def test_the_spec_gives_the_comm_rate_to_the_ranks_that_computed_longest() -> None:
+    workload = zoo.load("resnet18")
+    links = [LinkRate(r, 100.0, 0.1, 4) for r in range(3)]
+    # one collective, every rank sees it 100 ms slower (300 vs 200 ms); ranks 1 and 2 computed 900 and
+    # 600 ms beside it, rank 0 only 300 (under half the longest: its share cannot be told)
+    times = [_times(250.0, 300.0, 300.0), _times(800.0, 900.0, 300.0), _times(500.0, 600.0, 300.0)]
+    ranks = [_rank(workload, t, r == 0) for r, t in enumerate(times)]
+    spec = measured_spec(ranks, links, memory_gib=1.0)
+    assert spec.cluster.worker_overlap_comm_rate() == (None, pytest.approx(2 / 3), pytest.approx(2 / 3))
+    ranks[2] = _rank(workload, None, False)  # a rank without the rounds: none for anyone
+    spec = measured_spec(ranks, links, memory_gib=1.0)
+    assert spec.cluster.worker_overlap_comm_rate() == (None, None, None)
 
 
 def test_a_malformed_overlap_measurement_is_refused_naming_the_rank() -> None:

@@ -312,6 +312,7 @@ def run_hetero_bench(
             "batch_ms": [dict(c) for c in spec.cluster.worker_batch_curves(spec.workload.model)],
             "overlap_ms_per_mb": list(spec.cluster.worker_overlap_ms_per_mb()),
             "overlap_ms_per_task": list(spec.cluster.worker_overlap_ms_per_task()),
+            "overlap_comm_rate": list(spec.cluster.worker_overlap_comm_rate()),
             "update_ms": spec.update_ms,
             "alpha_us": spec.alpha_s * 1e6,
             "allreduce_mbit_s": spec.allreduce_mbit_s,

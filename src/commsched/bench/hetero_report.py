@@ -102,12 +102,14 @@ def targets(report: dict[str, Any]) -> list[tuple[str, bool]]:
 def spec_rows(report: dict[str, Any]) -> list[list[str]]:
     """Per worker: its CPU share and link as set, and as measured (what the planner saw).
 
-    The last cells, the overlap costs in ms per MiB and per task, are "—" in reports from before they were
-    measured.
+    The last cells, the overlap costs in ms per MiB and per task and the share of its rate a collective keeps
+    beside compute, are "—" in reports from before they were measured (and the last where the rank computed
+    too briefly to tell).
     """
     cfg, measured = report["meta"]["config"], report["measured"]
     overlaps = measured.get("overlap_ms_per_mb") or [None] * len(cfg["cpu"])
     per_task = measured.get("overlap_ms_per_task") or [None] * len(cfg["cpu"])
+    rates = measured.get("overlap_comm_rate") or [None] * len(cfg["cpu"])
     out = []
     for r, (cpu, link, rate) in enumerate(zip(cfg["cpu"], cfg["links"], measured["links"], strict=True)):
         cores = "any" if cpu["cpus"] is None else ",".join(map(str, cpu["cpus"]))
@@ -123,6 +125,7 @@ def spec_rows(report: dict[str, Any]) -> list[list[str]]:
                 f"{measured['speeds'][r]:.3f}",
                 "—" if overlaps[r] is None else f"{overlaps[r]:.1f}",
                 "—" if per_task[r] is None else f"{per_task[r]:.1f}",
+                "—" if rates[r] is None else f"{rates[r]:.2f}",
             ]
         )
     return out
@@ -145,6 +148,7 @@ def tables(report: dict[str, Any]) -> list[Table]:
         "speed",
         "overlap ms/MiB",
         "ms/task",
+        "comm rate beside compute",
     ):
         spec.add_column(col, justify="left" if col in ("worker", "CPU (set)") else "right")
     for cells in spec_rows(report):

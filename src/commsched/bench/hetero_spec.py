@@ -40,7 +40,10 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
   packet processing is charged to no process), and most where the quota is
   tightest; and where it also timed the runtime's tasks (``task_overlap``),
   its ``overlap_ms_per_task``: the backward's growth beside them less their
-  bytes at that cost per MiB, per task (:mod:`commsched.bench.task_overlap`).
+  bytes at that cost per MiB, per task (:mod:`commsched.bench.task_overlap`);
+  and from the same rounds, the all-reduce's side: ``overlap_comm_rate``,
+  the share of its rate it kept while the ranks computed, given to the ranks
+  that computed longest (:func:`_overlap_comm_rates`).
 
 ``memory_gib`` fills the devices' memory (the testbed's workers share the
 machine's memory; a per-worker cap is not part of this spec).
@@ -49,6 +52,7 @@ machine's memory; a per-worker cap is not part of this spec).
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -186,6 +190,7 @@ def measured_spec(
     speeds = [compute_ms[0] / ms for ms in compute_ms]
     overlaps = [_overlap_ms_per_mb(rank, name, cpu, speed) for rank, speed in zip(ranks, speeds, strict=True)]
     per_task = [_overlap_ms_per_task(rank, name, per_mb) for rank, per_mb in zip(ranks, overlaps, strict=True)]
+    rates = _overlap_comm_rates(ranks, name)
     for r, (speed, overlap, link) in enumerate(zip(speeds, overlaps, links, strict=True)):
         device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": speed, "memory_gib": memory_gib}
         if len(curves[r]) >= 2:
@@ -194,6 +199,8 @@ def measured_spec(
             device["overlap_ms_per_mb"] = overlap
         if per_task[r] is not None:
             device["overlap_ms_per_task"] = per_task[r]
+        if rates[r] is not None:
+            device["overlap_comm_rate"] = rates[r]
         nic = {"bandwidth_gbps": link.throughput_mbit_s / 1e3, "latency_us": fit.alpha_s * 1e6}
         nodes.append({"name": f"w{r}", "count": 1, "device": device, "nic": nic})
     description = (
@@ -222,6 +229,28 @@ def _overlap_ms_per_mb(rank: Mapping[str, Any], name: str, cpu: CpuFit | None, s
     except ValueError as exc:
         raise SpecError(name, [str(exc)]) from exc
     return times.ms_per_mb(cpu.per_op_ms / speed if cpu is not None else 0.0)
+
+
+def _overlap_comm_rates(ranks: Sequence[Mapping[str, Any]], name: str) -> list[float | None]:
+    """Per rank, the share of its rate the all-reduce kept while the rank computed beside it, or None.
+
+    The all-reduce spans every rank, so its slowdown is the slowest's doing:
+    it is taken against the longest backward (the ranks' medians) and given to
+    the ranks whose backward lasted at least half as long; a rank that stopped
+    computing well before the others gets none (the rounds cannot tell its
+    share).
+    """
+    if not ranks or any("overlap" not in rank for rank in ranks):
+        return [None] * len(ranks)
+    try:
+        times = [OverlapTimes.from_dict(r["overlap"], f"{name}: rank {r.get('rank', '?')}") for r in ranks]
+    except ValueError as exc:
+        raise SpecError(name, [str(exc)]) from exc
+    computing = [statistics.median(t.backward_beside_ms) for t in times]
+    longest = max(computing)
+    if not longest > 0:
+        return [None] * len(ranks)
+    return [t.comm_rate(longest) if c >= longest / 2 else None for t, c in zip(times, computing, strict=True)]
 
 
 def _overlap_ms_per_task(rank: Mapping[str, Any], name: str, per_mb: float | None) -> float | None:

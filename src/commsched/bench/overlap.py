@@ -18,6 +18,14 @@ it ran (all of them where the all-reduce ends first, else the share of its
 time that the backward covered: the bytes taken to move evenly over the
 all-reduce). The all-reduce's end is taken when it completes (a callback on
 its future), not when the backward is done, so that share is known.
+The same rounds give the other side of the contention:
+:meth:`OverlapTimes.comm_rate`, the share of its rate the all-reduce kept
+while the ranks computed (the spec's ``overlap_comm_rate``). On the testbed
+of ``commsched bench --plan`` the quarter-core workers' all-reduce took about
+1.5 times as long beside their backward as alone, on a host 3x faster in
+compute as on the slower one (sessions 16-28): with a quota of 2.5 ms per 10
+ms period, the communication threads wait while the compute spends the
+period's quota.
 
 The all-reduce moves :data:`OVERLAP_VOLUME` times the gradients' bytes. On
 the testbed of ``commsched bench --plan`` (benchmarks/results/hetero-resnet5m,
@@ -43,12 +51,15 @@ import torch.distributed as dist
 
 from commsched.models import model_loss
 
-__all__ = ["OVERLAP_REPEATS", "OVERLAP_VOLUME", "OverlapTimes", "paired_growth", "time_overlap"]
+__all__ = ["MIN_COMM_RATE", "OVERLAP_REPEATS", "OVERLAP_VOLUME", "OverlapTimes", "paired_growth", "time_overlap"]
 
 #: Timed rounds (after one untimed round).
 OVERLAP_REPEATS = 9
 #: The all-reduce beside the backward moves this many times the gradients' bytes (the module docstring).
 OVERLAP_VOLUME = 4
+#: The least share of its rate :meth:`OverlapTimes.comm_rate` gives a collective beside compute (a growth
+#: longer than the compute beside it is more than compute explains).
+MIN_COMM_RATE = 0.05
 
 _MODES = ("alone", "beside", "allreduce")
 
@@ -101,6 +112,25 @@ class OverlapTimes:
         """Compute lost per MiB all-reduced beside it, ``per_task_ms`` (charged per task apart) taken off; >= 0."""
         mib = self.nbytes / 2**20 * self.overlapped
         return max(0.0, self.extra_ms - per_task_ms) / mib
+
+    def comm_rate(self, computing_ms: float) -> float:
+        """The share of its rate alone the all-reduce kept while the ranks computed ``computing_ms`` beside it.
+
+        The all-reduce alone takes ``a`` (median); beside the backward it takes
+        ``a + g`` (``g`` the median of each round's difference). At rate ``r``
+        while the ranks compute and full rate after: ``r = a / (a + g)`` where
+        it ends inside ``computing_ms``, else ``r = 1 - g / computing_ms``
+        (the simulator's :meth:`~commsched.sim.simulator.Simulation._slowed_floor`
+        inverted); 1 where it did not slow down, at least :data:`MIN_COMM_RATE`.
+        """
+        if not computing_ms > 0:
+            raise ValueError(f"computing_ms: must be > 0, got {computing_ms!r}")
+        alone = statistics.median(self.allreduce_alone_ms)
+        growth = paired_growth(self.allreduce_beside_ms, self.allreduce_alone_ms)
+        if growth <= 0 or not alone > 0:
+            return 1.0
+        rate = alone / (alone + growth) if alone + growth <= computing_ms else 1.0 - growth / computing_ms
+        return min(1.0, max(MIN_COMM_RATE, rate))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str) -> OverlapTimes:

@@ -48,6 +48,7 @@ class WorkerClass:
     curve: BatchCurve = ()
     overlap_ms_per_mb: float | None = None  # the device's measured cost of communicating beside compute
     overlap_ms_per_task: float | None = None  # the same per task started beside compute
+    overlap_comm_rate: float | None = None  # the share of its rate a collective keeps while the device computes
 
     @property
     def rank(self) -> int:
@@ -58,7 +59,8 @@ class WorkerClass:
 def worker_classes(
     cluster: Cluster, model: str | None = None, batch_sizes: Sequence[int] | None = None, default_batch: int = 1
 ) -> tuple[WorkerClass, ...]:
-    """Group ranks by (compute speed, batch size, batch curve, overlap costs); rank 0's class (the leader) first.
+    """Group ranks by (compute speed, batch size, batch curve, overlap costs and comm rate); rank 0's class (the
+    leader) first.
 
     ``batch_sizes``: one per rank; ``None`` gives every rank ``default_batch``
     (the workload's batch size). Raises ScheduleError when the count does not
@@ -68,12 +70,13 @@ def worker_classes(
     batches = check_batch_sizes(batch_sizes, len(speeds)) if batch_sizes is not None else (default_batch,) * len(speeds)
     curves = cluster.worker_batch_curves(model)
     per_mb, per_task = cluster.worker_overlap_ms_per_mb(), cluster.worker_overlap_ms_per_task()
-    by_key: dict[tuple[float, int, BatchCurve, float | None, float | None], list[int]] = {}
-    for rank, key in enumerate(zip(speeds, batches, curves, per_mb, per_task, strict=True)):
+    rates = cluster.worker_overlap_comm_rate()
+    by_key: dict[tuple[float, int, BatchCurve, float | None, float | None, float | None], list[int]] = {}
+    for rank, key in enumerate(zip(speeds, batches, curves, per_mb, per_task, rates, strict=True)):
         by_key.setdefault(key, []).append(rank)
     return tuple(
-        WorkerClass(i, speed, tuple(ranks), batch, curve, mb, task)
-        for i, ((speed, batch, curve, mb, task), ranks) in enumerate(by_key.items())
+        WorkerClass(i, speed, tuple(ranks), batch, curve, mb, task, rate)
+        for i, ((speed, batch, curve, mb, task, rate), ranks) in enumerate(by_key.items())
     )
 
 

@@ -21,8 +21,9 @@ with ``n`` active transfers each progresses at rate ``1/n``). Every
 collective spans all workers and loads every link of its resource alike, so
 this equal share is also the max-min fair share of the flow-level model.
 A collective never ends before ``start_s + floor_s`` (the simulator sets the
-floor where the collective's CPU work, not the network, is the bound); it
-holds its slot until then.
+floor where the collective's CPU work, not the network, is the bound, or
+where its workers' compute slows it: ``floor_at_start``, taken as it starts);
+it holds its slot until then.
 """
 
 from __future__ import annotations
@@ -133,6 +134,14 @@ class Collective:
     phase_starts: list[float] = field(default_factory=list)
     #: The least time it takes once started, whatever the network: its CPU work where that is the bound.
     floor_s: float = 0.0
+    #: A floor that depends on when it starts (what its workers still compute then), taken as it starts.
+    floor_at_start: Callable[[], float] | None = None
+
+    def started(self, now: float) -> None:
+        """It takes its slot at ``now``: its start, and its floor where that depends on the moment."""
+        self.start_s = now
+        if self.floor_at_start is not None:
+            self.floor_s = max(self.floor_s, self.floor_at_start())
 
 
 class LinkUsage(Protocol):
@@ -206,7 +215,7 @@ class Network:
         while self._queue and self.running < self.max_concurrent:
             coll = self._queue.popleft()
             self.running += 1
-            coll.start_s = self._loop.now
+            coll.started(self._loop.now)
             self._run_phase(coll)
 
     def _run_phase(self, coll: Collective) -> None:

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -119,7 +120,10 @@ class SimOptions:
     of ``cpu_ms_per_mb`` when a task starts while it computes, and one
     whose spec measures ``overlap_ms_per_task`` that per task instead of
     ``cpu_per_task_ms``; the floor keeps the options' CPU work (it is the
-    collective's own).
+    collective's own). A device whose spec measures its
+    ``overlap_comm_rate`` slows the collectives it takes part in while it
+    computes: they keep that share of their uncontended rate until its
+    compute ends (:meth:`Simulation._slowed_floor`).
     """
 
     algorithm: str = "ring"
@@ -353,6 +357,8 @@ class Simulation:
         self.charges_overlap = any(
             wc.overlap_ms_per_mb is not None or wc.overlap_ms_per_task is not None for wc in self.classes
         )
+        self.slows_beside_compute = any(wc.overlap_comm_rate is not None for wc in self.classes)
+        self.uncontended_s = [sum(ph.latency_s + ph.work_s for ph in phases) for phases in self.phases]
 
         self.forward_s: list[tuple[float, ...]] = []
         self.update_s: list[tuple[float, ...]] = []
@@ -510,7 +516,38 @@ class Simulation:
     def _ready(self, task: int, inst: int) -> None:
         phases = self.phases[task]
         floor = self._cpu_floor(task) if self.charges_cpu and phases else 0.0
-        self.network.ready(Collective(task, inst, phases, self.loop.now, floor_s=floor))
+        slowed = functools.partial(self._slowed_floor, task) if self.slows_beside_compute and phases else None
+        self.network.ready(Collective(task, inst, phases, self.loop.now, floor_s=floor, floor_at_start=slowed))
+
+    def _compute_left_s(self, tl: _Timeline) -> float:
+        """How much longer ``tl`` computes from now without a wait: what remains of its backward; in forward
+        taken as unbounded (what follows it is the backward); nothing while it waits or once it is done."""
+        if tl.blocked or tl.finished:
+            return 0.0
+        if tl.in_backward:
+            return max(0.0, tl.bstart + self.backward_s[tl.wc.index] - self.loop.now)
+        return math.inf if tl.in_forward else 0.0
+
+    def _slowed_floor(self, task: int) -> float:
+        """The least time ``task`` takes where a device slows transfers while it computes (``overlap_comm_rate``).
+
+        The collective's uncontended time ``n`` (its phases' latency and
+        transfer) runs at ``rate`` of its speed while a worker of that rate
+        computes, ``left`` more, and at full speed after: ``n / rate`` if it is
+        done before, else ``left + n - rate · left``; the slowest worker's
+        figure bounds the collective (its peers wait for its share of the ring).
+        Taken as the collective starts (a queued one may start after the
+        compute it was issued beside has ended).
+        """
+        n = self.uncontended_s[task]
+        floor = 0.0
+        for tl in self.timelines:
+            rate = tl.wc.overlap_comm_rate
+            if rate is None or rate >= 1.0:
+                continue
+            left = self._compute_left_s(tl)
+            floor = max(floor, n / rate if n <= rate * left else left + n - rate * left)
+        return floor
 
     def _cpu_floor(self, task: int) -> float:
         """The least time ``task`` takes for its CPU work: on its slowest worker, sharing the core with compute.
@@ -525,16 +562,9 @@ class Simulation:
         """
         work = self.cpu_of_task[task]
         floor = 0.0
-        now = self.loop.now
         for tl in self.timelines:
             w = self._cpu_s(tl, work)
-            if tl.blocked or tl.finished:
-                left = 0.0
-            elif tl.in_backward:
-                left = max(0.0, tl.bstart + self.backward_s[tl.wc.index] - now)
-            else:
-                left = w if tl.in_forward else 0.0
-            floor = max(floor, w + min(w, left))
+            floor = max(floor, w + min(w, self._compute_left_s(tl)))
         return floor
 
     def _completed(self, coll: Collective) -> None:

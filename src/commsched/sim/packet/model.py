@@ -135,7 +135,7 @@ class PacketNetwork(ExtraTraffic):
         while self._queue and self.running < self.max_concurrent:
             coll = self._queue.popleft()
             self.running += 1
-            coll.start_s = self._loop.now
+            coll.started(self._loop.now)
             self._launch(coll)
 
     def _sync(self) -> None:
