@@ -57,6 +57,19 @@ def test_a_saved_run_without_traces_still_gets_its_compute_alone() -> None:
     assert out.count("  repeat ") == 3, out
 
 
+def test_a_run_that_timed_references_shows_the_prediction_at_its_speed_and_each_repeats_factors() -> None:
+    saved = SESSION.parent / "session25"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "hetero_breakdown.py"), str(saved)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "  at the runs' speed: predicted 490 ms (+1.5 %)" in out
+    assert "  repeat 0: speed factor per rank 1.076 1.055 0.985 (reference before the repeat over calibration)" in out
+    assert out.count("speed factor per rank") == 3
+
+
 def test_the_overlap_paid_is_the_traced_backward_over_the_compute_alone_of_the_traced_repeat(
     script: ModuleType,
 ) -> None:

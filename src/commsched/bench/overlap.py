@@ -21,10 +21,10 @@ its future), not when the backward is done, so that share is known.
 The same rounds give the other side of the contention:
 :meth:`OverlapTimes.comm_rate`, the share of its rate the all-reduce kept
 while the ranks computed (the spec's ``overlap_comm_rate``). On the testbed
-of ``commsched bench --plan`` the quarter-core workers' all-reduce took about
-1.5 times as long beside their backward as alone, on a host 3x faster in
-compute as on the slower one (sessions 16-28): with a quota of 2.5 ms per 10
-ms period, the communication threads wait while the compute spends the
+of ``commsched bench --plan`` the all-reduce kept 0.62-0.70 of its rate
+while the quarter-core workers computed in sessions 16-24, and 0.72-0.82 on
+a host 3x faster in compute (sessions 25 on): under a quota of 2.5 ms per 10
+ms period the communication threads wait while the compute spends the
 period's quota.
 
 The all-reduce moves :data:`OVERLAP_VOLUME` times the gradients' bytes. On
