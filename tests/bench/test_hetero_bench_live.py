@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from commsched.bench.batch_curve import batches_around_shares
+from commsched.bench.batch_curve import batches_around_shares, proportional_share
 from commsched.bench.hetero import HeteroBenchConfig, run_hetero_bench
 from commsched.bench.overlap import OVERLAP_REPEATS, OVERLAP_VOLUME, OverlapTimes
-from commsched.bench.task_overlap import TaskOverlap
+from commsched.bench.task_overlap import TaskOverlap, fit_costs
 from commsched.cluster import load_cluster
 from commsched.schedule import CommPlan
 from commsched.testbed import CpuShare, LinkShape, cgroup_objects, cgroups_unavailable_reason, netns_unavailable_reason
@@ -66,12 +66,18 @@ def test_bench_plan_auto_measures_the_testbed_plans_on_it_and_runs_plan_and_base
     spec = load_cluster(measured["files"]["cluster"])
     assert measured["overlap_ms_per_mb"] == list(spec.worker_overlap_ms_per_mb())
     assert all(c is not None and c >= 0 for c in measured["overlap_ms_per_mb"]), measured["overlap_ms_per_mb"]
-    # and beside the runtime's own tasks, round by round; the spec took the cost per task where tasks ran inside
-    tasks = [TaskOverlap.from_dict(r["task_overlap"], f"rank {r['rank']}") for r in ranks]
-    assert all(len(t.beside_ms) == OVERLAP_REPEATS for t in tasks)
+    assert measured["overlap_comm_rate"] == list(spec.worker_overlap_comm_rate())
+    # and beside the runtime's own tasks in two bucket layouts, at each rank's proportional share, round by
+    # round; the spec took both costs from the two
+    assert [r["task_overlap_batch"] for r in ranks] == [proportional_share(profiled, 6, r) for r in range(3)]
+    small = [TaskOverlap.from_dict(r["task_overlap"], f"rank {r['rank']}") for r in ranks]
+    large = [TaskOverlap.from_dict(r["task_overlap_large"], f"rank {r['rank']}") for r in ranks]
+    assert all(len(t.beside_ms) == OVERLAP_REPEATS for t in small + large)
     assert measured["overlap_ms_per_task"] == list(spec.worker_overlap_ms_per_task())
-    per_mb = measured["overlap_ms_per_mb"]
-    assert measured["overlap_ms_per_task"] == [t.ms_per_task(m) for t, m in zip(tasks, per_mb, strict=True)]
+    fitted = [fit_costs(s, g) for s, g in zip(small, large, strict=True)]
+    assert measured["overlap_ms_per_task"] == [t for t, _ in fitted]
+    assert measured["overlap_ms_per_mb"] == [m for _, m in fitted]
+    assert all(0 < rate <= 1 for rate in measured["overlap_comm_rate"] if rate is not None)
     sizes = report["batch_sizes"]
     assert sizes["even_ddp"] == [2, 2, 2] and sum(sizes["plan"]) == 6 and sum(sizes["proportional_dp"]) == 6
     assert CommPlan.load(tmp_path / "plan.json").batch_sizes == tuple(sizes["plan"])

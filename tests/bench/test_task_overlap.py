@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from commsched import zoo
+from commsched.bench.batch_curve import proportional_share
 from commsched.bench.hetero_spec import measured_spec
 from commsched.bench.overlap import OverlapTimes
-from commsched.bench.task_overlap import TaskOverlap, beside_backward
+from commsched.bench.task_overlap import TaskOverlap, beside_backward, fit_costs
 from commsched.errors import SpecError
 from commsched.testbed.linkrate import LinkRate
 from commsched.trace import TraceEvent
@@ -100,3 +101,40 @@ def test_malformed_task_rounds_are_refused_naming_the_rank() -> None:
     ranks = [_rank(workload, None), {**_rank(workload, {"alone_ms": [1.0]}), "rank": 1}]
     with pytest.raises(SpecError, match="rank 1: task_overlap"):
         measured_spec(ranks, [LinkRate(0, 100.0, 0.1, 4), LinkRate(1, 100.0, 0.1, 4)], memory_gib=1.0)
+
+
+def test_two_layouts_give_both_costs() -> None:
+    # 6 tasks and 20 MiB grew the backward 170 ms; 1 task and 15 MiB, 110: 5 ms per task and 7 ms per MiB
+    small, large = _rounds(500.0, 670.0, tasks=6, mib=20.0), _rounds(500.0, 610.0, tasks=1, mib=15.0)
+    assert fit_costs(small, large) == pytest.approx((5.0, 7.0))
+    large = _rounds(500.0, 645.0, tasks=1, mib=15.0)
+    # the exact solution would make the per-task cost negative (many small tasks cost less per MiB than one
+    # large): per MiB alone, least squares over both
+    small = _rounds(500.0, 560.0, tasks=6, mib=20.0)
+    per_mb = (20.0 * 60.0 + 15.0 * 145.0) / (20.0**2 + 15.0**2)
+    assert fit_costs(small, large) == pytest.approx((0.0, per_mb))
+    # a negative per-MiB cost: per task alone
+    assert fit_costs(_rounds(500.0, 620.0, tasks=6, mib=2.0), _rounds(500.0, 540.0, tasks=2, mib=15.0)) == (
+        pytest.approx((6 * 120.0 + 2 * 40.0) / (36 + 4)),
+        0.0,
+    )
+    assert fit_costs(_rounds(500.0, 490.0), _rounds(500.0, 480.0, tasks=1)) == (0.0, 0.0)  # no growth: no cost
+
+
+def test_where_both_layouts_were_timed_the_spec_takes_both_costs_from_them() -> None:
+    workload = zoo.load("resnet18")
+    ranks = [_rank(workload, _rounds(500.0, 670.0, tasks=6, mib=20.0)), _rank(workload, None)]
+    ranks[0]["task_overlap_large"] = asdict(_rounds(500.0, 610.0, tasks=1, mib=15.0))
+    spec = measured_spec(ranks, [LinkRate(0, 100.0, 0.1, 4), LinkRate(1, 100.0, 0.1, 4)], memory_gib=1.0)
+    assert spec.cluster.worker_overlap_ms_per_task() == pytest.approx((5.0, None))  # type: ignore[arg-type]
+    assert spec.cluster.worker_overlap_ms_per_mb() == pytest.approx((7.0, 99.0 / 20))  # rank 1: the all-reduce's
+    ranks[0]["task_overlap_large"] = {"alone_ms": []}
+    with pytest.raises(SpecError, match=r"rank \?.*large buckets.*task_overlap"):
+        measured_spec(ranks, [LinkRate(0, 100.0, 0.1, 4), LinkRate(1, 100.0, 0.1, 4)], memory_gib=1.0)
+
+
+def test_a_ranks_proportional_share_follows_its_speed() -> None:
+    assert [proportional_share([100.0, 400.0, 400.0], 48, r) for r in range(3)] == [32, 8, 8]
+    assert proportional_share([1.0, 1000.0], 4, 1) == 1  # at least one sample
+    with pytest.raises(ValueError, match="must be > 0"):
+        proportional_share([100.0, 0.0], 48, 0)

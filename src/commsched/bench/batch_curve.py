@@ -23,7 +23,14 @@ import torch.distributed as dist
 
 from commsched.models import model_loss, synthetic_batch
 
-__all__ = ["AROUND_SHARE", "CURVE_REPEATS", "batches_around_shares", "curve_points", "time_batch_curve"]
+__all__ = [
+    "AROUND_SHARE",
+    "CURVE_REPEATS",
+    "batches_around_shares",
+    "curve_points",
+    "proportional_share",
+    "time_batch_curve",
+]
 
 #: Timed rounds (after one untimed round).
 CURVE_REPEATS = 5
@@ -66,6 +73,14 @@ def batches_around_shares(reference: int, times_ms: Sequence[float], global_batc
             b += 1
         out.append(sorted(picked))
     return out
+
+
+def proportional_share(times_ms: Sequence[float], global_batch: int, rank: int) -> int:
+    """Rank ``rank``'s speed-proportional share of ``global_batch`` (speed ∝ 1 / its time), rounded, >= 1."""
+    if not times_ms or any(not (t > 0) for t in times_ms):
+        raise ValueError(f"every rank's time must be > 0 ms, got {list(times_ms)}")
+    speeds = [1.0 / t for t in times_ms]
+    return max(1, round(global_batch * speeds[rank] / sum(speeds)))
 
 
 def curve_points(times: dict[int, list[float]], reference: int) -> dict[int, float]:

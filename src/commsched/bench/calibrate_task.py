@@ -17,9 +17,11 @@ the same CPUs as in the session:
 4. with ``Job.overlap``, backward alone against backward beside an all-reduce
    of :data:`~commsched.bench.overlap.OVERLAP_VOLUME` times all gradients'
    bytes (:mod:`commsched.bench.overlap`), for the cluster spec's
-   ``overlap_ms_per_mb``; then the backward alone against the backward beside
-   the runtime's own tasks (:mod:`commsched.bench.task_overlap`), for its
-   ``overlap_ms_per_task``;
+   ``overlap_ms_per_mb`` and ``overlap_comm_rate``; then, at the rank's
+   speed-proportional share of ``curve_global_batch``, the backward alone
+   against the backward beside the runtime's own tasks in two bucket layouts
+   (:mod:`commsched.bench.task_overlap`), for its ``overlap_ms_per_task`` and
+   (both layouts together) ``overlap_ms_per_mb``;
 5. ``optimizer.step()`` + ``zero_grad()``, timed the same way (``update_ms``).
 
 Every rank returns its own measurements (rank 0's also hold the probe), which
@@ -28,6 +30,7 @@ the worker writes as ``rank<r>.json``.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import time
@@ -38,10 +41,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from commsched.bench.batch_curve import batches_around_shares, curve_points, time_batch_curve
+from commsched.bench.batch_curve import batches_around_shares, curve_points, proportional_share, time_batch_curve
 from commsched.bench.job import Job, Progress
 from commsched.bench.overlap import OVERLAP_REPEATS, OVERLAP_VOLUME, time_overlap
-from commsched.bench.task_overlap import time_task_overlap
+from commsched.bench.task_overlap import LARGE_FIRST_SHARE, TASK_OVERLAP_BUCKET_MB, TaskOverlap, time_task_overlap
 from commsched.models import build_model, model_loss, synthetic_batch
 
 __all__ = ["calibrate", "calibration_sizes"]
@@ -81,19 +84,36 @@ def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         progress=lockstep,
     )
     batches: list[int] = []
+    share = job.batch
     if job.curve_global_batch > 0:  # around this rank's share, from every rank's time at the profile's batch
         mine = torch.tensor([workload.extra["iteration_ms"]], dtype=torch.float64)
-        times = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
-        dist.all_gather(times, mine)
-        batches = batches_around_shares(job.batch, [t.item() for t in times], job.curve_global_batch)[rank]
+        gathered = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+        times = [t.item() for t in gathered]
+        batches = batches_around_shares(job.batch, times, job.curve_global_batch)[rank]
+        share = proportional_share(times, job.curve_global_batch, rank)
     curve = time_batch_curve(job.model, batches, job.seed, rank, model, lambda i: progress("batch curve", 0, i))
     x, y = synthetic_batch(job.model, job.batch, job.seed, rank, 0)
-    overlap = tasks = None
+    overlap = None
+    tasks: dict[str, TaskOverlap | None] = {}
     if job.overlap:
         overlap = time_overlap(model, (x, y), OVERLAP_VOLUME * numel * 4, lambda i: progress("overlap", 0, i))
-        tasks = time_task_overlap(
-            job.model, job.seed, (x, y), OVERLAP_REPEATS, job.comm_timeout_s, lambda i: progress("task overlap", 0, i)
-        )
+        at_share = synthetic_batch(job.model, share, job.seed, rank, 0)
+        mb = numel * 4 / 2**20
+        for key, cap, first in (
+            ("task_overlap", TASK_OVERLAP_BUCKET_MB, TASK_OVERLAP_BUCKET_MB),
+            ("task_overlap_large", mb, LARGE_FIRST_SHARE * mb),
+        ):
+            tasks[key] = time_task_overlap(
+                job.model,
+                job.seed,
+                at_share,
+                OVERLAP_REPEATS,
+                job.comm_timeout_s,
+                functools.partial(progress, key.replace("_", " "), 0),
+                bucket_cap_mb=cap,
+                first_bucket_mb=first,
+            )
     step_s = []
     for i in range(job.warmup + job.iters):
         model_loss(model(x), y).backward()
@@ -113,5 +133,6 @@ def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         "batch_ms": {str(b): ms for b, ms in curve_points(curve, job.batch).items()},
         "batch_times_ms": {str(b): t for b, t in curve.items()},
         **({"overlap": asdict(overlap)} if overlap is not None else {}),
-        **({"task_overlap": asdict(tasks)} if tasks is not None else {}),
+        **{key: asdict(t) for key, t in tasks.items() if t is not None},
+        **({"task_overlap_batch": share} if tasks else {}),
     }

@@ -43,7 +43,10 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
   bytes at that cost per MiB, per task (:mod:`commsched.bench.task_overlap`);
   and from the same rounds, the all-reduce's side: ``overlap_comm_rate``,
   the share of its rate it kept while the ranks computed, given to the ranks
-  that computed longest (:func:`_overlap_comm_rates`).
+  that computed longest (:func:`_overlap_comm_rates`). Where the rank timed
+  the runtime's tasks in both bucket layouts (``task_overlap_large`` too),
+  both costs come from those two instead (:func:`_runtime_overlap_costs`):
+  what the runtime pays, at the batch plans put on the rank.
 
 ``memory_gib`` fills the devices' memory (the testbed's workers share the
 machine's memory; a per-worker cap is not part of this spec).
@@ -58,7 +61,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from commsched.bench.overlap import OverlapTimes
-from commsched.bench.task_overlap import TaskOverlap
+from commsched.bench.task_overlap import TaskOverlap, fit_costs
 from commsched.cluster import Cluster
 from commsched.errors import SpecError
 from commsched.plan.gloo import gloo_options
@@ -190,6 +193,10 @@ def measured_spec(
     speeds = [compute_ms[0] / ms for ms in compute_ms]
     overlaps = [_overlap_ms_per_mb(rank, name, cpu, speed) for rank, speed in zip(ranks, speeds, strict=True)]
     per_task = [_overlap_ms_per_task(rank, name, per_mb) for rank, per_mb in zip(ranks, overlaps, strict=True)]
+    for r, rank in enumerate(ranks):  # both of the runtime's layouts timed: both costs from them
+        fitted = _runtime_overlap_costs(rank, name)
+        if fitted is not None:
+            per_task[r], overlaps[r] = fitted
     rates = _overlap_comm_rates(ranks, name)
     for r, (speed, overlap, link) in enumerate(zip(speeds, overlaps, links, strict=True)):
         device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": speed, "memory_gib": memory_gib}
@@ -229,6 +236,20 @@ def _overlap_ms_per_mb(rank: Mapping[str, Any], name: str, cpu: CpuFit | None, s
     except ValueError as exc:
         raise SpecError(name, [str(exc)]) from exc
     return times.ms_per_mb(cpu.per_op_ms / speed if cpu is not None else 0.0)
+
+
+def _runtime_overlap_costs(rank: Mapping[str, Any], name: str) -> tuple[float, float] | None:
+    """The rank's cost per task and per MiB beside compute from the runtime's two bucket layouts, where it
+    timed both (:func:`commsched.bench.task_overlap.fit_costs`)."""
+    if "task_overlap" not in rank or "task_overlap_large" not in rank:
+        return None
+    source = f"{name}: rank {rank.get('rank', '?')}"
+    try:
+        small = TaskOverlap.from_dict(rank["task_overlap"], source)
+        large = TaskOverlap.from_dict(rank["task_overlap_large"], f"{source} (large buckets)")
+    except ValueError as exc:
+        raise SpecError(name, [str(exc)]) from exc
+    return fit_costs(small, large)
 
 
 def _overlap_comm_rates(ranks: Sequence[Mapping[str, Any]], name: str) -> list[float | None]:

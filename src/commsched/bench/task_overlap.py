@@ -22,6 +22,15 @@ started inside it and how many MiB they moved meanwhile).
 :meth:`TaskOverlap.ms_per_task` then takes the bytes' share off the growth
 at a given cost per MiB and divides the rest by the tasks: the cluster
 spec's ``overlap_ms_per_task``.
+
+The calibration of ``commsched bench --plan`` runs the rounds twice, at each
+rank's speed-proportional share of the global batch (where plans put it):
+with those small buckets, and with one large bucket started inside the
+backward (:data:`LARGE_FIRST_SHARE`). Two layouts give two equations,
+:func:`fit_costs` solves them for both costs, measured on the runtime
+itself: on the testbed's quarter-core workers the plans' one large bucket
+cost 1.2-2.0 times what a gloo all-reduce's cost per MiB and the small
+buckets' per task predicted (sessions 25-30, ``breakdown.txt``).
 """
 
 from __future__ import annotations
@@ -41,11 +50,21 @@ from commsched.runtime import parallelize
 from commsched.runtime.api import ParallelModule
 from commsched.trace import COMM_KINDS, TraceEvent
 
-__all__ = ["TASK_OVERLAP_BUCKET_MB", "TaskOverlap", "beside_backward", "time_task_overlap"]
+__all__ = [
+    "LARGE_FIRST_SHARE",
+    "TASK_OVERLAP_BUCKET_MB",
+    "TaskOverlap",
+    "beside_backward",
+    "fit_costs",
+    "time_task_overlap",
+]
 
 #: The runtime's bucket cap while timing (resnet5m, whose largest tensors are 9, 4.5 and 2.25 MiB: 8 buckets,
 #: 6 of them started while the backward runs).
 TASK_OVERLAP_BUCKET_MB = 1.0
+#: The second layout timed: a first bucket of this share of the gradients' bytes, the rest in one more (one
+#: large task starts while the backward runs, the other after it, as in the plans made on the testbed).
+LARGE_FIRST_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -95,6 +114,24 @@ class TaskOverlap:
             raise ValueError(f"{source}: task_overlap: {exc}") from exc
 
 
+def fit_costs(small: TaskOverlap, large: TaskOverlap) -> tuple[float, float]:
+    """The cost per task and per MiB (ms) that give both layouts' growths: ``growth = tasks · t + MiB · m``
+    solved for the medians of the two; where the exact solution makes one cost negative, that cost is 0 and
+    the other fits both growths in the least-squares sense (a growth below noise gives 0 for both)."""
+    rows = [(statistics.median(o.tasks), statistics.median(o.mib), max(0.0, o.extra_ms)) for o in (small, large)]
+    (n1, m1, g1), (n2, m2, g2) = rows
+    det = n1 * m2 - n2 * m1
+    if det != 0:
+        t, m = (g1 * m2 - g2 * m1) / det, (n1 * g2 - n2 * g1) / det
+        if t >= 0 and m >= 0:
+            return t, m
+    per_mb = (m1 * g1 + m2 * g2) / (m1 * m1 + m2 * m2) if m1 or m2 else 0.0
+    per_task = (n1 * g1 + n2 * g2) / (n1 * n1 + n2 * n2) if n1 or n2 else 0.0
+    residual_mb = sum((g - per_mb * mib) ** 2 for _, mib, g in rows)
+    residual_task = sum((g - per_task * n) ** 2 for n, _, g in rows)
+    return (0.0, per_mb) if residual_mb <= residual_task else (per_task, 0.0)
+
+
 def beside_backward(events: Iterable[TraceEvent], worker: int, iteration: int) -> tuple[float, int, float] | None:
     """From a runtime trace: ``worker``'s backward in ``iteration`` as (ms from its start to its end, tasks
     started inside it, MiB they moved while it ran: each task's bytes times the share of its time inside);
@@ -122,6 +159,9 @@ def time_task_overlap(
     rounds: int,
     timeout_s: float,
     progress: Callable[[int], None] = lambda _round: None,
+    *,
+    bucket_cap_mb: float = TASK_OVERLAP_BUCKET_MB,
+    first_bucket_mb: float = TASK_OVERLAP_BUCKET_MB,
 ) -> TaskOverlap | None:
     """The rounds of the module docstring on this rank (every rank of the process group calls it together),
     on a fresh replica of ``model_name`` (the runtime's hooks stay on the model it wraps).
@@ -138,8 +178,8 @@ def time_task_overlap(
         model,
         opt,
         policy="ddp",
-        bucket_cap_mb=TASK_OVERLAP_BUCKET_MB,
-        first_bucket_mb=TASK_OVERLAP_BUCKET_MB,
+        bucket_cap_mb=bucket_cap_mb,
+        first_bucket_mb=first_bucket_mb,
         warmup_iters=1,
         timeout_s=timeout_s,
         trace=True,
