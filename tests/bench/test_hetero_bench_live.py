@@ -16,7 +16,7 @@ import pytest
 from commsched.bench.batch_curve import batches_around_shares, proportional_share
 from commsched.bench.hetero import HeteroBenchConfig, run_hetero_bench
 from commsched.bench.overlap import OVERLAP_REPEATS, OVERLAP_VOLUME, OverlapTimes
-from commsched.bench.task_overlap import TaskOverlap, fit_costs
+from commsched.bench.task_overlap import TaskOverlap, fit_costs, layouts
 from commsched.cluster import load_cluster
 from commsched.schedule import CommPlan
 from commsched.testbed import CpuShare, LinkShape, cgroup_objects, cgroups_unavailable_reason, netns_unavailable_reason
@@ -67,14 +67,13 @@ def test_bench_plan_auto_measures_the_testbed_plans_on_it_and_runs_plan_and_base
     assert measured["overlap_ms_per_mb"] == list(spec.worker_overlap_ms_per_mb())
     assert all(c is not None and c >= 0 for c in measured["overlap_ms_per_mb"]), measured["overlap_ms_per_mb"]
     assert measured["overlap_comm_rate"] == list(spec.worker_overlap_comm_rate())
-    # and beside the runtime's own tasks in two bucket layouts, at each rank's proportional share, round by
-    # round; the spec took both costs from the two
+    # and beside the runtime's own tasks in three bucket layouts, at each rank's proportional share, round by
+    # round; the spec took both costs from them
     assert [r["task_overlap_batch"] for r in ranks] == [proportional_share(profiled, 6, r) for r in range(3)]
-    small = [TaskOverlap.from_dict(r["task_overlap"], f"rank {r['rank']}") for r in ranks]
-    large = [TaskOverlap.from_dict(r["task_overlap_large"], f"rank {r['rank']}") for r in ranks]
-    assert all(len(t.beside_ms) == OVERLAP_REPEATS for t in small + large)
+    timed = [[TaskOverlap.from_dict(r[key], f"rank {r['rank']}") for key in layouts(1.0)] for r in ranks]
+    assert all(len(t.beside_ms) == OVERLAP_REPEATS for per_rank in timed for t in per_rank)
     assert measured["overlap_ms_per_task"] == list(spec.worker_overlap_ms_per_task())
-    fitted = [fit_costs(s, g) for s, g in zip(small, large, strict=True)]
+    fitted = [fit_costs(*per_rank) for per_rank in timed]
     assert measured["overlap_ms_per_task"] == [t for t, _ in fitted]
     assert measured["overlap_ms_per_mb"] == [m for _, m in fitted]
     assert all(0 < rate <= 1 for rate in measured["overlap_comm_rate"] if rate is not None)

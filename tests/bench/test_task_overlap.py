@@ -114,11 +114,19 @@ def test_two_layouts_give_both_costs() -> None:
     per_mb = (20.0 * 60.0 + 15.0 * 145.0) / (20.0**2 + 15.0**2)
     assert fit_costs(small, large) == pytest.approx((0.0, per_mb))
     # a negative per-MiB cost: per task alone
-    assert fit_costs(_rounds(500.0, 620.0, tasks=6, mib=2.0), _rounds(500.0, 540.0, tasks=2, mib=15.0)) == (
-        pytest.approx((6 * 120.0 + 2 * 40.0) / (36 + 4)),
-        0.0,
+    assert fit_costs(_rounds(500.0, 620.0, tasks=6, mib=2.0), _rounds(500.0, 530.0, tasks=2, mib=15.0)) == (
+        pytest.approx((6 * 120.0 + 2 * 30.0) / (36 + 4)),
+        pytest.approx(0.0, abs=1e-12),
     )
     assert fit_costs(_rounds(500.0, 490.0), _rounds(500.0, 480.0, tasks=1)) == (0.0, 0.0)  # no growth: no cost
+    # three layouts: the least-squares fit; exact where they agree
+    fine = _rounds(500.0, 500.0 + 20 * 5.0 + 20.0 * 7.0, tasks=20, mib=20.0)
+    assert fit_costs(_rounds(500.0, 670.0, tasks=6, mib=20.0), _rounds(500.0, 610.0, tasks=1, mib=15.0), fine) == (
+        pytest.approx(5.0),
+        pytest.approx(7.0),
+    )
+    with pytest.raises(ValueError, match="layouts: two or more"):
+        fit_costs(fine)
 
 
 def test_where_both_layouts_were_timed_the_spec_takes_both_costs_from_them() -> None:
@@ -129,7 +137,7 @@ def test_where_both_layouts_were_timed_the_spec_takes_both_costs_from_them() -> 
     assert spec.cluster.worker_overlap_ms_per_task() == pytest.approx((5.0, None))  # type: ignore[arg-type]
     assert spec.cluster.worker_overlap_ms_per_mb() == pytest.approx((7.0, 99.0 / 20))  # rank 1: the all-reduce's
     ranks[0]["task_overlap_large"] = {"alone_ms": []}
-    with pytest.raises(SpecError, match=r"rank \?.*large buckets.*task_overlap"):
+    with pytest.raises(SpecError, match=r"rank \? \(task_overlap_large\): task_overlap"):
         measured_spec(ranks, [LinkRate(0, 100.0, 0.1, 4), LinkRate(1, 100.0, 0.1, 4)], memory_gib=1.0)
 
 

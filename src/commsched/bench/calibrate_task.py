@@ -19,9 +19,9 @@ the same CPUs as in the session:
    bytes (:mod:`commsched.bench.overlap`), for the cluster spec's
    ``overlap_ms_per_mb`` and ``overlap_comm_rate``; then, at the rank's
    speed-proportional share of ``curve_global_batch``, the backward alone
-   against the backward beside the runtime's own tasks in two bucket layouts
+   against the backward beside the runtime's own tasks in three bucket layouts
    (:mod:`commsched.bench.task_overlap`), for its ``overlap_ms_per_task`` and
-   (both layouts together) ``overlap_ms_per_mb``;
+   (the layouts together) ``overlap_ms_per_mb``;
 5. ``optimizer.step()`` + ``zero_grad()``, timed the same way (``update_ms``).
 
 Every rank returns its own measurements (rank 0's also hold the probe), which
@@ -44,7 +44,7 @@ import torch.distributed as dist
 from commsched.bench.batch_curve import batches_around_shares, curve_points, proportional_share, time_batch_curve
 from commsched.bench.job import Job, Progress
 from commsched.bench.overlap import OVERLAP_REPEATS, OVERLAP_VOLUME, time_overlap
-from commsched.bench.task_overlap import LARGE_FIRST_SHARE, TASK_OVERLAP_BUCKET_MB, TaskOverlap, time_task_overlap
+from commsched.bench.task_overlap import TaskOverlap, layouts, time_task_overlap
 from commsched.models import build_model, model_loss, synthetic_batch
 
 __all__ = ["calibrate", "calibration_sizes"]
@@ -99,11 +99,7 @@ def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
     if job.overlap:
         overlap = time_overlap(model, (x, y), OVERLAP_VOLUME * numel * 4, lambda i: progress("overlap", 0, i))
         at_share = synthetic_batch(job.model, share, job.seed, rank, 0)
-        mb = numel * 4 / 2**20
-        for key, cap, first in (
-            ("task_overlap", TASK_OVERLAP_BUCKET_MB, TASK_OVERLAP_BUCKET_MB),
-            ("task_overlap_large", mb, LARGE_FIRST_SHARE * mb),
-        ):
+        for key, (cap, first) in layouts(numel * 4 / 2**20).items():
             tasks[key] = time_task_overlap(
                 job.model,
                 job.seed,

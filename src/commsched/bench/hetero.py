@@ -297,7 +297,7 @@ def run_hetero_bench(
             "overlap": True,
         }
         steps = len(calibration_sizes(numel)) + 1 + 2 * (config.warmup + config.iters)
-        steps += 2 + CURVE_REPEATS + OVERLAP_REPEATS + 2 * (2 + OVERLAP_REPEATS)  # the last: two task layouts
+        steps += 2 + CURVE_REPEATS + OVERLAP_REPEATS + 3 * (2 + OVERLAP_REPEATS)  # the last: three task layouts
         ranks = _launch(bed, "commsched.bench.worker", calibrate, out_dir / "calibrate", 0, steps, poll)
         spec = measured_spec(ranks, links, memory_gib=config.memory_gib / n, name="testbed (measured)")
         measured_dir = out_dir / "measured"

@@ -44,8 +44,8 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
   and from the same rounds, the all-reduce's side: ``overlap_comm_rate``,
   the share of its rate it kept while the ranks computed, given to the ranks
   that computed longest (:func:`_overlap_comm_rates`). Where the rank timed
-  the runtime's tasks in both bucket layouts (``task_overlap_large`` too),
-  both costs come from those two instead (:func:`_runtime_overlap_costs`):
+  the runtime's tasks in two or more bucket layouts (``task_overlap_large``,
+  ``task_overlap_fine``), both costs come from those instead (:func:`_runtime_overlap_costs`):
   what the runtime pays, at the batch plans put on the rank.
 
 ``memory_gib`` fills the devices' memory (the testbed's workers share the
@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from commsched.bench.overlap import OverlapTimes
-from commsched.bench.task_overlap import TaskOverlap, fit_costs
+from commsched.bench.task_overlap import TaskOverlap, fit_costs, layouts
 from commsched.cluster import Cluster
 from commsched.errors import SpecError
 from commsched.plan.gloo import gloo_options
@@ -239,17 +239,17 @@ def _overlap_ms_per_mb(rank: Mapping[str, Any], name: str, cpu: CpuFit | None, s
 
 
 def _runtime_overlap_costs(rank: Mapping[str, Any], name: str) -> tuple[float, float] | None:
-    """The rank's cost per task and per MiB beside compute from the runtime's two bucket layouts, where it
-    timed both (:func:`commsched.bench.task_overlap.fit_costs`)."""
-    if "task_overlap" not in rank or "task_overlap_large" not in rank:
+    """The rank's cost per task and per MiB beside compute from the runtime's bucket layouts, where it timed
+    two or more (:func:`commsched.bench.task_overlap.fit_costs`)."""
+    keys = [key for key in layouts(1.0) if key in rank]
+    if len(keys) < 2:
         return None
     source = f"{name}: rank {rank.get('rank', '?')}"
     try:
-        small = TaskOverlap.from_dict(rank["task_overlap"], source)
-        large = TaskOverlap.from_dict(rank["task_overlap_large"], f"{source} (large buckets)")
+        timed = [TaskOverlap.from_dict(rank[key], f"{source} ({key})") for key in keys]
     except ValueError as exc:
         raise SpecError(name, [str(exc)]) from exc
-    return fit_costs(small, large)
+    return fit_costs(*timed)
 
 
 def _overlap_comm_rates(ranks: Sequence[Mapping[str, Any]], name: str) -> list[float | None]:

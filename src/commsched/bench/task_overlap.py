@@ -23,14 +23,16 @@ started inside it and how many MiB they moved meanwhile).
 at a given cost per MiB and divides the rest by the tasks: the cluster
 spec's ``overlap_ms_per_task``.
 
-The calibration of ``commsched bench --plan`` runs the rounds twice, at each
-rank's speed-proportional share of the global batch (where plans put it):
-with those small buckets, and with one large bucket started inside the
-backward (:data:`LARGE_FIRST_SHARE`). Two layouts give two equations,
-:func:`fit_costs` solves them for both costs, measured on the runtime
-itself: on the testbed's quarter-core workers the plans' one large bucket
-cost 1.2-2.0 times what a gloo all-reduce's cost per MiB and the small
-buckets' per task predicted (sessions 25-30, ``breakdown.txt``).
+The calibration of ``commsched bench --plan`` runs the rounds in three
+bucket layouts (:func:`layouts`), at each rank's speed-proportional share of
+the global batch (where plans put it): those small buckets, one large bucket
+started inside the backward (:data:`LARGE_FIRST_SHARE`) and many finer ones
+(:data:`FINE_BUCKET_MB`). Each layout gives one equation in the two costs;
+:func:`fit_costs` fits both, measured on the runtime itself. On the
+testbed's quarter-core workers the plans' one large bucket cost 1.2-2.0
+times what a gloo all-reduce's cost per MiB and the small buckets' per
+task predicted (sessions 25-30, ``breakdown.txt``), and Horovod's 19 tasks
+more than a fit to one and six tasks alone (session 34).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import scipy.optimize
 import torch
 import torch.distributed as dist
 
@@ -51,11 +55,13 @@ from commsched.runtime.api import ParallelModule
 from commsched.trace import COMM_KINDS, TraceEvent
 
 __all__ = [
+    "FINE_BUCKET_MB",
     "LARGE_FIRST_SHARE",
     "TASK_OVERLAP_BUCKET_MB",
     "TaskOverlap",
     "beside_backward",
     "fit_costs",
+    "layouts",
     "time_task_overlap",
 ]
 
@@ -65,6 +71,8 @@ TASK_OVERLAP_BUCKET_MB = 1.0
 #: The second layout timed: a first bucket of this share of the gradients' bytes, the rest in one more (one
 #: large task starts while the backward runs, the other after it, as in the plans made on the testbed).
 LARGE_FIRST_SHARE = 0.75
+#: The third: buckets this small (resnet5m: 13 of them, 12 started while the backward runs), many tasks.
+FINE_BUCKET_MB = 0.25
 
 
 @dataclass(frozen=True)
@@ -114,22 +122,26 @@ class TaskOverlap:
             raise ValueError(f"{source}: task_overlap: {exc}") from exc
 
 
-def fit_costs(small: TaskOverlap, large: TaskOverlap) -> tuple[float, float]:
-    """The cost per task and per MiB (ms) that give both layouts' growths: ``growth = tasks · t + MiB · m``
-    solved for the medians of the two; where the exact solution makes one cost negative, that cost is 0 and
-    the other fits both growths in the least-squares sense (a growth below noise gives 0 for both)."""
-    rows = [(statistics.median(o.tasks), statistics.median(o.mib), max(0.0, o.extra_ms)) for o in (small, large)]
-    (n1, m1, g1), (n2, m2, g2) = rows
-    det = n1 * m2 - n2 * m1
-    if det != 0:
-        t, m = (g1 * m2 - g2 * m1) / det, (n1 * g2 - n2 * g1) / det
-        if t >= 0 and m >= 0:
-            return t, m
-    per_mb = (m1 * g1 + m2 * g2) / (m1 * m1 + m2 * m2) if m1 or m2 else 0.0
-    per_task = (n1 * g1 + n2 * g2) / (n1 * n1 + n2 * n2) if n1 or n2 else 0.0
-    residual_mb = sum((g - per_mb * mib) ** 2 for _, mib, g in rows)
-    residual_task = sum((g - per_task * n) ** 2 for n, _, g in rows)
-    return (0.0, per_mb) if residual_mb <= residual_task else (per_task, 0.0)
+def fit_costs(*layouts: TaskOverlap) -> tuple[float, float]:
+    """The cost per task and per MiB (ms), both >= 0, that best give the layouts' growths: ``growth = tasks · t
+    + MiB · m`` over the medians of each layout, by non-negative least squares (``scipy.optimize.nnls``); a
+    growth below noise counts as 0."""
+    if len(layouts) < 2:
+        raise ValueError(f"layouts: two or more are needed to tell a task's cost from its bytes', got {len(layouts)}")
+    a = np.array([[statistics.median(o.tasks), statistics.median(o.mib)] for o in layouts], dtype=float)
+    b = np.array([max(0.0, o.extra_ms) for o in layouts], dtype=float)
+    (per_task, per_mb), _ = scipy.optimize.nnls(a, b)
+    return float(per_task), float(per_mb)
+
+
+def layouts(model_mb: float) -> dict[str, tuple[float, float]]:
+    """The bucket layouts the calibration times, by the key it saves them under: ``(bucket_cap_mb,
+    first_bucket_mb)`` for the runtime's ``ddp`` policy on a model of ``model_mb`` MB of gradients."""
+    return {
+        "task_overlap": (TASK_OVERLAP_BUCKET_MB, TASK_OVERLAP_BUCKET_MB),
+        "task_overlap_large": (model_mb, LARGE_FIRST_SHARE * model_mb),
+        "task_overlap_fine": (FINE_BUCKET_MB, FINE_BUCKET_MB),
+    }
 
 
 def beside_backward(events: Iterable[TraceEvent], worker: int, iteration: int) -> tuple[float, int, float] | None:
