@@ -45,26 +45,20 @@ def test_the_slowest_rank_of_each_iteration_is_what_a_lock_step_run_waits_for(sc
     assert row.iteration_ms == pytest.approx(110.0)
 
 
+def _breakdown(saved: Path) -> str:
+    script = ROOT / "benchmarks" / "hetero_breakdown.py"
+    return subprocess.run([sys.executable, str(script), str(saved)], capture_output=True, text=True, check=True).stdout
+
+
 def test_a_saved_run_without_traces_still_gets_its_compute_alone() -> None:
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "hetero_breakdown.py"), str(SESSION)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = _breakdown(SESSION)
     assert "no trace-plan.json" in out
     assert "plan's compute alone: measured 1549 ms, predicted 1300 ms (-16.1 %)" in out
     assert out.count("  repeat ") == 3, out
 
 
 def test_a_run_that_timed_references_shows_the_prediction_at_its_speed_and_each_repeats_factors() -> None:
-    saved = SESSION.parent / "session25"
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "hetero_breakdown.py"), str(saved)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    out = _breakdown(SESSION.parent / "session25")
     assert "  at the runs' speed: predicted 490 ms (+1.5 %)" in out
     assert "  repeat 0: speed factor per rank 1.076 1.055 0.985 (reference before the repeat over calibration)" in out
     assert out.count("speed factor per rank") == 3

@@ -45,8 +45,9 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
   the share of its rate it kept while the ranks computed, given to the ranks
   that computed longest (:func:`_overlap_comm_rates`). Where the rank timed
   the runtime's tasks in two or more bucket layouts (``task_overlap_large``,
-  ``task_overlap_fine``), both costs come from those instead (:func:`_runtime_overlap_costs`):
-  what the runtime pays, at the batch plans put on the rank.
+  ``task_overlap_fine``), both costs come from those instead
+  (:func:`_runtime_overlap_costs`): what the runtime pays, at the batch plans
+  put on the rank.
 
 ``memory_gib`` fills the devices' memory (the testbed's workers share the
 machine's memory; a per-worker cap is not part of this spec).
@@ -193,7 +194,7 @@ def measured_spec(
     speeds = [compute_ms[0] / ms for ms in compute_ms]
     overlaps = [_overlap_ms_per_mb(rank, name, cpu, speed) for rank, speed in zip(ranks, speeds, strict=True)]
     per_task = [_overlap_ms_per_task(rank, name, per_mb) for rank, per_mb in zip(ranks, overlaps, strict=True)]
-    for r, rank in enumerate(ranks):  # both of the runtime's layouts timed: both costs from them
+    for r, rank in enumerate(ranks):  # the runtime's layouts timed: both costs from them
         fitted = _runtime_overlap_costs(rank, name)
         if fitted is not None:
             per_task[r], overlaps[r] = fitted
