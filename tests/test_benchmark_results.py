@@ -12,6 +12,7 @@ published numbers behind.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -56,6 +57,19 @@ def test_the_auto_tables_are_recomputed_from_their_run() -> None:
     report = resummarise(json.loads((ROOT / "benchmarks" / "results" / "auto-2w" / "bench.json").read_text()))
     for session in report["sessions"]:
         assert markdown_table(report, session) in DOCUMENT, session["label"]
+
+
+def test_the_ten_repeat_unshaped_auto_tables_and_verdict_are_recomputed_from_their_run(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = ROOT / "benchmarks" / "results" / "auto-unshaped-10" / "bench.json"
+    report = resummarise(json.loads(path.read_text()))
+    (session,) = report["sessions"]
+    assert markdown_table(report, session) in DOCUMENT and phase_table(report, session) in DOCUMENT
+    monkeypatch.setattr(sys, "argv", ["auto_vs_best.py", str(path)])
+    script_loader("benchmarks/auto_vs_best.py").main()
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| resnet5m")]
+    assert row in DOCUMENT and "**slower**" in row
 
 
 def test_the_auto_trial_tables_are_recomputed_from_their_run() -> None:
