@@ -22,8 +22,8 @@ The same rounds give the other side of the contention:
 :meth:`OverlapTimes.comm_rate`, the share of its rate the all-reduce kept
 while the ranks computed (the spec's ``overlap_comm_rate``). On the testbed
 of ``commsched bench --plan`` the all-reduce kept 0.62-0.70 of its rate
-while the quarter-core workers computed in sessions 16-24, and 0.72-0.82 on
-a host 3x faster in compute (sessions 25 on): under a quota of 2.5 ms per 10
+while the quarter-core workers computed in sessions 16-24, and 0.62-0.82 on
+a host 3x faster in compute (sessions 25-37): under a quota of 2.5 ms per 10
 ms period the communication threads wait while the compute spends the
 period's quota.
 
