@@ -20,8 +20,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from commsched.bench.drift import predictions_at_run_speed
-from commsched.bench.hetero import batch_sizes, predictions
+from commsched.bench.hetero import batch_sizes, predictions, predictions_at_run_speed
 from commsched.bench.hetero_spec import measured_spec
 from commsched.schedule import CommPlan
 from commsched.testbed.linkrate import LinkRate
@@ -39,7 +38,7 @@ def repredict(run: Path) -> dict[str, dict[str, float]]:
     sizes = batch_sizes(spec, plan, report["global_batch"])
     now, _ = predictions(spec, plan, sizes, trace=False)
     factors = report["measured"].get("speed_factors", [])
-    at_run = predictions_at_run_speed(spec, plan, sizes, factors, lambda s, p, z: predictions(s, p, z, trace=False)[0])
+    at_run = predictions_at_run_speed(spec, plan, sizes, factors)
     out = {}
     for name, row in report["summary"].items():
         if name in now:

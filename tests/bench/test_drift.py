@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from commsched import zoo
-from commsched.bench.drift import predictions_at_run_speed, speed_factors
-from commsched.bench.hetero import batch_sizes, predictions, summarise
+from commsched.bench.drift import speed_factors
+from commsched.bench.hetero import batch_sizes, predictions, predictions_at_run_speed, summarise
 from commsched.bench.hetero_report import AT_RUN_COLUMNS, markdown, targets
 from commsched.bench.hetero_spec import MeasuredSpec, measured_spec
 from commsched.plan.hetero import plan_heterogeneous
@@ -78,10 +78,10 @@ def test_predictions_at_run_speed_are_the_median_over_repeats_and_follow_the_slo
         return predictions(s, p, z, trace=False)[0]
 
     at_calibration = predict(spec, plan.plan, sizes)
-    assert predictions_at_run_speed(spec, plan.plan, sizes, [[1.0] * 3], predict) == pytest.approx(at_calibration)
-    assert predictions_at_run_speed(spec, plan.plan, sizes, [], predict) == {}
+    assert predictions_at_run_speed(spec, plan.plan, sizes, [[1.0] * 3]) == pytest.approx(at_calibration)
+    assert predictions_at_run_speed(spec, plan.plan, sizes, []) == {}
     factors = [[1.3] * 3, [1.1] * 3, [1.2] * 3]  # the host 20 % slower in the median repeat, on every rank
-    at_run = predictions_at_run_speed(spec, plan.plan, sizes, factors, predict)
+    at_run = predictions_at_run_speed(spec, plan.plan, sizes, factors)
     assert at_run == pytest.approx(predict(spec.rescaled([1.2] * 3), plan.plan, sizes))
     compute = at_run["plan_compute"] / at_calibration["plan_compute"]  # compute alone grows by the factor
     assert 1.15 < compute <= 1.2 + 1e-9, compute  # (less the optimizer step, which the factor leaves alone)

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from commsched.models import model_loss, synthetic_batch
+from commsched.plan.batches import proportional_split
 
 __all__ = [
     "AROUND_SHARE",
@@ -76,11 +77,11 @@ def batches_around_shares(reference: int, times_ms: Sequence[float], global_batc
 
 
 def proportional_share(times_ms: Sequence[float], global_batch: int, rank: int) -> int:
-    """Rank ``rank``'s speed-proportional share of ``global_batch`` (speed ∝ 1 / its time), rounded, >= 1."""
+    """Rank ``rank``'s speed-proportional share of ``global_batch`` (speed ∝ 1 / its time), as the
+    speed-proportional DP baseline splits it (:func:`commsched.plan.batches.proportional_split`)."""
     if not times_ms or any(not (t > 0) for t in times_ms):
         raise ValueError(f"every rank's time must be > 0 ms, got {list(times_ms)}")
-    speeds = [1.0 / t for t in times_ms]
-    return max(1, round(global_batch * speeds[rank] / sum(speeds)))
+    return proportional_split(global_batch, [1.0 / t for t in times_ms])[rank]
 
 
 def curve_points(times: dict[int, list[float]], reference: int) -> dict[int, float]:

@@ -15,9 +15,10 @@ that repeat is its median time there over the calibration's
 (:func:`speed_factors`); the host simulates every configuration again with
 each rank's compute scaled by its factor (:meth:`MeasuredSpec.rescaled`) and
 sets the median over repeats beside the calibration's prediction
-(:func:`predictions_at_run_speed`). That prediction uses the runs' compute
-speed, timed alone, and nothing of the configurations' own timings: the
-reference, like the calibration, runs no communication.
+(:func:`commsched.bench.hetero.predictions_at_run_speed`). That prediction
+uses the runs' compute speed, timed alone, and nothing of the
+configurations' own timings: the reference, like the calibration, runs no
+communication.
 """
 
 from __future__ import annotations
@@ -29,10 +30,8 @@ from typing import Any
 import torch
 
 from commsched.bench.batch_curve import time_batch_curve
-from commsched.bench.hetero_spec import MeasuredSpec
-from commsched.schedule import CommPlan
 
-__all__ = ["predictions_at_run_speed", "speed_factors", "time_reference"]
+__all__ = ["speed_factors", "time_reference"]
 
 
 def time_reference(
@@ -73,17 +72,3 @@ def speed_factors(
             row.append(statistics.median(times[0]) / calibrated_ms[r])
         out.append(row)
     return out
-
-
-def predictions_at_run_speed(
-    spec: MeasuredSpec,
-    plan: CommPlan,
-    sizes: dict[str, list[int]],
-    factors: Sequence[Sequence[float]],
-    predict: Callable[[MeasuredSpec, CommPlan, dict[str, list[int]]], dict[str, float]],
-) -> dict[str, float]:
-    """Per configuration, the median over repeats of ``predict`` on the spec rescaled by that repeat's factors."""
-    if not factors:
-        return {}
-    per_repeat = [predict(spec.rescaled(row), plan, sizes) for row in factors]
-    return {name: statistics.median(p[name] for p in per_repeat) for name in per_repeat[0]}

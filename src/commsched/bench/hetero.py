@@ -45,7 +45,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from typing import Any
 from commsched.bench.baselines import DEFAULT_DDP
 from commsched.bench.batch_curve import CURVE_REPEATS
 from commsched.bench.calibrate_task import calibration_sizes
-from commsched.bench.drift import predictions_at_run_speed, speed_factors
+from commsched.bench.drift import speed_factors
 from commsched.bench.hetero_spec import MeasuredSpec, measured_spec, plan_command, runnable_policies
 from commsched.bench.hetero_worker import CONFIGS, REFERENCES
 from commsched.bench.overlap import OVERLAP_REPEATS
@@ -171,6 +171,15 @@ def predictions(
         "plan_compute": planned.compute_ms,
     }
     return predicted, planned.trace
+
+
+def predictions_at_run_speed(
+    spec: MeasuredSpec, plan: CommPlan, sizes: dict[str, list[int]], factors: Sequence[Sequence[float]]
+) -> dict[str, float]:
+    """Per configuration, the median over repeats of :func:`predictions` on the spec rescaled by that repeat's
+    speed factors (:func:`commsched.bench.drift.speed_factors`); empty without factors."""
+    per_repeat = [predictions(spec.rescaled(row), plan, sizes, trace=False)[0] for row in factors]
+    return {name: statistics.median(p[name] for p in per_repeat) for name in per_repeat[0]} if per_repeat else {}
 
 
 def summarise(
@@ -369,7 +378,7 @@ def run_hetero_bench(
     report["batch_sizes"] = sizes
     factors = speed_factors([f.get("reference", []) for f in files], spec.rank_compute_ms)
     report["measured"]["speed_factors"] = factors
-    at_run = predictions_at_run_speed(spec, plan, sizes, factors, lambda s, p, z: predictions(s, p, z, trace=False)[0])
+    at_run = predictions_at_run_speed(spec, plan, sizes, factors)
     report["summary"] = summarise(files, config.warmup, predicted, at_run)
     report["runs"] = files
     report["meta"]["wall_s"] = time.time() - started

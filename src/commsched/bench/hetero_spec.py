@@ -46,8 +46,8 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
   that computed longest (:func:`_overlap_comm_rates`). Where the rank timed
   the runtime's tasks in two or more bucket layouts (``task_overlap_large``,
   ``task_overlap_fine``), both costs come from those instead
-  (:func:`_runtime_overlap_costs`): what the runtime pays, at the batch plans
-  put on the rank.
+  (:func:`_overlap_costs`): what the runtime pays, at the batch plans put on
+  the rank.
 
 ``memory_gib`` fills the devices' memory (the testbed's workers share the
 machine's memory; a per-worker cap is not part of this spec).
@@ -59,7 +59,7 @@ import json
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from commsched.bench.overlap import OverlapTimes
 from commsched.bench.task_overlap import TaskOverlap, fit_costs, layouts
@@ -75,6 +75,8 @@ from commsched.transport import TRANSPORTS
 from commsched.workload import Workload
 
 __all__ = ["MeasuredSpec", "measured_spec", "plan_command", "runnable_policies"]
+
+_Rounds = TypeVar("_Rounds", OverlapTimes, TaskOverlap)
 
 
 @dataclass(frozen=True)
@@ -192,13 +194,10 @@ def measured_spec(
     nodes = []
     cpu = fit_cpu(samples, "all_reduce")
     speeds = [compute_ms[0] / ms for ms in compute_ms]
-    overlaps = [_overlap_ms_per_mb(rank, name, cpu, speed) for rank, speed in zip(ranks, speeds, strict=True)]
-    per_task = [_overlap_ms_per_task(rank, name, per_mb) for rank, per_mb in zip(ranks, overlaps, strict=True)]
-    for r, rank in enumerate(ranks):  # the runtime's layouts timed: both costs from them
-        fitted = _runtime_overlap_costs(rank, name)
-        if fitted is not None:
-            per_task[r], overlaps[r] = fitted
-    rates = _overlap_comm_rates(ranks, name)
+    rounds = [_read(rank, "overlap", OverlapTimes, name) for rank in ranks]
+    costs = [_overlap_costs(rank, t, name, cpu, speed) for rank, t, speed in zip(ranks, rounds, speeds, strict=True)]
+    overlaps, per_task = [m for m, _ in costs], [t for _, t in costs]
+    rates = _overlap_comm_rates(rounds)
     for r, (speed, overlap, link) in enumerate(zip(speeds, overlaps, links, strict=True)):
         device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": speed, "memory_gib": memory_gib}
         if len(curves[r]) >= 2:
@@ -228,32 +227,36 @@ def measured_spec(
     )
 
 
-def _overlap_ms_per_mb(rank: Mapping[str, Any], name: str, cpu: CpuFit | None, speed: float) -> float | None:
-    """The rank's measured overlap cost per MiB, its per-task CPU work (as the simulator charges it) taken off."""
-    if "overlap" not in rank:
+def _read(rank: Mapping[str, Any], key: str, kind: type[_Rounds], name: str) -> _Rounds | None:
+    """The rank's saved rounds under ``key`` (None where it has none); a SpecError naming the rank and key."""
+    if key not in rank:
         return None
+    # a message names the kind of rounds (overlap, task_overlap); the other layouts add their key
+    where = "" if key in ("overlap", "task_overlap") else f" ({key})"
     try:
-        times = OverlapTimes.from_dict(rank["overlap"], f"{name}: rank {rank.get('rank', '?')}")
+        return kind.from_dict(rank[key], f"{name}: rank {rank.get('rank', '?')}{where}")
     except ValueError as exc:
         raise SpecError(name, [str(exc)]) from exc
-    return times.ms_per_mb(cpu.per_op_ms / speed if cpu is not None else 0.0)
 
 
-def _runtime_overlap_costs(rank: Mapping[str, Any], name: str) -> tuple[float, float] | None:
-    """The rank's cost per task and per MiB beside compute from the runtime's bucket layouts, where it timed
-    two or more (:func:`commsched.bench.task_overlap.fit_costs`)."""
-    keys = [key for key in layouts(1.0) if key in rank]
-    if len(keys) < 2:
-        return None
-    source = f"{name}: rank {rank.get('rank', '?')}"
-    try:
-        timed = [TaskOverlap.from_dict(rank[key], f"{source} ({key})") for key in keys]
-    except ValueError as exc:
-        raise SpecError(name, [str(exc)]) from exc
-    return fit_costs(*timed)
+def _overlap_costs(
+    rank: Mapping[str, Any], rounds: OverlapTimes | None, name: str, cpu: CpuFit | None, speed: float
+) -> tuple[float | None, float | None]:
+    """The rank's overlap costs per MiB and per task: both fitted to the runtime's bucket layouts where it timed
+    two or more (:func:`commsched.bench.task_overlap.fit_costs`); else the gloo all-reduce's cost per MiB, its
+    per-task CPU work (as the simulator charges it) taken off, and the runtime's small buckets' growth less
+    their bytes at that cost, per task."""
+    timed = [t for t in (_read(rank, key, TaskOverlap, name) for key in layouts(1.0)) if t is not None]
+    if len(timed) >= 2:
+        per_task, per_mb = fit_costs(*timed)
+        return per_mb, per_task
+    if rounds is None:
+        return None, None
+    per_mb = rounds.ms_per_mb(cpu.per_op_ms / speed if cpu is not None else 0.0)
+    return per_mb, (timed[0].ms_per_task(per_mb) if timed else None)
 
 
-def _overlap_comm_rates(ranks: Sequence[Mapping[str, Any]], name: str) -> list[float | None]:
+def _overlap_comm_rates(rounds: Sequence[OverlapTimes | None]) -> list[float | None]:
     """Per rank, the share of its rate the all-reduce kept while the rank computed beside it, or None.
 
     The all-reduce spans every rank, so its slowdown is the slowest's doing:
@@ -262,28 +265,16 @@ def _overlap_comm_rates(ranks: Sequence[Mapping[str, Any]], name: str) -> list[f
     computing well before the others gets none (the rounds cannot tell its
     share).
     """
-    if not ranks or any("overlap" not in rank for rank in ranks):
-        return [None] * len(ranks)
-    try:
-        times = [OverlapTimes.from_dict(r["overlap"], f"{name}: rank {r.get('rank', '?')}") for r in ranks]
-    except ValueError as exc:
-        raise SpecError(name, [str(exc)]) from exc
-    computing = [statistics.median(t.backward_beside_ms) for t in times]
+    if not rounds or any(t is None for t in rounds):
+        return [None] * len(rounds)
+    computing = [statistics.median(t.backward_beside_ms) for t in rounds if t is not None]
     longest = max(computing)
     if not longest > 0:
-        return [None] * len(ranks)
-    return [t.comm_rate(longest) if c >= longest / 2 else None for t, c in zip(times, computing, strict=True)]
-
-
-def _overlap_ms_per_task(rank: Mapping[str, Any], name: str, per_mb: float | None) -> float | None:
-    """The rank's measured cost per runtime task beside its backward, its bytes' share at ``per_mb`` taken off."""
-    if "task_overlap" not in rank or per_mb is None:
-        return None
-    try:
-        times = TaskOverlap.from_dict(rank["task_overlap"], f"{name}: rank {rank.get('rank', '?')}")
-    except ValueError as exc:
-        raise SpecError(name, [str(exc)]) from exc
-    return times.ms_per_task(per_mb)
+        return [None] * len(rounds)
+    return [
+        t.comm_rate(longest) if t is not None and c >= longest / 2 else None
+        for t, c in zip(rounds, computing, strict=True)
+    ]
 
 
 def runnable_policies() -> list[str]:

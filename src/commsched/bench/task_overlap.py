@@ -122,14 +122,14 @@ class TaskOverlap:
             raise ValueError(f"{source}: task_overlap: {exc}") from exc
 
 
-def fit_costs(*layouts: TaskOverlap) -> tuple[float, float]:
+def fit_costs(*timed: TaskOverlap) -> tuple[float, float]:
     """The cost per task and per MiB (ms), both >= 0, that best give the layouts' growths: ``growth = tasks · t
     + MiB · m`` over the medians of each layout, by non-negative least squares (``scipy.optimize.nnls``); a
     growth below noise counts as 0."""
-    if len(layouts) < 2:
-        raise ValueError(f"layouts: two or more are needed to tell a task's cost from its bytes', got {len(layouts)}")
-    a = np.array([[statistics.median(o.tasks), statistics.median(o.mib)] for o in layouts], dtype=float)
-    b = np.array([max(0.0, o.extra_ms) for o in layouts], dtype=float)
+    if len(timed) < 2:
+        raise ValueError(f"layouts: two or more are needed to tell a task's cost from its bytes', got {len(timed)}")
+    a = np.array([[statistics.median(o.tasks), statistics.median(o.mib)] for o in timed], dtype=float)
+    b = np.array([max(0.0, o.extra_ms) for o in timed], dtype=float)
     (per_task, per_mb), _ = scipy.optimize.nnls(a, b)
     return float(per_task), float(per_mb)
 
