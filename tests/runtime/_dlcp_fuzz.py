@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -32,6 +33,8 @@ HUGE = 10**9  # more elements than any tensor of the test model
 REJECTED = ("garbage", "truncated", "flipped", "other_key", "job_field", "off_range", "off_grid", "bad_numel",
             "bad_length", "bad_rank", "bad_dtype", "bad_kind")  # fmt: skip
 UNMATCHED = ("stale", "wrong_size", "duplicate")
+#: How long a stale example waits for the job to reach a step with older ones behind it.
+STALE_WAIT_S = 30.0
 
 
 class Tap:
@@ -136,8 +139,9 @@ def build(d: Draw, tap: Tap, step_now: int, tasks: int) -> tuple[bytes, Address 
         return signed(dtype=d.choose([0, 10, 77, 255]), payload=bytes(16), **common), None
     if kind == "bad_kind":
         return signed(kind=d.choose([0, 6, 9, 255]), payload=bytes(16), **common), None
-    if kind == "stale":
-        return signed(payload=bytes(16), **{**common, "step": d.pick % max(step_now - 4, 1)}), None
+    if kind == "stale":  # an old step of a task no transfer had: an old transfer's key would count as late
+        old = {**common, "step": d.pick % max(step_now - 4, 1), "task": tasks + d.small}
+        return signed(payload=bytes(16), **old), None
     assert kind == "wrong_size"  # a live or coming transfer's key, with a size no tensor has
     return signed(total=HUGE + d.pick % 1000, payload=bytes(16), **common), None
 
@@ -168,8 +172,15 @@ def start(transport: Any, tap: Tap, examples: int, results: dict[str, Any]) -> t
             d = Draw(data)
             launches = exchange.launches()
             step_now = max(launches.values(), default=0)
+            # nothing is old enough to be stale for sure before step 5: wait for it (a fast host sends every
+            # example in the first steps), for a while, and send no stale datagram if training ends first
+            deadline = time.monotonic() + STALE_WAIT_S
+            while d.kind == "stale" and step_now < 5 and time.monotonic() < deadline:
+                time.sleep(0.01)
+                launches = exchange.launches()
+                step_now = max(launches.values(), default=0)
             if d.kind == "stale" and step_now < 5:
-                return  # nothing is old enough yet to be stale for sure
+                return
             blob, to = build(d, tap, step_now, len(launches))
             raw.sendto(blob, peers[d.receiver].data[0] if to is None else to)
             sent[d.kind] += 1
