@@ -379,3 +379,33 @@ def auto_trials_keep_first(rank: int, world: int, port: int, out: str, steps: in
     replan.TRIAL_MARGIN = 100.0  # no trial loses to the warm-up
     _forced_medians(0.001)  # the first trial: 1 ms; every later one: 1 s
     _auto_against_ddp(rank, world, port, out, steps, "adam")
+
+
+def broadcast_mixed(rank: int, world: int, port: int, out: str) -> None:
+    """broadcast_tensors over float, double, long and a non-contiguous tensor, from rank 1: every rank ends
+    with rank 1's values, in place (the same tensor objects), shapes and strides kept."""
+    from commsched.runtime.startup import broadcast_tensors
+
+    try:
+        init(rank, world, port)
+        base = 10.0 * (rank + 1)
+        floats = torch.arange(6, dtype=torch.float32).reshape(2, 3) + base
+        doubles = torch.full((4,), base, dtype=torch.float64)
+        counts = torch.tensor([int(base)], dtype=torch.long)
+        strided = (torch.arange(6, dtype=torch.float32).reshape(3, 2) + base).t()  # not contiguous
+        objects = [floats, doubles, counts, strided]
+        before = [(t.data_ptr(), t.stride()) for t in objects]
+        broadcast_tensors(objects, 1, dist.group.WORLD, "test")
+        _write(
+            out,
+            rank,
+            {
+                "values": [t.tolist() for t in objects],
+                "same_objects": before == [(t.data_ptr(), t.stride()) for t in objects],
+            },
+        )
+    except Exception:
+        _write(out, rank, {"error": traceback.format_exc()})
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -241,3 +241,16 @@ def test_auto_goes_back_to_its_choice_when_the_runner_up_measured_slower(tmp_pat
     p = _auto_policies(S.auto_trials_keep_first, tmp_path, 16, replans=2)  # to the runner-up and back
     assert p[1] != p[6] and p[1] == p[11] == p[-1], " ".join(p)
     assert policy_class(p[1]).update_mode != policy_class(p[6]).update_mode, p  # the runner-up: the other kind
+
+
+def test_tensors_of_several_dtypes_are_broadcast_in_place_from_the_source_rank(tmp_path: Path) -> None:
+    res = spawn(S.broadcast_mixed, 2, tmp_path, timeout_s=120)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert r["same_objects"]
+        assert r["values"] == [
+            [[20.0, 21.0, 22.0], [23.0, 24.0, 25.0]],
+            [20.0] * 4,
+            [20],
+            [[20.0, 22.0, 24.0], [21.0, 23.0, 25.0]],
+        ]

@@ -45,7 +45,9 @@ class GradientBuffers:
         "_buffer_of",
         "_buffers",
         "_divisor",
+        "_in_place",
         "_offsets",
+        "_targets",
         "_views",
         "params",
         "plan",
@@ -78,6 +80,15 @@ class GradientBuffers:
         #: per owning task: the buffer was divided by the world size since it was last filled
         self._averaged = [False] * len(plan.tasks)
         self._views = [self._whole_view(t) for t in range(len(self.params))]
+        #: per tensor: (owning task, its slice of the buffer, the tensor's elements it takes) for every task
+        #: reading it, sliced once here (a slice per gradient and iteration costs more than the copy check)
+        self._targets = [self._slices_reading(t) for t in range(len(self.params))]
+        #: per tensor: only its bucket view reads it, and nothing scales it there (a gradient that is the view
+        #: is already in place: filling is marking the buffer)
+        self._in_place = [
+            self.weight is None and v is not None and len(d) == 1 and d[0][1].data_ptr() == v.data_ptr()
+            for v, d in zip(self._views, self._targets, strict=True)
+        ]
 
     def _allocate(self, task: CommTask, numel: int) -> TaskBuffer:
         p0 = self.params[task.segments[0].tensor]
@@ -101,6 +112,15 @@ class GradientBuffers:
                 return self._buffers[task.id].flat[off : off + seg.numel].view(p.shape)
         return None
 
+    def _slices_reading(self, tensor: int) -> list[tuple[int, torch.Tensor, int, int]]:
+        out = []
+        for task_id in self.plan.tasks_reading_tensor[tensor]:
+            task, flat = self.plan.tasks[task_id], self._buffers[task_id].flat
+            for seg, off in zip(task.segments, self._offsets[task_id], strict=True):
+                if seg.tensor == tensor:
+                    out.append((self._buffer_of[task_id], flat[off : off + seg.numel], seg.start, seg.stop))
+        return out
+
     def buffer(self, task: int) -> TaskBuffer:
         return self._buffers[task]
 
@@ -108,23 +128,21 @@ class GradientBuffers:
 
     def fill(self, tensor: int, grad: torch.Tensor | None) -> None:
         """Copy this rank's gradient of ``tensor`` (zeros for ``None``) into every task that reads it."""
+        targets = self._targets[tensor]
+        for owner, _, _, _ in targets:
+            self._averaged[owner] = False
+        if grad is not None and self._in_place[tensor] and grad.data_ptr() == targets[0][1].data_ptr():
+            return  # p.grad is the bucket view: already there
         flat_grad = None if grad is None else grad.detach().reshape(-1)
-        for task_id in self.plan.tasks_reading_tensor[tensor]:
-            task = self.plan.tasks[task_id]
-            flat = self._buffers[task_id].flat
-            self._averaged[self._buffer_of[task_id]] = False
-            for seg, off in zip(task.segments, self._offsets[task_id], strict=True):
-                if seg.tensor != tensor:
-                    continue
-                dst = flat[off : off + seg.numel]
-                if flat_grad is None:
-                    dst.zero_()
-                else:
-                    src = flat_grad[seg.start : seg.stop]
-                    if src.data_ptr() != dst.data_ptr():  # else p.grad is the bucket view: already there
-                        dst.copy_(src)
-                    if self.weight is not None:
-                        dst.mul_(self.weight)
+        for _, dst, start, stop in targets:
+            if flat_grad is None:
+                dst.zero_()
+                continue
+            src = flat_grad[start:stop]
+            if src.data_ptr() != dst.data_ptr():  # else p.grad is the bucket view
+                dst.copy_(src)
+            if self.weight is not None:
+                dst.mul_(self.weight)
 
     def attach_views(self, params_without_grad: Sequence[int]) -> list[int]:
         """``p.grad`` = the zeroed bucket view for each listed tensor that has one; returns those tensors."""

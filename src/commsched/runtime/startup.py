@@ -153,15 +153,17 @@ def tiny_allreduces(group: dist.ProcessGroup, repeats: int, device: torch.device
 
 
 def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int, group: dist.ProcessGroup, what: str) -> None:
-    """Rank ``src``'s values of ``tensors`` on every rank: one flat broadcast per dtype and device."""
+    """Rank ``src``'s values of ``tensors`` on every rank: one flat broadcast per dtype and device, all of them
+    in flight together (as DDP's coalesced broadcast: one round trip, not one per dtype; before every forward
+    BatchNorm's float statistics and long counters are two), each read back in one foreach copy."""
     by_kind: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for t in tensors:
         by_kind.setdefault((t.dtype, t.device), []).append(t)
     with torch.no_grad(), peers(what):
-        for ts in by_kind.values():
-            flat = torch.cat([t.detach().reshape(-1) for t in ts])
-            dist.broadcast(flat, src=src, group=group)
-            offset = 0
-            for t in ts:
-                t.copy_(flat[offset : offset + t.numel()].view_as(t))
-                offset += t.numel()
+        flats = [torch.cat([t.detach().reshape(-1) for t in ts]) for ts in by_kind.values()]
+        works = [dist.broadcast(flat, src=src, group=group, async_op=True) for flat in flats]
+        for ts, flat, work in zip(by_kind.values(), flats, works, strict=True):
+            assert work is not None  # async_op=True
+            work.wait()
+            views = [part.view_as(t) for part, t in zip(flat.split([t.numel() for t in ts]), ts, strict=True)]
+            torch._foreach_copy_(ts, views)
