@@ -21,7 +21,8 @@ and its coefficient of variation over the iterations, the slowest of the
 ranks' medians, the median over iterations of the slowest rank in each
 (lock-step: what the barrier waits for) and the iteration's median; where
 the run timed each rank's reference before every repeat, the prediction at
-the runs' speed and each repeat's speed factors (:mod:`commsched.bench.drift`).
+the runs' speed and each repeat's speed factors (:mod:`commsched.bench.drift`;
+per batch where the run also timed each rank's batch in the plan).
 """
 
 from __future__ import annotations
@@ -152,6 +153,12 @@ def main() -> None:
         for repeat, factors in enumerate(report["measured"].get("speed_factors", [])):
             cells = " ".join(f"{f:.3f}" for f in factors)
             print(f"  repeat {repeat}: speed factor per rank {cells} (reference before the repeat over calibration)")
+        for repeat, per_rank in enumerate(report["measured"].get("speed_factors_by_batch", [])):
+            cells = ", ".join(
+                " ".join(f"{f:.3f} at {b}" for b, f in sorted(factors.items(), key=lambda kv: int(kv[0])))
+                for factors in per_rank
+            )
+            print(f"  repeat {repeat}: speed factor per rank and batch {cells}")
         for row in compute_alone(report, args.skip):
             medians = " ".join(f"{m:.0f}" for m in row.medians_ms)
             cvs = " ".join(f"{c * 100:.1f}" for c in row.cv)

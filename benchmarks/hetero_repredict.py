@@ -10,7 +10,8 @@ configuration is simulated again; beside it, the prediction the run itself
 made and the measured median, so a change to the model can be judged on runs
 already made. Runs that timed each rank's reference before every repeat
 (``speed_factors``) are also predicted again at the runs' speed
-(:mod:`commsched.bench.drift`).
+(:mod:`commsched.bench.drift`; per batch where the run timed each rank's
+batch in the plan too, ``speed_factors_by_batch``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,12 @@ def repredict(run: Path) -> dict[str, dict[str, float]]:
     plan = dataclasses.replace(CommPlan.load(run / "plan.json"), workload=spec.workload)
     sizes = batch_sizes(spec, plan, report["global_batch"])
     now, _ = predictions(spec, plan, sizes, trace=False)
-    factors = report["measured"].get("speed_factors", [])
+    by_batch = report["measured"].get("speed_factors_by_batch")
+    factors = (
+        [[{int(b): f for b, f in per.items()} for per in row] for row in by_batch]
+        if by_batch is not None
+        else report["measured"].get("speed_factors", [])
+    )
     at_run = predictions_at_run_speed(spec, plan, sizes, factors)
     out = {}
     for name, row in report["summary"].items():

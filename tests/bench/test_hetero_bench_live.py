@@ -97,6 +97,15 @@ def test_bench_plan_auto_measures_the_testbed_plans_on_it_and_runs_plan_and_base
         sorted(f["reference"][0]["ms"])[len(f["reference"][0]["ms"]) // 2] / ms
         for f, ms in zip(session, measured["rank_compute_ms"], strict=True)
     ]
+    # and, in the same rounds, its batch in the plan: a factor per batch where the two differ
+    (by_batch,) = measured["speed_factors_by_batch"]
+    for f, plan_batch, per_batch, factor in zip(session, sizes["plan"], by_batch, factors, strict=True):
+        record = f["reference"][0]
+        assert per_batch["2"] == pytest.approx(factor)
+        if plan_batch == 2:
+            assert "at" not in record and list(per_batch) == ["2"], (record, per_batch)
+        else:
+            assert len(record["at"][str(plan_batch)]) == len(record["ms"]) and set(per_batch) == {"2", str(plan_batch)}
     for row in summary.values():
         assert row["predicted_at_run_ms"] > 0 and "error_at_run_pct" in row, row
     assert report["traces"] == {

@@ -31,6 +31,7 @@ __all__ = [
     "curve_points",
     "proportional_share",
     "time_batch_curve",
+    "time_rounds",
 ]
 
 #: Timed rounds (after one untimed round).
@@ -107,24 +108,37 @@ def time_batch_curve(
     model: torch.nn.Module,
     progress: Callable[[int], None] = lambda _round: None,
 ) -> dict[int, list[float]]:
-    """Forward + backward ms of each timed round at each of ``batches``, every rank in lock-step (a barrier
-    before each iteration; every rank of the process group must call it with the same ``batches``).
+    """Forward + backward ms of each timed round at each of ``batches`` (distinct), every rank in lock-step
+    (a barrier before each iteration; every rank of the process group must call it with as many batches).
 
     The batches take turns (one iteration each per round), so a drift of the machine's speed over the
     measurement falls on all of them alike rather than on whichever was timed last.
     """
-    if not batches:
-        return {}
-    inputs = {batch: synthetic_batch(model_name, batch, seed, rank, 0) for batch in batches}
-    times: dict[int, list[float]] = {batch: [] for batch in batches}
-    for i in range(1 + CURVE_REPEATS):
-        for batch, (x, y) in inputs.items():
+    if len(set(batches)) != len(batches):
+        raise ValueError(f"batches: each batch once, got {list(batches)}")
+    return dict(zip(batches, time_rounds(model_name, batches, seed, rank, model, progress), strict=True))
+
+
+def time_rounds(
+    model_name: str,
+    batches: Sequence[int],
+    seed: int,
+    rank: int,
+    model: torch.nn.Module,
+    progress: Callable[[int], None] = lambda _round: None,
+) -> list[list[float]]:
+    """:func:`time_batch_curve`'s rounds by position in ``batches`` (a batch may come twice: ranks whose
+    lists differ in values but not in length stay in lock-step)."""
+    inputs = [synthetic_batch(model_name, batch, seed, rank, 0) for batch in batches]
+    times: list[list[float]] = [[] for _ in batches]
+    for i in range(1 + CURVE_REPEATS if batches else 0):
+        for (x, y), out in zip(inputs, times, strict=True):
             dist.barrier()
             start = time.perf_counter()
             model_loss(model(x), y).backward()
             elapsed = time.perf_counter() - start
             model.zero_grad()
             if i:
-                times[batch].append(elapsed * 1e3)
+                out.append(elapsed * 1e3)
         progress(i)
     return times

@@ -19,6 +19,17 @@ sets the median over repeats beside the calibration's prediction
 uses the runs' compute speed, timed alone, and nothing of the
 configurations' own timings: the reference, like the calibration, runs no
 communication.
+
+The drift need not be the same at every batch: in session 35
+(benchmarks/results/hetero-resnet5m) rank 0's reference at batch 16 ran at
+the calibration's speed (factors 1.10, 1.00, 0.97) while its plan's batch 36
+ran 10 % slower than calibrated (the plan's compute alone -9.5 % at the runs'
+speed). So each rank also times the plan's batch for it in the same rounds
+(taking turns with the reference batch, as the calibration's batch curve
+does), and :func:`factors_by_batch` gives each rank a factor per batch;
+:meth:`MeasuredSpec.rescaled` interpolates between them, so a configuration
+whose batches lie between the two (speed-proportional DP) gets factors
+between.
 """
 
 from __future__ import annotations
@@ -29,21 +40,22 @@ from typing import Any
 
 import torch
 
-from commsched.bench.batch_curve import time_batch_curve
+from commsched.bench.batch_curve import curve_points, time_rounds
 
-__all__ = ["speed_factors", "time_reference"]
+__all__ = ["factors_by_batch", "speed_factors", "time_reference"]
 
 
 def time_reference(
     model_name: str,
-    batch: int,
+    batches: Sequence[int],
     seed: int,
     rank: int,
     model: torch.nn.Module,
     progress: Callable[[int], None] = lambda _round: None,
-) -> list[float]:
-    """This rank's forward + backward ms per timed round at ``batch``, every rank in lock-step (all call it)."""
-    return time_batch_curve(model_name, [batch], seed, rank, model, progress)[batch]
+) -> list[list[float]]:
+    """This rank's forward + backward ms per timed round at each of ``batches`` (by position), every rank in
+    lock-step (all call it, with as many batches)."""
+    return time_rounds(model_name, batches, seed, rank, model, progress)
 
 
 def speed_factors(
@@ -70,5 +82,40 @@ def speed_factors(
             if len(times) != 1 or not times[0] or any(not t > 0 for t in times[0]):
                 raise ValueError(f"references[{r}]: repeat {k} needs one record of times > 0 ms, got {times!r}")
             row.append(statistics.median(times[0]) / calibrated_ms[r])
+        out.append(row)
+    return out
+
+
+def factors_by_batch(
+    references: Sequence[Sequence[Mapping[str, Any]]], calibrated_ms: Callable[[int, int], float]
+) -> list[list[dict[int, float]]]:
+    """Per repeat, per rank: the speed factor at each batch the rank timed, ``{batch: factor}``.
+
+    ``references[r]``: rank r's records, ``{"repeat": k, "batch": b, "ms": [...]}``
+    with, where the rank also timed other batches in the same rounds,
+    ``"at": {"b2": [...]}``; ``calibrated_ms(r, b)``: the calibration's
+    forward + backward of rank r at batch b. A batch's figure is the median
+    over rounds of its time over the reference batch's in the same round,
+    times the reference's median (:func:`commsched.bench.batch_curve.curve_points`:
+    drift within the repeat cancels); its factor, that figure over the
+    calibration's. Raises ValueError as :func:`speed_factors` does.
+    """
+    repeats = sorted({int(rec["repeat"]) for recs in references for rec in recs})
+    out = []
+    for k in repeats:
+        row = []
+        for r, recs in enumerate(references):
+            mine = [rec for rec in recs if int(rec["repeat"]) == k]
+            if len(mine) != 1:
+                raise ValueError(f"references[{r}]: repeat {k} needs one record, got {len(mine)}")
+            rec = mine[0]
+            times = {int(rec["batch"]): list(rec["ms"])} | {int(b): list(ms) for b, ms in rec.get("at", {}).items()}
+            for b, ms in times.items():
+                if not ms or len(ms) != len(times[int(rec["batch"])]) or any(not t > 0 for t in ms):
+                    raise ValueError(
+                        f"references[{r}]: repeat {k}, batch {b} needs one time > 0 ms per round, got {ms!r}"
+                    )
+            figures = curve_points(times, int(rec["batch"]))
+            row.append({b: ms / calibrated_ms(r, b) for b, ms in sorted(figures.items())})
         out.append(row)
     return out

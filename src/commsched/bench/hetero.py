@@ -45,7 +45,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +53,7 @@ from typing import Any
 from commsched.bench.baselines import DEFAULT_DDP
 from commsched.bench.batch_curve import CURVE_REPEATS
 from commsched.bench.calibrate_task import calibration_sizes
-from commsched.bench.drift import speed_factors
+from commsched.bench.drift import factors_by_batch, speed_factors
 from commsched.bench.hetero_spec import MeasuredSpec, measured_spec, plan_command, runnable_policies
 from commsched.bench.hetero_worker import CONFIGS, REFERENCES
 from commsched.bench.overlap import OVERLAP_REPEATS
@@ -174,11 +174,16 @@ def predictions(
 
 
 def predictions_at_run_speed(
-    spec: MeasuredSpec, plan: CommPlan, sizes: dict[str, list[int]], factors: Sequence[Sequence[float]]
+    spec: MeasuredSpec,
+    plan: CommPlan,
+    sizes: dict[str, list[int]],
+    factors: Sequence[Sequence[float | Mapping[int, float]]],
 ) -> dict[str, float]:
     """Per configuration, the median over repeats of :func:`predictions` on the spec rescaled by that repeat's
-    speed factors (:func:`commsched.bench.drift.speed_factors`); empty without factors."""
-    per_repeat = [predictions(spec.rescaled(row), plan, sizes, trace=False)[0] for row in factors]
+    speed factors (:func:`commsched.bench.drift.speed_factors`, or per batch:
+    :func:`commsched.bench.drift.factors_by_batch`); empty without factors."""
+    batches = {b for per_rank in sizes.values() for b in per_rank}
+    per_repeat = [predictions(spec.rescaled(row, batches), plan, sizes, trace=False)[0] for row in factors]
     return {name: statistics.median(p[name] for p in per_repeat) for name in per_repeat[0]} if per_repeat else {}
 
 
@@ -364,6 +369,7 @@ def run_hetero_bench(
             "repeats": config.repeats,
             "configs": list(runs),
             "reference_batch": profile_batch,
+            "reference_at_plan": True,
         }
         steps = config.repeats * (len(runs) * (config.warmup + config.iters) + 1 + CURVE_REPEATS)
         say(f"bench --plan: running {', '.join(runs)} x {config.repeats} repeats")
@@ -376,9 +382,12 @@ def run_hetero_bench(
     report["traces"] = traces
     report["global_batch"] = global_batch
     report["batch_sizes"] = sizes
-    factors = speed_factors([f.get("reference", []) for f in files], spec.rank_compute_ms)
-    report["measured"]["speed_factors"] = factors
-    at_run = predictions_at_run_speed(spec, plan, sizes, factors)
+    references = [f.get("reference", []) for f in files]
+    report["measured"]["speed_factors"] = speed_factors(references, spec.rank_compute_ms)
+    by_batch = factors_by_batch(references, spec.compute_ms_at)
+    saved = [[{str(b): f for b, f in per.items()} for per in row] for row in by_batch]  # JSON: keys are text
+    report["measured"]["speed_factors_by_batch"] = saved
+    at_run = predictions_at_run_speed(spec, plan, sizes, by_batch)
     report["summary"] = summarise(files, config.warmup, predicted, at_run)
     report["runs"] = files
     report["meta"]["wall_s"] = time.time() - started

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -69,6 +69,7 @@ from commsched.plan.gloo import gloo_options
 from commsched.plan.search import simulate_candidate
 from commsched.profile.network import CpuFit, ProbeSample, fit_alpha_beta, fit_cpu
 from commsched.schedule import LOSSLESS, CommPlan, make_knobs, policy_class
+from commsched.sim.compute import batch_factor
 from commsched.sim.simulator import SimOptions, SimResult, simulate_plan
 from commsched.testbed.linkrate import LinkRate
 from commsched.transport import TRANSPORTS
@@ -125,21 +126,41 @@ class MeasuredSpec:
         options = self.options(plan.policy, plan.knobs.to_dict())
         return simulate_plan(plan, self.cluster, options=options, trace=trace, batch_sizes=plan.batch_sizes)
 
-    def rescaled(self, factors: Sequence[float]) -> MeasuredSpec:
+    def compute_ms_at(self, rank: int, batch: int) -> float:
+        """Rank ``rank``'s forward + backward at ``batch`` as calibrated: its time at the profile's batch times
+        :func:`commsched.sim.compute.batch_factor` (its batch curve where it has one, as the simulator)."""
+        curve = self.cluster.worker_batch_curves(self.workload.model)[rank]
+        return self.rank_compute_ms[rank] * batch_factor(curve, batch, self.workload.batch_size)
+
+    def rescaled(self, factors: Sequence[float | Mapping[int, float]], batches: Iterable[int] = ()) -> MeasuredSpec:
         """This spec with rank r's compute taking ``factors[r]`` times as long (its device's speed divided by the
-        factor, its batch curve multiplied; the workload, links and overlap costs as they are)."""
-        if len(factors) != self.cluster.num_workers or any(not f > 0 for f in factors):
-            raise ValueError(f"factors: one > 0 per rank ({self.cluster.num_workers}), got {list(factors)}")
+        factor at the profile's batch, its batch curve multiplied; the workload, links and overlap costs as
+        they are).
+
+        A factor may be given per batch, ``{batch: factor}`` (one of them at the profile's batch), for a
+        factor interpolated linearly in batch between those (the nearest one's beyond them). The curve then
+        holds, at its own points, at those batches and at ``batches`` (those the caller will simulate), the
+        calibrated time times the factor there: exact at each of them, linear between."""
+        if len(factors) != self.cluster.num_workers:
+            raise ValueError(f"factors: one per rank ({self.cluster.num_workers}), got {list(factors)}")
+        pb, model = self.workload.batch_size, self.workload.model
+        per_rank = [_factor_points(f, r, pb) for r, f in enumerate(factors)]
+        wanted = set(batches)
         data = self.cluster.to_dict()
-        for r, (node, f) in enumerate(zip(data["nodes"], factors, strict=True)):
+        for r, (node, points) in enumerate(zip(data["nodes"], per_rank, strict=True)):
             device = node.get("device")
             if device is None or node.get("count", 1) != 1:
                 raise ValueError(f"nodes[{r}]: a measured spec has one device per node, got {node!r}")
-            device["speed"] = device.get("speed", 1.0) / f
-            for curve in device.get("model_batch_ms", {}).values():
-                curve.update({b: ms * f for b, ms in curve.items()})
+            device["speed"] = device.get("speed", 1.0) / points[pb]
+            curves = device.setdefault("model_batch_ms", {})
+            if len(points) > 1:
+                at = {int(b) for b in curves.get(model, {})} | set(points) | wanted | {pb}
+                curves[model] = {b: self.compute_ms_at(r, b) for b in sorted(at)}
+            for name, curve in curves.items():
+                curve.update({b: ms * _along_points(points, int(b)) if name == model else ms * points[pb]
+                              for b, ms in curve.items()})  # fmt: skip
         cluster = Cluster.from_dict(data, source=f"{self.cluster.name} (rescaled)")
-        compute_ms = tuple(ms * f for ms, f in zip(self.rank_compute_ms, factors, strict=True))
+        compute_ms = tuple(ms * points[pb] for ms, points in zip(self.rank_compute_ms, per_rank, strict=True))
         return replace(self, cluster=cluster, rank_compute_ms=compute_ms)
 
     def sim_pairs(self) -> list[str]:
@@ -154,6 +175,29 @@ class MeasuredSpec:
             "cpu_scales_with_speed": str(o.cpu_scales_with_speed).lower(),
         }
         return [f"{k}={v}" for k, v in pairs.items()]
+
+
+def _factor_points(factor: float | Mapping[int, float], rank: int, profile_batch: int) -> dict[int, float]:
+    """One rank's factors as ``{batch: factor}`` (a single factor: at the profile's batch), checked."""
+    points = {profile_batch: factor} if isinstance(factor, (int, float)) else {int(b): f for b, f in factor.items()}
+    if profile_batch not in points or any(not (isinstance(f, (int, float)) and f > 0) for f in points.values()):
+        raise ValueError(
+            f"factors[{rank}]: a number > 0, or one per batch including the profile's batch {profile_batch}, "
+            f"got {factor!r}"
+        )
+    return points
+
+
+def _along_points(points: Mapping[int, float], batch: int) -> float:
+    """The factor at ``batch``: linear between the two nearest batches of ``points``, the nearest beyond them."""
+    xs = sorted(points)
+    if batch <= xs[0]:
+        return points[xs[0]]
+    if batch >= xs[-1]:
+        return points[xs[-1]]
+    hi = next(i for i, x in enumerate(xs) if x >= batch)
+    b0, b1 = xs[hi - 1], xs[hi]
+    return points[b0] + (points[b1] - points[b0]) * (batch - b0) / (b1 - b0)
 
 
 def measured_spec(

@@ -29,9 +29,10 @@ parameter difference from ``even_ddp`` of the same repeat.
 
 With ``reference_batch``, every repeat starts with every rank timing its
 forward + backward at that batch in lock-step, as the calibration did
-(:func:`commsched.bench.drift.time_reference`): the host's compute speed in
-that repeat against the calibration's, for the predictions at the runs'
-speed (:mod:`commsched.bench.drift`).
+(:func:`commsched.bench.drift.time_reference`), and with
+``reference_at_plan`` at its batch in the plan too, the two taking turns:
+the host's compute speed in that repeat against the calibration's, for the
+predictions at the runs' speed (:mod:`commsched.bench.drift`).
 
 Every rank writes ``rank<r>.json``: per run the start and the wall time of
 every iteration (warm-up included; the host drops it), per repeat the
@@ -86,6 +87,7 @@ class HeteroJob:
     threads: int = 1
     comm_timeout_s: float = 60.0
     reference_batch: int = 0  # > 0: time forward + backward at this batch before every repeat
+    reference_at_plan: bool = False  # and, in the same rounds, at the plan's batch of each rank
 
     @property
     def steps(self) -> int:
@@ -164,8 +166,14 @@ def session(job: HeteroJob, rank: int, world: int) -> dict[str, Any]:
         if job.reference_batch > 0:
             model = build_model(job.model, job.seed)
             tick = functools.partial(progress, "reference", repeat)
-            rounds = time_reference(job.model, job.reference_batch, job.seed, rank, model, tick)
-            references.append({"repeat": repeat, "batch": job.reference_batch, "ms": rounds})
+            batches = [job.reference_batch]
+            if job.reference_at_plan:  # every rank times two batches (lock-step), the same one twice if so
+                batches.append(job.batch_sizes["plan"][rank])
+            rounds = time_reference(job.model, batches, job.seed, rank, model, tick)
+            record: dict[str, Any] = {"repeat": repeat, "batch": job.reference_batch, "ms": rounds[0]}
+            if len(batches) > 1 and batches[1] != job.reference_batch:
+                record["at"] = {str(batches[1]): rounds[1]}
+            references.append(record)
         params: dict[str, torch.Tensor] = {}
         for config in order(job.configs, repeat):
             dist.barrier()
