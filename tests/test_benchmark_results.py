@@ -59,10 +59,14 @@ def test_the_auto_tables_are_recomputed_from_their_run() -> None:
         assert markdown_table(report, session) in DOCUMENT, session["label"]
 
 
+@pytest.mark.parametrize("run", ["auto-unshaped-10", "auto-unshaped-10-cost"])
 def test_the_ten_repeat_unshaped_auto_tables_and_verdict_are_recomputed_from_their_run(
-    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    script_loader: Callable[[str], ModuleType],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    run: str,
 ) -> None:
-    path = ROOT / "benchmarks" / "results" / "auto-unshaped-10" / "bench.json"
+    path = ROOT / "benchmarks" / "results" / run / "bench.json"
     report = resummarise(json.loads(path.read_text()))
     (session,) = report["sessions"]
     assert markdown_table(report, session) in DOCUMENT and phase_table(report, session) in DOCUMENT
@@ -78,7 +82,7 @@ def test_the_auto_trial_tables_are_recomputed_from_their_run() -> None:
         assert markdown_table(report, session) in DOCUMENT, session["label"]
 
 
-@pytest.mark.parametrize("session", ["", *(f"session{n}" for n in range(2, 38))])
+@pytest.mark.parametrize("session", ["", *(f"session{n}" for n in range(2, 42))])
 def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_runs(session: str) -> None:
     from commsched.bench.hetero_report import markdown
 
