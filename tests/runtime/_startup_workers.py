@@ -348,7 +348,7 @@ def _forced_medians(*first: float) -> None:
     import commsched.runtime.replan as replan
 
     medians = iter(first)
-    replan.Replanner.trial_median = lambda self, a, b: next(medians, 1.0)  # type: ignore[method-assign]
+    replan.Replanner.trial_mean = lambda self, a, b: next(medians, 1.0)  # type: ignore[method-assign]
 
 
 def auto_trial(rank: int, world: int, port: int, out: str, steps: int) -> None:

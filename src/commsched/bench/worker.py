@@ -204,7 +204,7 @@ def _policy(
     replanner = getattr(getattr(wrapped, "engine", None), "replanner", None)
     if replanner is not None and replanner.trials:  # rank 0's: the plans auto measured, in order
         chosen["trials"] = [
-            {"policy": policy, "median_ms": None if t is None else t * 1e3} for _, policy, t in replanner.trials
+            {"policy": policy, "mean_ms": None if t is None else t * 1e3} for _, policy, t in replanner.trials
         ]
     params = _flat_params(model)
     close = getattr(wrapped, "close", None)

@@ -92,8 +92,8 @@ class DriftMonitor:
         return compute_factor, bandwidth_factor
 
 
-#: Iterations a plan runs in its trial after the one it is switched in at; the median of all but the last
-#: (whose end is not known when rank 0 decides) decides.
+#: Iterations a plan runs in its trial after the one it is switched in at; the mean of all but the last
+#: (whose end is not known when rank 0 decides) decides (:meth:`Replanner.trial_mean`).
 TRIAL_ITERATIONS = 4
 #: The warm-up's plan is measured as a trial of its own only when the fastest trial is slower than the last
 #: warm-up iteration by more than this (relative).
@@ -101,7 +101,7 @@ TRIAL_MARGIN = 0.05
 
 
 def choose(trials: list[float | None], baseline_s: float | None, margin: float) -> int | None:
-    """Which measured plan to keep: the index of the fastest trial (median seconds per iteration).
+    """Which measured plan to keep: the index of the fastest trial (mean seconds per iteration).
 
     None: the warm-up's plan may be faster, because even the fastest trial is
     slower than ``baseline_s`` (one warm-up iteration) by more than ``margin``.
@@ -123,7 +123,7 @@ class Replanner:
     Besides drift, **trials**: the plan chosen by prediction and the runner-up
     of the same search (the best of the policies that update the other way:
     :func:`~commsched.schedule.updating_like`) are each measured for
-    :data:`TRIAL_ITERATIONS` iterations and the faster is kept. Where even the
+    :data:`TRIAL_ITERATIONS` iterations and the faster (by its mean) is kept. Where even the
     faster is slower than the last warm-up iteration (the provisional plan) by
     more than :data:`TRIAL_MARGIN`, one iteration is not taken as the verdict:
     the warm-up's plan is measured as a third trial, the same way, and the
@@ -158,7 +158,7 @@ class Replanner:
         self.periods: dict[int, float] = {}
         #: policies whose plans were measured and not kept (left out of re-plans)
         self.tried: set[str] = set()
-        #: the plans measured in trials, in order: (plan JSON, policy, median seconds per iteration or None)
+        #: the plans measured in trials, in order: (plan JSON, policy, mean seconds per iteration or None)
         self.trials: list[tuple[str, str, float | None]] = []
 
     def iteration_starts(self, iteration: int) -> None:
@@ -173,10 +173,18 @@ class Replanner:
         """Time spent planning, left out of the iteration it fell in."""
         self._excluded_s += seconds
 
-    def trial_median(self, first: int, last: int) -> float | None:
-        """Median wall time of iterations ``first..last`` (None where none was measured)."""
+    def trial_mean(self, first: int, last: int) -> float | None:
+        """Mean wall time of iterations ``first..last`` (None where none was measured).
+
+        The mean, not the median: training time is the sum of the iterations, and a plan whose
+        iterations alternate between fast and slow (DeAR's, whose all-gathers land in the next
+        forward) has a median below its mean. In the two unshaped runs of ten repeats
+        (benchmarks/results/auto-unshaped-10*), the median of three kept DeAR in four repeats where
+        it then ran 1.07-1.26x the runtime's ``ddp`` of the same repeat; its trials' means would have
+        kept another plan in two of them.
+        """
         trial = [self.periods[k] for k in range(first, last + 1) if k in self.periods]
-        return statistics.median(trial) if trial else None
+        return statistics.fmean(trial) if trial else None
 
     def after_trials(self, baseline_iteration: int, warmup_plan: str) -> tuple[str, bool]:
         """After the last trial: ``(warmup_plan, True)`` to measure the warm-up's plan as one more trial,

@@ -90,7 +90,7 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
     payload: list[Any] = [None, False]
     if engine.rank == 0:
         current = engine.plan.to_json(indent=None)
-        replanner.trials.append((current, engine.plan.policy, replanner.trial_median(first, decide_at - 2)))
+        replanner.trials.append((current, engine.plan.policy, replanner.trial_mean(first, decide_at - 2)))
         assert engine._plan_inputs is not None
         workload, network = engine._plan_inputs
         runner_up = None
