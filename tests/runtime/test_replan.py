@@ -51,15 +51,24 @@ def test_the_fastest_trial_is_kept_unless_it_is_slower_than_the_warm_up_by_the_m
     assert choose([None, None], 0.1, TRIAL_MARGIN) == 1  # nothing measured: stay
 
 
-def test_the_trials_means_choose_the_plan_and_the_others_are_left_out_of_re_plans() -> None:
+def test_the_trials_means_to_the_end_of_their_flush_choose_the_plan_and_the_others_are_left_out() -> None:
     from commsched.runtime.replan import Replanner
 
     r = Replanner(DriftPolicy(), world=2, measures=True)
-    # a steady plan, then one alternating fast and slow: its median (0.095) is below the other's, its mean not
-    r.periods = {1: 0.100, 3: 0.104, 4: 0.106, 5: 0.102, 7: 0.090, 8: 0.150, 9: 0.095}
-    first, second = r.trial_mean(3, 5), r.trial_mean(7, 9)
-    assert (first, second) == (pytest.approx(0.104), pytest.approx(0.335 / 3))
-    assert r.trial_mean(20, 22) is None
+    # a steady plan over iterations 3-6, iteration 6 timed to its flush at 10.410 s
+    r.periods = {1: 0.105, 3: 0.104, 4: 0.106, 5: 0.102}
+    r._last_start = (6, 10.300)
+    first = r.trial_mean(3, 10.410)
+    assert first == pytest.approx((0.104 + 0.106 + 0.102 + 0.110) / 4)
+    # then one alternating fast and slow, whose deferred work makes its flush long: its median of the
+    # whole iterations (0.095) is below the first's, its mean to the end of the flush is not
+    r.periods.update({8: 0.090, 9: 0.150, 10: 0.095})
+    r._last_start = (11, 20.000)
+    second = r.trial_mean(8, 20.150)
+    assert second == pytest.approx((0.090 + 0.150 + 0.095 + 0.150) / 4)
+    assert r.trial_mean(20, 20.150) is None  # not measured
+    r.exclude(0.050)  # planning inside the current iteration is not the plan's time
+    assert r.trial_mean(11, 20.150) == pytest.approx(0.100)
     r.trials = [("plan-a", "ddp", first), ("plan-b", "dear", second)]
     assert r.after_trials(1, "warm-up") == ("plan-a", False)
     assert r.tried == {"dear"}  # the kept policy stays eligible when the plan is made again

@@ -92,8 +92,8 @@ class DriftMonitor:
         return compute_factor, bandwidth_factor
 
 
-#: Iterations a plan runs in its trial after the one it is switched in at; the mean of all but the last
-#: (whose end is not known when rank 0 decides) decides (:meth:`Replanner.trial_mean`).
+#: Iterations a plan runs in its trial after the one it is switched in at; their mean decides, the last
+#: timed to the end of a flush of the work it deferred (:meth:`Replanner.trial_mean`).
 TRIAL_ITERATIONS = 4
 #: The warm-up's plan is measured as a trial of its own only when the fastest trial is slower than the last
 #: warm-up iteration by more than this (relative).
@@ -173,18 +173,24 @@ class Replanner:
         """Time spent planning, left out of the iteration it fell in."""
         self._excluded_s += seconds
 
-    def trial_mean(self, first: int, last: int) -> float | None:
-        """Mean wall time of iterations ``first..last`` (None where none was measured).
+    def trial_mean(self, first: int, now: float) -> float | None:
+        """Mean wall time per iteration from iteration ``first`` to ``now``, within the current iteration
+        (None where ``first`` was not measured).
 
         The mean, not the median: training time is the sum of the iterations, and a plan whose
         iterations alternate between fast and slow (DeAR's, whose all-gathers land in the next
-        forward) has a median below its mean. In the two unshaped runs of ten repeats
-        (benchmarks/results/auto-unshaped-10*), the median of three kept DeAR in four repeats where
-        it then ran 1.07-1.26x the runtime's ``ddp`` of the same repeat; its trials' means would have
-        kept another plan in two of them.
+        forward) has a median below its mean. And up to ``now``, which the caller takes after flushing
+        what the trial deferred: a plan that defers work (updates, all-gathers) pushes part of its last
+        iterations' work past any window that ends with an iteration, and more of it the further it
+        looks ahead. In the two unshaped runs of ten repeats (benchmarks/results/auto-unshaped-10*), the
+        median of three iterations kept DeAR (lookahead 14-15) in four repeats where it then ran
+        1.07-1.26x the runtime's ``ddp`` of the same repeat.
         """
-        trial = [self.periods[k] for k in range(first, last + 1) if k in self.periods]
-        return statistics.fmean(trial) if trial else None
+        if self._last_start is None or (first not in self.periods and first != self._last_start[0]):
+            return None
+        current, started = self._last_start
+        done = [self.periods[k] for k in range(first, current) if k in self.periods]
+        return (sum(done) + now - started - self._excluded_s) / (len(done) + 1)
 
     def after_trials(self, baseline_iteration: int, warmup_plan: str) -> tuple[str, bool]:
         """After the last trial: ``(warmup_plan, True)`` to measure the warm-up's plan as one more trial,

@@ -84,13 +84,14 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
     """A trial's end (every rank alike): rank 0 records it, then sends the next plan to measure (the
     runner-up, or the warm-up's plan when both seem slower than the warm-up), or the plan to keep after
     the last trial (the fastest measured), or nothing (stay)."""
-    first, decide_at = engine._trial or (0, 0)
+    first, _ = engine._trial or (0, 0)
     engine._trial = None
+    engine.flush()  # every rank: the work the trial deferred is done inside its measurement
     start = time.perf_counter()
     payload: list[Any] = [None, False]
     if engine.rank == 0:
         current = engine.plan.to_json(indent=None)
-        replanner.trials.append((current, engine.plan.policy, replanner.trial_mean(first, decide_at - 2)))
+        replanner.trials.append((current, engine.plan.policy, replanner.trial_mean(first, start)))
         assert engine._plan_inputs is not None
         workload, network = engine._plan_inputs
         runner_up = None
