@@ -82,7 +82,7 @@ def test_the_auto_trial_tables_are_recomputed_from_their_run() -> None:
         assert markdown_table(report, session) in DOCUMENT, session["label"]
 
 
-@pytest.mark.parametrize("session", ["", *(f"session{n}" for n in range(2, 42))])
+@pytest.mark.parametrize("session", ["", *(f"session{n}" for n in range(2, 43))])
 def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_runs(session: str) -> None:
     from commsched.bench.hetero_report import markdown
 
