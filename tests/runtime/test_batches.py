@@ -57,13 +57,13 @@ def test_weighted_buffers_read_back_the_weighted_sum_not_the_average(view: bool)
         plan = build_plan("ddp", unmeasured_workload(model), NetworkEstimate(2, 1e9), bucket_cap_mb=25)
         params = bind_plan(model, plan, 2).params
         buffers = GradientBuffers(plan, params, 2, gradient_weight((1, 3), rank))
-        if view:
-            buffers.attach_views(range(len(params)))
         for t, p in enumerate(params):
             grad = torch.full_like(p, scale * (t + 1))
-            if view:
+            if view:  # the previous iteration left p.grad as the view; zeroed in place and accumulated into
+                buffers.attach_view(t)
                 assert buffers.is_view(t)
-                p.grad.add_(grad)  # autograd accumulating into the bucket view
+                p.grad.zero_()
+                p.grad.add_(grad)
             else:
                 p.grad = grad
             buffers.fill(t, p.grad)

@@ -27,13 +27,18 @@ def _reduce_as_if_the_peer_sent_the_same(buffers: GradientBuffers) -> None:
 def test_copied_viewed_and_missing_gradients_come_back_averaged_every_iteration() -> None:
     buffers = _buffers("ddp", bucket_cap_mb=25)
     params = buffers.params
-    for iteration in range(2):  # a second fill after averaging must average again
-        buffers.attach_views([0, 1])
+    for iteration in range(3):
         for t, p in enumerate(params):
             grad = torch.full_like(p, t + 1.0 + iteration)
-            if t < 2:
+            if t < 2 and iteration == 0:  # a fresh gradient from autograd: copied in, then p.grad is the view
+                p.grad = grad
+                buffers.fill(t, p.grad)
+                buffers.attach_view(t)
                 assert buffers.is_view(t)
-                p.grad.add_(grad)  # autograd accumulating into the bucket view: fill has nothing to copy
+            elif t < 2:  # zeroed in place (set_to_none=False), autograd accumulating into the bucket view
+                assert buffers.is_view(t)
+                p.grad.zero_()
+                p.grad.add_(grad)
                 buffers.fill(t, p.grad)
             elif t == 2:
                 buffers.fill(t, grad)  # a gradient of its own: copied in
@@ -43,8 +48,29 @@ def test_copied_viewed_and_missing_gradients_come_back_averaged_every_iteration(
         for t, p in enumerate(params):
             expected = 0.0 if t == 3 else t + 1.0 + iteration
             assert torch.equal(buffers.averaged(t), torch.full_like(p, expected)), (iteration, t)
-        for p in params:
-            p.grad = None
+            if t < 2:
+                assert torch.equal(p.grad, torch.full_like(p, expected)), (iteration, t)  # the average, no copy out
+
+
+def test_a_gradient_accumulated_over_two_backward_passes_in_the_view_averages_the_sum() -> None:
+    buffers = _buffers("ddp", bucket_cap_mb=25)
+    p = buffers.params[0]
+    p.grad = torch.full_like(p, 3.0)
+    buffers.fill(0, p.grad)
+    buffers.attach_view(0)
+    _reduce_as_if_the_peer_sent_the_same(buffers)
+    assert torch.equal(p.grad, torch.full_like(p, 3.0))
+    p.grad.add_(torch.full_like(p, 5.0))  # a second backward without zero_grad, as under DDP: the average + 5
+    buffers.fill(0, p.grad)
+    _reduce_as_if_the_peer_sent_the_same(buffers)
+    assert torch.equal(p.grad, torch.full_like(p, 8.0))
+
+
+def test_a_parameter_is_not_given_its_view_before_its_gradient_is_ready() -> None:
+    buffers = _buffers("ddp", bucket_cap_mb=25)
+    assert all(p.grad is None for p in buffers.params)  # nothing attached at construction
+    buffers.fill(1, None)
+    assert buffers.params[1].grad is None  # no gradient: stays None, as under DDP
 
 
 def test_a_tensor_cut_across_tasks_is_copied_piece_by_piece() -> None:

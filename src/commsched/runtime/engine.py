@@ -173,7 +173,7 @@ class Engine:
         self.updates = DeferredUpdates(self.optimizer, self._orig_step)
         self._instance = -1  # backward passes under this plan, minus one
         self._got_grad = [-1] * len(live.params)
-        self._attached: list[int] = []  # tensors whose bucket view this forward attached to p.grad
+        self._grads_as_views = plan.update == "step"  # p.grad becomes its bucket view as the gradient is ready
         self._epoch += 1
         self.agent.set_plan(plan, self.buffers, self._epoch, self._iteration)
         self._forward_events = self.agent.listens("forward_pre")
@@ -188,9 +188,6 @@ class Engine:
         training = self._sync and torch.is_grad_enabled() and self.module.training
         if training and self.replanner is not None:
             self.replanner.iteration_starts(self._iteration)
-        if self.plan.update == "step" and training:
-            # p.grad as bucket views: autograd accumulates straight into the communication buffers
-            self._attached = self.buffers.attach_views([t for t, p in enumerate(self.buffers.params) if p.grad is None])
         if self.broadcast_buffers and self._require_forward_sync:
             bufs = [b for b in self.module.buffers() if b.is_floating_point() or b.dtype == torch.long]
             if bufs:
@@ -230,6 +227,8 @@ class Engine:
             self._tracer.gradient_ready(self._layer_names[self.plan.workload.tensor_layer[t]], self._iteration)
         self.recorder.grad_ready(p)
         self.buffers.fill(t, p.grad)
+        if self._grads_as_views:
+            self.buffers.attach_view(t)
         self._got_grad[t] = self._instance
         self.agent.post("grad_ready", t, self._epoch)
 
@@ -246,10 +245,6 @@ class Engine:
             if got != self._instance:  # no gradient this iteration: reduce zeros
                 self.buffers.fill(t, None)
                 self.agent.post("grad_ready", t, self._epoch)
-        for t in self._attached:
-            if self._got_grad[t] != self._instance:  # attached before forward, but unused: None, as under DDP
-                self.buffers.params[t].grad = None
-        self._attached = []
         self.agent.post("backward_done", 0, self._epoch)
         self._in_backward = False
         if self._tracer is not None:
