@@ -59,7 +59,9 @@ def test_the_auto_tables_are_recomputed_from_their_run() -> None:
         assert markdown_table(report, session) in DOCUMENT, session["label"]
 
 
-@pytest.mark.parametrize("run", ["auto-unshaped-10", "auto-unshaped-10-cost", "auto-unshaped-10-trials"])
+@pytest.mark.parametrize(
+    "run", ["auto-unshaped-10", "auto-unshaped-10-cost", "auto-unshaped-10-trials", "auto-unshaped-10-views"]
+)
 def test_the_ten_repeat_unshaped_auto_tables_and_verdict_are_recomputed_from_their_run(
     script_loader: Callable[[str], ModuleType],
     capsys: pytest.CaptureFixture[str],
