@@ -20,7 +20,7 @@ from types import ModuleType
 import pytest
 
 from commsched.bench.calibrate import revalidate
-from commsched.bench.report import markdown_table, phase_table, validation_markdown
+from commsched.bench.report import grid_markdown, markdown_table, phase_table, validation_markdown
 from commsched.bench.run import resummarise
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +76,20 @@ def test_the_ten_repeat_unshaped_auto_tables_and_verdict_are_recomputed_from_the
     script_loader("benchmarks/auto_vs_best.py").main()
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| resnet5m")]
     assert row in DOCUMENT and "**slower**" in row
+
+
+def test_the_300mbit_auto_tables_and_verdict_are_recomputed_from_their_run(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = ROOT / "benchmarks" / "results" / "auto-300mbit-5" / "bench.json"
+    report = resummarise(json.loads(path.read_text()))
+    (session,) = report["sessions"]
+    assert markdown_table(report, session) in DOCUMENT and phase_table(report, session) in DOCUMENT
+    assert grid_markdown(session) in DOCUMENT
+    monkeypatch.setattr(sys, "argv", ["auto_vs_best.py", str(path)])
+    script_loader("benchmarks/auto_vs_best.py").main()
+    (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| resnet5m")]
+    assert row in DOCUMENT and "| 300mbit | ddp[1MiB] | 5 |" in row and "**slower**" in row
 
 
 def test_the_auto_trial_tables_are_recomputed_from_their_run() -> None:

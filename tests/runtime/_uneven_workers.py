@@ -142,7 +142,7 @@ def uneven(rank: int, world: int, port: int, out: str, sizes: list[int], steps: 
             results["plan_conflict"] = "accepted"
         except commsched.errors.PlanMismatchError as exc:
             results["plan_conflict"] = str(exc)
-        # bucket views zeroed in place (zero_grad(set_to_none=False)) instead of re-attached
+        # bucket views zeroed in place (zero_grad(set_to_none=False)), scaled in place as the gradients arrive
         got = run("ddp", "sgd", {"keep_grads": True}, batch_sizes=sizes)
         results["keep_grads/ddp"] = max_abs_diff(refs[("sgd", None)], got)
         # the control: the same uneven batches averaged as under DDP are not the one-process result

@@ -193,8 +193,9 @@ class GradientBuffers:
     def write_averaged_grads(self, has_grad: Sequence[bool]) -> None:
         """``update="step"``: ``p.grad`` = the averaged gradient of every tensor with ``has_grad[t]``.
 
-        Bucket views stay as they are (the reduction left the average in them); a gradient of the same
-        layout becomes its view; any other (e.g. ``channels_last``) gets the values copied in.
+        Bucket views stay as they are (the reduction left the average in them; every tensor with a view has it
+        as ``p.grad`` by now, whatever the parameter's memory format: :meth:`attach_view`); a tensor cut
+        across tasks gets the average gathered from its pieces.
         """
         for t, p in enumerate(self.params):
             if not has_grad[t] or p.grad is None or self.is_view(t):

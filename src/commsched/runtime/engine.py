@@ -223,6 +223,13 @@ class Engine:
         if not self._in_backward:
             self._begin_backward()
         t = self._tensor_of[id(p)]
+        if self._got_grad[t] == self._instance:
+            # Its first part is already in the buffer (scaled, perhaps on its way): DDP refuses this too.
+            raise UnsupportedError(
+                f"parameter {self.plan.workload.tensors[t].name!r} received its gradient twice in one backward "
+                "(reentrant activation checkpointing, torch.utils.checkpoint(use_reentrant=True), with the "
+                "parameter used inside and outside the checkpointed part?); use use_reentrant=False"
+            )
         if self._tracer is not None:
             self._tracer.gradient_ready(self._layer_names[self.plan.workload.tensor_layer[t]], self._iteration)
         self.recorder.grad_ready(p)
@@ -242,8 +249,11 @@ class Engine:
 
     def _end_backward(self) -> None:
         for t, got in enumerate(self._got_grad):
-            if got != self._instance:  # no gradient this iteration: reduce zeros
-                self.buffers.fill(t, None)
+            if got != self._instance:
+                # No gradient in this backward: zeros, unless p.grad is the bucket view, which holds what earlier
+                # backward passes left (the same average on every rank: scaled and summed, it comes back).
+                view = self.buffers.is_view(t)
+                self.buffers.fill(t, self.buffers.params[t].grad if view else None)
                 self.agent.post("grad_ready", t, self._epoch)
         self.agent.post("backward_done", 0, self._epoch)
         self._in_backward = False
