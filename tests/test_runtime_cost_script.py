@@ -21,8 +21,9 @@ def _free_port() -> int:
 
 def test_a_tiny_run_times_every_phase_and_every_thread_of_both_configurations(tmp_path: Path) -> None:
     out = tmp_path / "cost.json"
-    argv = [sys.executable, str(ROOT / "benchmarks" / "runtime_cost.py"), "--configs", "torch,ddp", "--model", "cnn",
-            "--iters", "3", "--warmup", "3", "--blocks", "2", "--port", str(_free_port()), "--json", str(out)]  # fmt: skip
+    argv = [sys.executable, str(ROOT / "benchmarks" / "runtime_cost.py"), "--configs", "torch,ddp",
+            "--model", "cnn", "--iters", "3", "--warmup", "3", "--blocks", "2", "--port", str(_free_port()),
+            "--json", str(out)]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     results = json.loads(out.read_text())["results"]
