@@ -36,30 +36,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
+from commsched.bench.threads import per_iteration_ms, thread_cpu_s
+
 PHASES = ("wall", "cpu", "thread", "forward", "backward", "step")
-
-
-def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds of every thread of this process, keyed ``name:tid`` (utime + stime, clock ticks)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
-            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # the thread ended meanwhile
-            continue
-        out[f"{name}:{tid}"] = (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
-def by_name(before: dict[str, float], after: dict[str, float], iterations: int) -> dict[str, float]:
-    """CPU seconds per iteration that each thread name used between two :func:`thread_cpu_s` readings."""
-    out: dict[str, float] = {}
-    for key, seconds in after.items():
-        name = key.split(":", 1)[0]
-        out[name] = out.get(name, 0.0) + (seconds - before.get(key, 0.0)) / iterations
-    return out
 
 
 def _wrap(name: str, model: torch.nn.Module, opt: torch.optim.Optimizer) -> tuple[Any, torch.optim.Optimizer]:
@@ -82,7 +61,7 @@ def _rank(rank: int, args: argparse.Namespace, out: Path) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     data = [synthetic_batch(args.model, args.batch, 0, rank, step) for step in range(4)]
     configs = args.configs.split(",")
-    result: dict[str, Any] = {c: {"times_s": {p: [] for p in PHASES}, "threads_s": []} for c in configs}
+    result: dict[str, Any] = {c: {"times_s": {p: [] for p in PHASES}, "threads_ms": []} for c in configs}
     for block in range(args.blocks):
         for name in configs:
             model = build_model(args.model, 0)
@@ -108,7 +87,7 @@ def _rank(rank: int, args: argparse.Namespace, out: Path) -> None:
                         strict=True,
                     ):
                         times[phase].append(seconds)
-            result[name]["threads_s"].append(by_name(before, thread_cpu_s(), args.iters))
+            result[name]["threads_ms"].append(per_iteration_ms(before, thread_cpu_s(), args.iters))
             close = getattr(wrapped, "close", None)
             if close is not None:
                 close()
@@ -129,9 +108,9 @@ def summary(report: dict[str, Any]) -> str:
     lines.append("|---" * (len(PHASES) + 2) + "|")
     for name, r in report["results"].items():
         cells = [f"{1e3 * statistics.median(r['times_s'][p]):.1f}" for p in PHASES]
-        names = sorted({n for block in r["threads_s"] for n in block})
-        cpu = {n: statistics.median(block.get(n, 0.0) for block in r["threads_s"]) for n in names}
-        threads = ", ".join(f"{n} {1e3 * s:.1f}" for n, s in sorted(cpu.items(), key=lambda kv: -kv[1]) if s > 0)
+        names = sorted({n for block in r["threads_ms"] for n in block})
+        cpu = {n: statistics.median(block.get(n, 0.0) for block in r["threads_ms"]) for n in names}
+        threads = ", ".join(f"{n} {ms:.1f}" for n, ms in sorted(cpu.items(), key=lambda kv: -kv[1]) if ms > 0)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {threads} |")
     return "\n".join(lines)
 

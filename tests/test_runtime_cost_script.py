@@ -30,7 +30,8 @@ def test_a_tiny_run_times_every_phase_and_every_thread_of_both_configurations(tm
     assert sorted(results) == ["ddp", "torch"]
     for name, r in results.items():
         assert all(len(v) == 3 * 2 and all(t > 0 for t in v) for v in r["times_s"].values()), name
-        assert len(r["threads_s"]) == 2 and all("python" in block for block in r["threads_s"]), name
+        blocks = r["threads_ms"]  # the training thread's name is the interpreter's: python, python3, ...
+        assert len(blocks) == 2 and all(any(n.startswith("python") for n in block) for block in blocks), name
     assert "| torch |" in done.stdout and "| ddp |" in done.stdout
 
 
@@ -44,3 +45,12 @@ def test_the_saved_run_is_the_table_in_benchmarks(script_loader: Callable[[str],
     module = script_loader("benchmarks/runtime_cost.py")
     report = json.loads((ROOT / "benchmarks" / "results" / "runtime-cost" / "runtime-cost.json").read_text())
     assert module.summary(report) in (ROOT / "BENCHMARKS.md").read_text()
+
+
+def test_the_saved_thread_table_of_the_testbed_run_is_in_benchmarks(script_loader: Callable[[str], ModuleType]) -> None:
+    module = script_loader("benchmarks/thread_cpu.py")
+    report = json.loads((ROOT / "benchmarks" / "results" / "threads-unshaped-5" / "bench.json").read_text())
+    (session,) = report["sessions"]
+    text = module.table(session)
+    assert len(text.splitlines()) == 2 + 7  # header, rule, seven configurations
+    assert text in (ROOT / "BENCHMARKS.md").read_text()

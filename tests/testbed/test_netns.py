@@ -79,6 +79,8 @@ def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(t
     for run in session["runs"]["dear"]:
         assert len(run["times_s"]) == 2 and len(run["times_s"][0]) == 5 and len(run["rank_iteration_ms"]) == 2
         assert run["iteration_ms"] == max(run["rank_iteration_ms"]) > 0
+        threads = run["thread_cpu_ms"]  # per rank: each thread name's CPU per timed iteration
+        assert len(threads) == 2 and all(sum(rank.values()) > 0 for rank in threads), threads
     assert session["traces"] == {"dear": "trace-2gbit-dear.json"} and (tmp_path / "trace-2gbit-dear.json").exists()
     # --validate: calibrated on these links before the policies ran, then every policy predicted
     validation = session["validation"]

@@ -279,6 +279,8 @@ def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str
         for key in ("max_param_diff", "max_param_abs", "max_param_moved", "replica_spread", "plan", "trials"):
             if key in run0:
                 run[key] = run0[key]
+        if "thread_cpu_ms" in run0:  # per rank: CPU ms per timed iteration of each thread name
+            run["thread_cpu_ms"] = [r.get("thread_cpu_ms") for r in per_rank]
         runs.setdefault(run0["name"], []).append(run)
     summary = {
         name: _summarise(rs, world if name != "compute_alone" else 1, batch, warmup) for name, rs in runs.items()

@@ -49,6 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 from commsched.bench.baselines import BY_NAME, TORCH_DDP, YARDSTICK, ddp_names
 from commsched.bench.calibrate_task import calibrate
 from commsched.bench.job import Job, Progress
+from commsched.bench.threads import per_iteration_ms, thread_cpu_s
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
 from commsched.trace import Trace
@@ -183,8 +184,11 @@ def _policy(
             knobs.update(timeout_s=job.comm_timeout_s, trace=repeat == job.trace_repeat)
         wrapped, optimizer = parallelize(model, opt, policy=policy, **knobs)
     clock = _Clock()
+    threads_before: dict[str, float] = {}
     for step, (x, y) in enumerate(batches):
         _maybe_fail(job, rank, policy, step)
+        if step == job.warmup:
+            threads_before = thread_cpu_s()
         clock.start()
         loss = model_loss(wrapped(x), y)
         clock.lap("forward")
@@ -195,12 +199,16 @@ def _policy(
         clock.lap("step")
         clock.stop()
         progress(policy, repeat, step)
+    # each thread's CPU over the timed iterations (before any flush or close)
+    chosen_threads = per_iteration_ms(threads_before, thread_cpu_s(), job.iters) if threads_before else None
     flush = getattr(wrapped, "flush", None)
     if flush is not None:
         flush()
     trace = getattr(wrapped, "trace", None)
     plan = getattr(wrapped, "plan", None)  # what ran last (auto's choice after its search and trials)
     chosen: dict[str, Any] = {} if plan is None else {"plan": {"policy": plan.policy, "knobs": plan.knobs.to_dict()}}
+    if chosen_threads is not None:
+        chosen["thread_cpu_ms"] = chosen_threads
     replanner = getattr(getattr(wrapped, "engine", None), "replanner", None)
     if replanner is not None and replanner.trials:  # rank 0's: the plans auto measured, in order
         chosen["trials"] = [

@@ -1,0 +1,58 @@
+"""Each thread's CPU per timed iteration, per configuration and rank, from a ``commsched bench`` report.
+
+    python benchmarks/thread_cpu.py benchmarks/results/RUN/bench.json
+
+Prints one Markdown table per session: the median over repeats of the CPU ms
+per iteration that each thread name used on each rank (``python``: the
+training thread and the runtime's own threads; ``gloo_tcp_loop``: gloo's
+socket loops; ``pt_gloo_runloop``: its work threads), beside the iteration
+time. Reports made before the bench recorded threads (no ``thread_cpu_ms``)
+print nothing for those runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from commsched.bench.report import shaping
+
+
+def table(session: dict[str, Any]) -> str:
+    """The Markdown table of one session (configurations without thread readings left out)."""
+    rows = []
+    for name, runs in session["runs"].items():
+        readings = [r["thread_cpu_ms"] for r in runs if r.get("thread_cpu_ms")]
+        if not readings:
+            continue
+        world = len(readings[0])
+        names = sorted({n for reading in readings for rank in reading if rank for n in rank})
+        cells = []
+        for rank in range(world):
+            per_name = {n: statistics.median((reading[rank] or {}).get(n, 0.0) for reading in readings) for n in names}
+            cells.append(", ".join(f"{n} {ms:.1f}" for n, ms in sorted(per_name.items(), key=lambda kv: -kv[1]) if ms))
+        iteration = statistics.median(r["iteration_ms"] for r in runs)
+        rows.append(f"| {name} | {iteration:.0f} | " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    world = rows[0].count("|") - 3
+    head = "| configuration | iter ms | " + " | ".join(f"rank {r}: CPU ms per iteration" for r in range(world)) + " |"
+    return "\n".join([head, "|---" * (world + 2) + "|", *rows])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("reports", nargs="+", type=Path, help="bench.json files of `commsched bench`")
+    args = parser.parse_args()
+    for path in args.reports:
+        for session in json.loads(path.read_text())["sessions"]:
+            text = table(session)
+            if text:
+                print(f"**links {shaping(session)}**\n\n{text}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""commsched.bench.threads: each thread's CPU time, summed by name, per iteration."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from commsched.bench.threads import per_iteration_ms, thread_cpu_s
+
+
+def test_per_iteration_sums_threads_of_one_name_and_divides_by_the_iterations() -> None:
+    before = {"python:1": 1.0, "gloo_tcp_loop:7": 0.5, "gloo_tcp_loop:8": 0.25}
+    after = {"python:1": 1.2, "gloo_tcp_loop:7": 0.6, "gloo_tcp_loop:8": 0.35, "pt_gloo_runloop:9": 0.04}
+    got = per_iteration_ms(before, after, 4)
+    assert got == pytest.approx({"python": 50.0, "gloo_tcp_loop": 50.0, "pt_gloo_runloop": 10.0})
+
+
+def test_no_iterations_is_refused_naming_the_argument() -> None:
+    with pytest.raises(ValueError, match="iterations: must be >= 1, got 0"):
+        per_iteration_ms({}, {}, 0)
+
+
+def test_the_calling_threads_spin_shows_in_the_readings() -> None:
+    before = thread_cpu_s()
+    until = time.monotonic() + 0.3
+    while time.monotonic() < until:
+        pass
+    after = thread_cpu_s()
+    assert after and all(key.rsplit(":", 1)[1].isdigit() for key in after), after  # name:tid
+    assert sum(per_iteration_ms(before, after, 1).values()) >= 250.0  # 300 ms spun, in ticks of 10 ms
