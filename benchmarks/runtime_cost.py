@@ -8,9 +8,10 @@ thread) and both talk over loopback. The configurations take turns in blocks
 falls on all of them alike. Per timed iteration (after ``--warmup``): wall
 time, the process's CPU time (every thread), the training thread's CPU time,
 and forward / backward / step; per block, the CPU each thread of the process
-used (``/proc/self/task/*/stat``, summed by thread name: ``python`` is the
-training thread and the runtime's own threads, ``gloo_tcp_loop`` gloo's
-socket loops, ``pt_gloo_runloop`` its work threads), per iteration. Medians
+used (``/proc/self/task/*/stat``, summed by thread name: the interpreter's
+name is the training thread, ``cs-*`` the runtime's own threads,
+``gloo_tcp_loop`` gloo's socket loops, ``pt_gloo_runloop`` its work
+threads; :mod:`commsched.bench.threads`), per iteration. Medians
 over iterations (times) and over blocks (threads) are printed for rank 0.
 
 Configurations: ``torch`` (``DistributedDataParallel(model)``, the defaults),

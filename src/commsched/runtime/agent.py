@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from commsched._threads import kernel_named
 from commsched.errors import RuntimeCommError
 from commsched.runtime.buffers import GradientBuffers
 from commsched.schedule import CommPlan, Dispatcher, Start, policy_class, scheduler_for
@@ -223,7 +224,8 @@ class Agent:
     # ---- threads ----
 
     def _thread(self, fn: Callable[[], None], what: str) -> threading.Thread:
-        t = threading.Thread(target=self._guard(fn), name=f"commsched-{what}-r{self.rank}", daemon=True)
+        name = f"commsched-{what}-r{self.rank}"
+        t = threading.Thread(target=kernel_named(self._guard(fn), name), name=name, daemon=True)
         t.start()
         return t
 

@@ -59,6 +59,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from commsched._threads import kernel_named
 from commsched.errors import RuntimeCommError
 from commsched.schedule.base import CommTask
 from commsched.transport import wire
@@ -230,7 +231,8 @@ class TcpLink:
     # ---- connections ----
 
     def _thread(self, target: Callable[..., None], name: str, *args: object) -> None:
-        t = threading.Thread(target=target, args=args, name=f"commsched-tcp-{name}-r{self.rank}", daemon=True)
+        thread_name = f"commsched-tcp-{name}-r{self.rank}"
+        t = threading.Thread(target=kernel_named(target, thread_name), args=args, name=thread_name, daemon=True)
         self._threads.append(t)
         t.start()
 

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from commsched._threads import kernel_named
 from commsched.transport.dlcp.control import Control
 from commsched.transport.dlcp.inbound import Inbound
 from commsched.transport.dlcp.outbound import Outbound
@@ -85,7 +86,8 @@ class Engine:
         except ConnectionError:
             self._close_sockets()
             raise
-        self._thread = threading.Thread(target=self._run, name=f"dlcp-io-{rank}", daemon=True)
+        name = f"dlcp-io-{rank}"
+        self._thread = threading.Thread(target=kernel_named(self._run, name), name=name, daemon=True)
         self._thread.start()
 
     # ---- the training thread's side ----
