@@ -6,8 +6,9 @@ Prints one Markdown table per session: the median over repeats of the CPU ms
 per iteration that each thread name used on each rank (the interpreter's
 name: the training thread; ``cs-*``: the runtime's own threads, in reports
 made since they are named; ``gloo_tcp_loop``: gloo's socket loops;
-``pt_gloo_runloop``: its work threads), beside the iteration time. Reports made before the bench recorded threads (no ``thread_cpu_ms``)
-print nothing for those runs.
+``pt_gloo_runloop``: its work threads), beside the iteration time. Reports
+made before the bench recorded threads (no ``thread_cpu_ms``) print nothing
+for those runs.
 """
 
 from __future__ import annotations
