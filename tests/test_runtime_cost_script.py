@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,9 +49,12 @@ def test_the_saved_run_is_the_table_in_benchmarks(script_loader: Callable[[str],
     assert module.summary(report) in (ROOT / "BENCHMARKS.md").read_text()
 
 
-def test_the_saved_thread_table_of_the_testbed_run_is_in_benchmarks(script_loader: Callable[[str], ModuleType]) -> None:
+@pytest.mark.parametrize("run", ["threads-unshaped-5", "threads-named-5"])
+def test_the_saved_thread_tables_of_the_testbed_runs_are_in_benchmarks(
+    script_loader: Callable[[str], ModuleType], run: str
+) -> None:
     module = script_loader("benchmarks/thread_cpu.py")
-    report = json.loads((ROOT / "benchmarks" / "results" / "threads-unshaped-5" / "bench.json").read_text())
+    report = json.loads((ROOT / "benchmarks" / "results" / run / "bench.json").read_text())
     (session,) = report["sessions"]
     text = module.table(session)
     assert len(text.splitlines()) == 2 + 7  # header, rule, seven configurations
