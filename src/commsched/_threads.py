@@ -1,11 +1,11 @@
 """Threads the kernel can tell apart, so that per-thread CPU readings (``/proc/self/task``,
 :mod:`commsched.bench.threads`, ``top -H``) separate the runtime's threads from the training thread.
 
-Python 3.11 gives the kernel no name for the threads it starts (each shows the
-interpreter's); :func:`kernel_named` wraps a thread's target so that the
-thread names itself first (Linux ``prctl(PR_SET_NAME)``: 15 bytes at most,
-``commsched-`` shortened to ``cs-``). Elsewhere, or where the call fails, the
-name is simply not set.
+Python 3.11 gives the kernel no name for the threads it starts (each shows
+the interpreter's); :func:`daemon_thread` makes the runtime's threads, each
+running :func:`kernel_named` of its target, which names the thread first
+(Linux ``prctl(PR_SET_NAME)``: 15 bytes at most, ``commsched-`` shortened to
+``cs-``). Elsewhere, or where the call fails, the name is simply not set.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -41,3 +42,8 @@ def kernel_named(target: Callable[..., Any], name: str) -> Callable[..., Any]:
         return target(*args, **kwargs)
 
     return run
+
+
+def daemon_thread(target: Callable[..., Any], name: str, *args: Any) -> threading.Thread:
+    """A daemon thread (not started) running ``target(*args)``, named ``name`` for Python and the kernel."""
+    return threading.Thread(target=kernel_named(target, name), args=args, name=name, daemon=True)

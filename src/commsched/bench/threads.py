@@ -4,8 +4,9 @@ Where a rank's time goes beside its training thread: the interpreter's name
 (``python``, ``python3``) is the training thread, ``cs-*`` and ``dlcp-io-*``
 the runtime's own threads (:mod:`commsched._threads`; runs recorded before
 they were named count them with the training thread), ``gloo_tcp_loop``
-gloo's socket loops, ``pt_gloo_runloop`` its work threads. Read before and after a stretch of iterations,
-:func:`per_iteration_ms` gives each thread name's CPU per iteration.
+gloo's socket loops, ``pt_gloo_runloop`` its work threads. Read before and
+after a stretch of iterations, :func:`per_iteration_ms` gives each thread
+name's CPU per iteration.
 Resolution: one clock tick (10 ms on most kernels) per thread and reading,
 so a stretch should last seconds.
 """

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from commsched._threads import kernel_named
+from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 from commsched.runtime.buffers import GradientBuffers
 from commsched.schedule import CommPlan, Dispatcher, Start, policy_class, scheduler_for
@@ -224,8 +224,7 @@ class Agent:
     # ---- threads ----
 
     def _thread(self, fn: Callable[[], None], what: str) -> threading.Thread:
-        name = f"commsched-{what}-r{self.rank}"
-        t = threading.Thread(target=kernel_named(self._guard(fn), name), name=name, daemon=True)
+        t = daemon_thread(self._guard(fn), f"commsched-{what}-r{self.rank}")
         t.start()
         return t
 

@@ -48,7 +48,6 @@ class GradientBuffers:
     """The buffers of one plan on one rank; ``params[t]`` is the parameter of plan tensor ``t``."""
 
     __slots__ = (
-        "_buffer_of",
         "_buffers",
         "_in_place",
         "_offsets",
@@ -78,20 +77,18 @@ class GradientBuffers:
                 total += seg.numel
             self._offsets.append(offsets)
             buffers.append(self._allocate(task, total))
-        self._buffer_of = list(range(len(plan.tasks)))  # the task that owns each task's buffer
         for task in plan.tasks:  # the second of a pair shares its first's buffer
             if task.kind in ("all_gather", "pull") and task.deps:
                 buffers[task.id] = buffers[task.deps[0]]
-                self._buffer_of[task.id] = task.deps[0]
         self._buffers = buffers
         self._views = [self._whole_view(t) for t in range(len(self.params))]
-        #: per tensor: (owning task, its slice of the buffer, the tensor's elements it takes) for every task
+        #: per tensor: (its slice of the buffer, the tensor's elements it takes) for every task
         #: reading it, sliced once here (a slice per gradient and iteration costs more than the copy check)
         self._targets = [self._slices_reading(t) for t in range(len(self.params))]
         #: per tensor: only its bucket view reads it (a gradient that is the view is already in place: filling
         #: it is scaling it there)
         self._in_place = [
-            v is not None and len(d) == 1 and d[0][1].data_ptr() == v.data_ptr()
+            v is not None and len(d) == 1 and d[0][0].data_ptr() == v.data_ptr()
             for v, d in zip(self._views, self._targets, strict=True)
         ]
 
@@ -117,13 +114,13 @@ class GradientBuffers:
                 return self._buffers[task.id].flat[off : off + seg.numel].view(p.shape)
         return None
 
-    def _slices_reading(self, tensor: int) -> list[tuple[int, torch.Tensor, int, int]]:
+    def _slices_reading(self, tensor: int) -> list[tuple[torch.Tensor, int, int]]:
         out = []
         for task_id in self.plan.tasks_reading_tensor[tensor]:
             task, flat = self.plan.tasks[task_id], self._buffers[task_id].flat
             for seg, off in zip(task.segments, self._offsets[task_id], strict=True):
                 if seg.tensor == tensor:
-                    out.append((self._buffer_of[task_id], flat[off : off + seg.numel], seg.start, seg.stop))
+                    out.append((flat[off : off + seg.numel], seg.start, seg.stop))
         return out
 
     def buffer(self, task: int) -> TaskBuffer:
@@ -136,12 +133,12 @@ class GradientBuffers:
         it: copied and scaled in one pass, or scaled in place where ``grad`` is the bucket view."""
         targets = self._targets[tensor]
         scale = self.scale
-        if grad is not None and self._in_place[tensor] and grad.data_ptr() == targets[0][1].data_ptr():
+        if grad is not None and self._in_place[tensor] and grad.data_ptr() == targets[0][0].data_ptr():
             if scale != 1.0:
-                targets[0][1].mul_(scale)
+                targets[0][0].mul_(scale)
             return
         flat_grad = None if grad is None else grad.detach().reshape(-1)
-        for _, dst, start, stop in targets:
+        for dst, start, stop in targets:
             if flat_grad is None:
                 dst.zero_()
                 continue
@@ -158,10 +155,8 @@ class GradientBuffers:
         """``p.grad`` = ``tensor``'s bucket view, where it has one (after :meth:`fill`: the view holds the
         gradient, and the reduction's average lands in ``p.grad`` with no copy out)."""
         view = self._views[tensor]
-        if view is not None:
-            p = self.params[tensor]
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                p.grad = view
+        if view is not None and not self.is_view(tensor):
+            self.params[tensor].grad = view
 
     def is_view(self, tensor: int) -> bool:
         """Whether ``p.grad`` of ``tensor`` is its bucket view."""

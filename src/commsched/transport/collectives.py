@@ -86,7 +86,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from commsched._threads import kernel_named
+from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 
 __all__ = ["Collectives", "Handle"]
@@ -257,8 +257,7 @@ class Collectives:
 
         self._p2p_group: dist.ProcessGroup | None = None
         self._queue: queue.SimpleQueue[_RingOp | None] = queue.SimpleQueue()
-        name = f"commsched-ring-r{self.rank}"
-        self._worker = threading.Thread(target=kernel_named(self._serve, name), name=name, daemon=True)
+        self._worker = daemon_thread(self._serve, f"commsched-ring-r{self.rank}")
         if self.ring and self.world_size > 1:
             # A group over every rank gets torch's sequential name.  A subgroup needs local
             # synchronisation (non-members do not call us), whose name torch salts with the

@@ -59,7 +59,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from commsched._threads import kernel_named
+from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 from commsched.schedule.base import CommTask
 from commsched.transport import wire
@@ -231,8 +231,7 @@ class TcpLink:
     # ---- connections ----
 
     def _thread(self, target: Callable[..., None], name: str, *args: object) -> None:
-        thread_name = f"commsched-tcp-{name}-r{self.rank}"
-        t = threading.Thread(target=kernel_named(target, thread_name), args=args, name=thread_name, daemon=True)
+        t = daemon_thread(target, f"commsched-tcp-{name}-r{self.rank}", *args)
         self._threads.append(t)
         t.start()
 

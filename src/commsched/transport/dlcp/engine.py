@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from commsched._threads import kernel_named
+from commsched._threads import daemon_thread
 from commsched.transport.dlcp.control import Control
 from commsched.transport.dlcp.inbound import Inbound
 from commsched.transport.dlcp.outbound import Outbound
@@ -86,8 +86,7 @@ class Engine:
         except ConnectionError:
             self._close_sockets()
             raise
-        name = f"dlcp-io-{rank}"
-        self._thread = threading.Thread(target=kernel_named(self._run, name), name=name, daemon=True)
+        self._thread = daemon_thread(self._run, f"dlcp-io-{rank}")
         self._thread.start()
 
     # ---- the training thread's side ----
