@@ -145,6 +145,63 @@ def test_dropped_datagrams_are_resent_until_complete_at_bound_zero() -> None:
         b.close()
 
 
+def test_control_messages_get_through_as_datagrams_while_the_control_connection_is_stalled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A lost TCP segment holds the control connection for a retransmission timeout: the datagram copies of
+    STOP, PROBE and BITMAP, and the ACKs (datagrams only), carry the transfer meanwhile."""
+    rng = random.Random(7)
+    a, b = pair(drop=lambda _peer, _offset: rng.random() < 0.1, timeout_s=10.0)
+    try:
+        for link in (a, b):
+            monkeypatch.setattr(link._engine._control, "send", lambda peer, message: None)  # nothing on TCP
+        sent = data(100_000)
+        out = torch.full_like(sent, float("nan"))
+        recv = b.recv(0, K(0, 0, 0), out)
+        a.send(1, K(0, 0, 0), sent).wait(5.0)
+        assert recv.wait(5.0).lost == 0 and torch.equal(out, sent)
+        assert a.stats.probes > 0 and b.stats.bitmaps > 0  # the losses were recovered by datagrams alone
+        assert a.stats.control_sent == b.stats.control_sent == 0
+        assert b.stats.control_datagrams_sent > 0 and a.stats.control_received > 0
+        assert a.rate_counters()[1]["rounds"] > 0  # the ACKs, datagrams only, fed the rate control
+    finally:
+        a.close()
+        b.close()
+
+
+def test_with_every_control_datagram_lost_the_tcp_copies_finish_the_transfer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refused(*_args: Any) -> int:
+        raise OSError("no route")
+
+    a, b = pair(timeout_s=10.0)
+    try:
+        for link in (a, b):
+            monkeypatch.setattr(link._engine, "_send_control_datagram", refused)
+        sent = data(30_000)
+        out = torch.full_like(sent, float("nan"))
+        recv = b.recv(0, K(0, 0, 0), out)
+        a.send(1, K(0, 0, 0), sent).wait(5.0)
+        assert recv.wait(5.0).lost == 0 and torch.equal(out, sent)
+        assert b.stats.control_datagrams_sent == 0 and b.stats.control_sent > 0
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_second_copy_of_a_stop_counts_as_a_duplicate_not_a_stranger(links: list[DlcpLink]) -> None:
+    a, b = links
+    for i in range(3):
+        sent = data(5_000, seed=i)
+        out = torch.empty_like(sent)
+        recv = b.recv(0, K(0, i, 0), out)
+        a.send(1, K(0, i, 0), sent).wait(5.0)
+        recv.wait(5.0)
+    assert eventually(lambda: a.stats.control_duplicate == 3)  # each STOP came as a datagram and over TCP
+    assert a.stats.control_unmatched == 0
+
+
 @pytest.mark.parametrize("bound", [0.01, 0.05, 0.3])
 def test_with_losses_a_bounded_receive_ends_within_its_bound_and_says_what_is_missing(bound: float) -> None:
     rng = random.Random(5)

@@ -150,6 +150,21 @@ def test_a_bitmap_queues_exactly_its_holes_and_stop_ends_the_send() -> None:
     assert out == [] and tx.done and not tx.pending
 
 
+def test_a_second_answer_to_the_same_probe_queues_nothing_more() -> None:
+    tx = SenderState(95, 10)
+    out: list[Action] = []
+    tx.next_packets(0.0, 100, out)
+    tx.next_packets(1.0, 100, out)
+    tx.on_bitmap(1, ((10, 30),))
+    out.clear()
+    tx.next_packets(1.0, 100, out)
+    assert out == [Data(10, 10, 1, True), Data(20, 10, 1, True)]
+    tx.on_bitmap(1, ((10, 30),))  # the same answer's other copy, after its re-sends left
+    out.clear()
+    tx.next_packets(1.0, 100, out)
+    assert out == [] and tx.resent == 2
+
+
 def run_transfer(
     numel: int,
     stride: int,

@@ -1,8 +1,9 @@
 """The control channel of a DLCP link: one TCP connection per ordered pair of ranks, every message MAC'd.
 
 Each rank connects once to every peer and only writes on that connection
-(STOP, PROBE, BITMAP, ACK toward the peer); it only reads the connections it
-accepts. A message is a wire datagram behind a 4-byte length
+(STOP, PROBE and BITMAP toward the peer; each also goes as a datagram, and
+ACKs only as datagrams: the engine's module docstring says why); it only
+reads the connections it accepts. A message is a wire datagram behind a 4-byte length
 (:func:`~commsched.transport.dlcp.sockets.frame`). A connection whose frame
 is malformed or fails its MAC is closed: it is not a peer. At most ``2 ·
 world + 8`` accepted connections are kept; when full, the oldest that never

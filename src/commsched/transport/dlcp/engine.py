@@ -19,6 +19,19 @@ at its bound on a probe must not give up datagrams still on their way (on a
 busy host, loopback can deliver the TCP probe before UDP datagrams sent
 earlier). A datagram the network lost never arrives, so the wait is bounded
 by :data:`~commsched.transport.dlcp.inbound.PROBE_HOLD_S`.
+
+Control messages do not wait on TCP alone. A lost TCP segment holds every
+message behind it on its connection until TCP sends it again, and when
+nothing follows it that takes a retransmission timeout (Linux: at least
+200 ms, its tail-loss probe included): the very tail DLCP removes from the
+data. So each control message also goes as a datagram on the first data
+path (with :data:`CONTROL_TOS`: served first, marked rather than dropped).
+An ACK goes only so: its counts are cumulative, the next one says what a
+lost one said. STOP, PROBE and BITMAP go both ways, the TCP copy being the
+reliable one; a second copy changes nothing (a STOP for a send already
+finished counts as ``control_duplicate``, a second answer to a probe is
+ignored, a repeated ACK is out of date). docs/dlcp.md ("Control
+messages") has what this changed on the testbed.
 """
 
 from __future__ import annotations
@@ -33,10 +46,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from commsched._threads import daemon_thread
+from commsched.transport.dlcp import udp
 from commsched.transport.dlcp.control import Control
 from commsched.transport.dlcp.inbound import Inbound
 from commsched.transport.dlcp.outbound import Outbound
-from commsched.transport.dlcp.protocol import Ack, Action, Bitmap, Probe, Stop
+from commsched.transport.dlcp.protocol import Ack, Action, Bitmap, Probe, Stop, tos_byte
 from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
 from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
@@ -51,6 +65,8 @@ log = logging.getLogger("commsched")
 
 TICK_S = 0.001
 _NO_KEY = TransferKey(0, 0, 0)
+#: control datagrams go as the front layers' important data: first served, marked rather than dropped
+CONTROL_TOS = tos_byte(0, True)
 
 
 class Engine:
@@ -68,7 +84,7 @@ class Engine:
         self._closing = False
         self.inbound = Inbound(rank, world, self.codec, stats, self, timeout_s=timeout_s, ack_every=ack_every,
                                early_limit_bytes=early_limit_bytes, stale_steps=stale_steps,
-                               stop_at_count=stop_at_count)  # fmt: skip
+                               stop_at_count=stop_at_count, on_control=self._on_control)  # fmt: skip
         self.outbound = Outbound(rank, world, self.codec, stats, self, sockets, peers, timeout_s=timeout_s,
                                  rate=rate, drop=drop, now=time.monotonic())  # fmt: skip
         self._readers = [DatagramReader(sock) for sock in sockets.data]
@@ -202,9 +218,13 @@ class Engine:
         elif d.kind == Kind.PROBE:
             self.inbound.on_probe(d, now)
         else:
-            send = self.outbound.find(peer, TransferKey(d.step, d.task, d.phase), d.total, d.dtype)
+            key = TransferKey(d.step, d.task, d.phase)
+            send = self.outbound.find(peer, key, d.total, d.dtype)
             if send is None:
-                self.stats.control_unmatched += 1
+                if self.outbound.recently_finished(peer, key):
+                    self.stats.control_duplicate += 1
+                else:
+                    self.stats.control_unmatched += 1
             elif d.kind == Kind.STOP:
                 self.outbound.finish(send)
             elif d.kind == Kind.BITMAP:
@@ -222,9 +242,11 @@ class Engine:
             if isinstance(act, Stop):
                 self._send_control(peer, Kind.STOP, slot.key, offset=act.received, total=slot.numel, dtype=slot.dtype)
             elif isinstance(act, Probe):
+                self.stats.probes += 1
                 self._send_control(peer, Kind.PROBE, slot.key, seq=act.seq, total=slot.numel, dtype=slot.dtype,
                                    numel=self.outbound.rates[peer].seq)  # fmt: skip
             elif isinstance(act, Bitmap):
+                self.stats.bitmaps += 1
                 self._send_control(peer, Kind.BITMAP, slot.key, seq=act.seq, total=slot.numel, dtype=slot.dtype,
                                    payload=encode_holes(act.holes))  # fmt: skip
 
@@ -232,4 +254,13 @@ class Engine:
         self._send_control(peer, Kind.STOP, key, offset=received, total=total, dtype=dtype)
 
     def _send_control(self, peer: int, kind: Kind, key: TransferKey, **fields: Any) -> None:
-        self._control.send(peer, self.codec.encode(kind, key.step, key.task, key.phase, self.rank, **fields))
+        """ACK as a datagram only; STOP, PROBE and BITMAP as a datagram and on the TCP connection (module docstring)."""
+        message = self.codec.encode(kind, key.step, key.task, key.phase, self.rank, **fields)
+        with contextlib.suppress(OSError):  # a full send buffer or a refused send: the TCP copy, or the next ACK
+            self._send_control_datagram(peer, message)
+            self.stats.control_datagrams_sent += 1
+        if kind != Kind.ACK:
+            self._control.send(peer, message)
+
+    def _send_control_datagram(self, peer: int, message: bytes) -> None:
+        udp.send_batch(self._sockets.data[0], (message,), CONTROL_TOS, 0, self._peers[peer].data[0])

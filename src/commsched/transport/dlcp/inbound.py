@@ -20,6 +20,8 @@ module docstring says why).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from commsched.errors import WireError
 from commsched.transport.dlcp.control import Messages
 from commsched.transport.dlcp.protocol import Accept, Action, PeerFeedback, ReceiverState
@@ -42,8 +44,10 @@ class Inbound:
     def __init__(
         self, rank: int, world: int, codec: Codec, stats: LinkStats, messages: Messages, *, timeout_s: float,
         ack_every: int, early_limit_bytes: int, stale_steps: int, stop_at_count: bool,
+        on_control: Callable[[Datagram, float], None],
     ) -> None:  # fmt: skip
         self.rank, self.codec, self.stats, self.timeout_s = rank, codec, stats, timeout_s
+        self._on_control = on_control  # a control datagram (STOP, PROBE, BITMAP, ACK) read off a data socket
         self._messages = messages
         self._emit = messages.emit
         self._early_limit_bytes, self._stale_steps, self._stop_at_count = early_limit_bytes, stale_steps, stop_at_count
@@ -144,8 +148,12 @@ class Inbound:
         except WireError as exc:
             stats.reject(exc.reason)
             return
-        if d.kind != _DATA or d.rank == self.rank:
-            stats.reject("kind" if d.kind != _DATA else "rank")
+        if d.rank == self.rank:
+            stats.reject("rank")
+            return
+        if d.kind != _DATA:
+            stats.control_received += 1
+            self._on_control(d, now)
             return
         ecn = tos & 3
         if ecn:

@@ -179,6 +179,16 @@ class DlcpLink:
         """The kernel (``net.core.rmem_max``) granted less receive buffer than a stall of 100 ms needs."""
         return self.stats.rcvbuf_granted_bytes < self.stats.rcvbuf_requested_bytes
 
+    def rate_counters(self) -> dict[int, dict[str, float]]:
+        """Each destination's rate control so far (:class:`~commsched.transport.dlcp.rate.RateControl`'s
+        counters): ``decreases``, ``undone``, ``timeouts``, ``rounds``, ``lost``, ``reordered``, and now the
+        ``rate_bytes_per_s``, ``srtt_s`` and ``min_rtt_s``. Read from the I/O thread's state without a lock:
+        a reading taken while it runs may mix two moments."""
+        names = ("decreases", "undone", "timeouts", "rounds", "lost", "reordered", "rate_bytes_per_s", "srtt_s",
+                 "min_rtt_s")  # fmt: skip
+        rates = self._engine.outbound.rates
+        return {peer: {n: getattr(rates[peer], n) for n in names} for peer in range(self.world) if peer != self.rank}
+
     def _check(self, peer: int, tensor: torch.Tensor, what: str) -> tuple[int, int]:
         if not 0 <= peer < self.world or peer == self.rank:
             raise ValueError(f"dlcp: {what} with rank {peer} (this is rank {self.rank} of {self.world})")

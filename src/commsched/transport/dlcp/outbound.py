@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from commsched.transport.dlcp import udp
@@ -46,6 +47,7 @@ SENDS_PER_TURN = 256
 #: Bytes a datagram adds to its payload: DLCP's header and MAC (IP and UDP come on top).
 FRAMING_BYTES = HEADER.size + MAC_BYTES
 Slot = tuple[int, TransferKey]
+_RECENT = 4096  # finished sends remembered, to tell a control message's second copy from a stranger's
 
 
 class Outbound:
@@ -64,6 +66,8 @@ class Outbound:
         self.gso = list(sockets.gso)
         self.rates = [RateControl(rate, now) for _ in range(world)]
         self.sends: dict[Slot, SendSlot] = {}
+        #: the sends finished last (at most _RECENT), so a control message's second copy is known as one
+        self._finished: OrderedDict[Slot, None] = OrderedDict()
 
     # ---- sends posted and ended ----
 
@@ -83,7 +87,11 @@ class Outbound:
 
     def finish(self, slot: SendSlot, error: str | None = None) -> None:
         slot.state.on_stop()
-        del self.sends[(slot.peer, slot.key)]
+        k = (slot.peer, slot.key)
+        del self.sends[k]
+        self._finished[k] = None
+        if len(self._finished) > _RECENT:
+            self._finished.popitem(last=False)
         if slot.transfer is not None:
             slot.transfer.finish(error=error)
 
@@ -93,6 +101,10 @@ class Outbound:
         for slot in slots:
             if slot.transfer is not None:
                 slot.transfer.finish(error=error)
+
+    def recently_finished(self, peer: int, key: TransferKey) -> bool:
+        """A send to ``peer`` with ``key`` finished lately (among the last :data:`_RECENT`)."""
+        return (peer, key) in self._finished
 
     def find(self, peer: int, key: TransferKey, total: int, dtype: int) -> SendSlot | None:
         """The pending send a control message names, if its size and dtype match."""

@@ -332,7 +332,7 @@ class SenderState:
     """
 
     __slots__ = (
-        "_important", "_order", "_pos", "_queued", "_resend", "done", "numel", "probe_delay_s",
+        "_important", "_order", "_pos", "_queued", "_resend", "answered", "done", "numel", "probe_delay_s",
         "probe_seq", "probe_timeout_s", "resent", "sent", "stride", "wake_s",
     )  # fmt: skip
 
@@ -363,6 +363,7 @@ class SenderState:
         self._queued: set[int] = set()
         self.done = numel == 0
         self.probe_seq = 0
+        self.answered = 0  # the probe whose answer was taken
         self.probe_delay_s = probe_delay_s
         self.probe_timeout_s = probe_timeout_s
         self.sent = 0
@@ -404,9 +405,11 @@ class SenderState:
         return Data(offset, min(self.stride, self.numel - offset), int(self._important[index]), resend)
 
     def on_bitmap(self, seq: int, holes: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> None:
-        """Queue the packets covering ``holes`` for re-send (important first); ignore an answer to an older probe."""
-        if self.done or seq != self.probe_seq:
+        """Queue the packets covering ``holes`` for re-send (important first); ignore an answer to an older
+        probe, and a second answer to the latest (a link may carry each answer twice)."""
+        if self.done or seq != self.probe_seq or seq == self.answered:
             return
+        self.answered = seq
         wanted: set[int] = set()
         for start, stop in holes:
             wanted.update(range(start // self.stride, -(-stop // self.stride)))

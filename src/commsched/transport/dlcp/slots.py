@@ -36,7 +36,15 @@ class LinkStats:
     finished receive), ``stale`` (a step too old), ``mismatch`` (wrong dtype,
     size or grid for the posted receive), ``early_buffered`` /
     ``early_dropped`` (for a receive not yet posted): valid datagrams not
-    written. ``records``: the last 4096 receives, how each ended.
+    written. ``probes`` sent (a sender that ran out of datagrams asking for
+    the holes) and ``bitmaps`` sent (this receiver's answers naming holes).
+    ``control_sent`` / ``control_received``: control messages written on
+    the TCP connections / read from them or, as datagrams, from the data
+    sockets; ``control_datagrams_sent``: those sent as datagrams;
+    ``control_duplicate``: a second copy of a STOP or BITMAP for a send
+    already finished; ``control_unmatched``: one for no send or receive
+    this link knows.
+    ``records``: the last 4096 receives, how each ended.
     ``send_calls`` / ``recv_calls``: the system calls that sent and read
     the data datagrams (fewer than the datagrams where UDP GSO / GRO batch
     them); ``gso_refused``: GSO sends a route refused (that path then sends
@@ -60,6 +68,10 @@ class LinkStats:
     early_dropped: int = 0
     control_sent: int = 0
     control_received: int = 0
+    control_datagrams_sent: int = 0
+    control_duplicate: int = 0
+    probes: int = 0
+    bitmaps: int = 0
     control_unmatched: int = 0
     connections_refused: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
