@@ -148,7 +148,7 @@ def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:
     grads = [torch.zeros(n) if server else torch.randn(n, generator=generator) for n in job.partitions]
     flats = [torch.empty(n) for n in job.partitions]
     starts, comm_starts, ends, lost = [], [], [], []
-    link = getattr(transport, "link", None)
+    link: Any = getattr(transport, "link", None)
     stats = getattr(link, "stats", None)  # a DLCP link's counters
     cpu0, base = 0.0, (0, 0)
     try:
