@@ -19,7 +19,7 @@ from pathlib import Path
 from commsched.bench.calibrate import revalidate
 from commsched.bench.plot import plot
 from commsched.bench.report import grid_markdown, markdown_table, phase_table, shaping, validation_markdown
-from commsched.bench.run import resummarise
+from commsched.bench.summary import resummarise
 
 
 def main() -> None:

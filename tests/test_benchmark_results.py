@@ -21,7 +21,7 @@ import pytest
 
 from commsched.bench.calibrate import revalidate
 from commsched.bench.report import grid_markdown, markdown_table, phase_table, validation_markdown
-from commsched.bench.run import resummarise
+from commsched.bench.summary import resummarise
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = sorted((ROOT / "benchmarks" / "results").glob("*.json"))

@@ -10,7 +10,7 @@ tree.
 
 Used by the policies' planning estimate (:class:`commsched.schedule.NetworkEstimate`),
 the simulator's cost model (:mod:`commsched.sim.costs`) and the network probe's
-α-β fit (:mod:`commsched.profile.network`): the formulas exist here only.
+α-β fit (:mod:`commsched.profile.probe_fit`): the formulas exist here only.
 """
 
 from __future__ import annotations

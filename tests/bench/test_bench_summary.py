@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from commsched.bench.baselines import DDP_GRID, YARDSTICK, best_ddp
+from commsched.bench.collect import _collect
+from commsched.bench.config import BenchConfig
 from commsched.bench.plot import plot
 from commsched.bench.report import grid_markdown, grid_table, markdown_table, session_table
-from commsched.bench.run import BenchConfig, _add_ratios, _collect, _rank_iteration_ms, resummarise, step_ms
+from commsched.bench.summary import _add_ratios, _rank_iteration_ms, resummarise, step_ms
 from commsched.bench.worker import session_order
 from commsched.testbed import LinkShape
 

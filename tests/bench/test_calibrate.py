@@ -15,7 +15,7 @@ from commsched.bench.report import validation_markdown, validation_table
 from commsched.bench.validate import predict
 from commsched.cluster import Cluster
 from commsched.formulas import ring_all_reduce_s
-from commsched.profile.network import ProbeSample, fit_alpha_beta
+from commsched.profile.probe_fit import ProbeSample, fit_alpha_beta
 from commsched.workload import Workload
 
 ALPHA_S, BETA = 300e-6, 8 / 300e6  # 300 µs per ring step, 300 Mbit/s

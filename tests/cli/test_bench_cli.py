@@ -52,7 +52,7 @@ def test_a_short_warmup_is_fine_for_torch_ddp_alone(started: list[Any], tmp_path
 def test_auto_with_a_warmup_shorter_than_its_trials_is_run_with_a_note_saying_so(
     started: list[Any], tmp_path: Path
 ) -> None:
-    from commsched.bench.run import AUTO_WARMUP
+    from commsched.bench.config import AUTO_WARMUP
 
     args = ["bench", "--policies", "auto,ddp", "--out", str(tmp_path)]
     short = CliRunner().invoke(cli, [*args, "--warmup", "3"], terminal_width=200)

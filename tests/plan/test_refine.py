@@ -14,7 +14,7 @@ from commsched.plan.hetero import plan_heterogeneous
 from commsched.plan.refine import Refined, moves, refine_split
 from commsched.plan.search import Candidate, simulate_candidate
 from commsched.schedule import knobs as policy_knobs
-from commsched.sim.simulator import SimOptions
+from commsched.sim.options import SimOptions
 from commsched.testbed.linkrate import LinkRate
 
 ROOT = Path(__file__).resolve().parents[2]

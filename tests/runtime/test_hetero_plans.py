@@ -27,7 +27,8 @@ from commsched.profile import profile_model
 from commsched.runtime.memory import activation_bytes_per_sample
 from commsched.schedule import CommPlan
 from commsched.schedule.stages import Pipeline, StageLayout
-from commsched.sim.simulator import SimOptions, plan_for
+from commsched.sim.options import SimOptions
+from commsched.sim.simulator import plan_for
 from commsched.workload import Workload
 
 from _workers import SMALL_KNOBS

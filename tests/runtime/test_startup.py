@@ -181,7 +181,7 @@ def test_switching_plans_mid_run_between_update_modes_still_trains_like_ddp(tmp_
 def test_auto_runs_what_advise_ranks_first_and_replans_without_changing_the_result(tmp_path: Path) -> None:
     from commsched.plan import advise
     from commsched.plan.gloo import gloo_options
-    from commsched.profile.network import measured_cluster
+    from commsched.profile.probe_fit import measured_cluster
     from commsched.sim import SimOptions
 
     res = spawn(S.auto_policy, 2, tmp_path, 12)

@@ -26,7 +26,7 @@ from commsched.schedule import (
 from commsched.schedule.fusion import make_task, whole
 from commsched.schedule.knobs import NoKnobs
 from commsched.sim import simulate
-from commsched.sim import simulator as sim_module
+from commsched.sim import simulation as sim_module
 from commsched.workload import Layer, Provenance, Tensor, Workload
 
 NET = NetworkEstimate(2, 1e9)

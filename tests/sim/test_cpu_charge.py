@@ -77,7 +77,7 @@ def test_bad_cpu_options_are_refused_naming_the_field(field: str, value: object)
 
 
 def test_fit_cpu_recovers_a_line_and_is_none_without_cpu_times() -> None:
-    from commsched.profile.network import ProbeSample, fit_cpu
+    from commsched.profile.probe_fit import ProbeSample, fit_cpu
 
     def sample(nbytes: int, cpu: bool) -> ProbeSample:
         c = 2e-4 + 1e-9 * nbytes

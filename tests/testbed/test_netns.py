@@ -18,7 +18,8 @@ import pytest
 from _signals import ended_within
 
 from commsched.bench.baselines import DDP_GRID
-from commsched.bench.run import BenchConfig, run_bench
+from commsched.bench.config import BenchConfig
+from commsched.bench.run import run_bench
 from commsched.cluster import Cluster
 from commsched.plan.gloo import gloo_options
 from commsched.sim import simulate
@@ -101,7 +102,7 @@ def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(t
 
 
 def test_auto_records_the_plans_its_trials_measured_and_the_one_it_kept(tmp_path: Path) -> None:
-    from commsched.bench.run import AUTO_WARMUP
+    from commsched.bench.config import AUTO_WARMUP
     from commsched.schedule import policy_class
 
     report = run_bench(_config(policies=("auto",), warmup=AUTO_WARMUP, iters=1, ddp_grid=False), tmp_path)

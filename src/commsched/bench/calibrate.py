@@ -27,7 +27,7 @@ and for the references whose time the model also predicts:
 * ``all-reduce alone``: the fitted all-reduce of every gradient at once.
 
 Communication's CPU work: the probe also records the CPU time each
-all-reduce costs its rank (:func:`commsched.profile.network.fit_cpu`); the
+all-reduce costs its rank (:func:`commsched.profile.probe_fit.fit_cpu`); the
 simulator takes it from compute wherever a task starts while its worker
 computes (``SimOptions.cpu_per_task_ms``/``cpu_ms_per_mb``). Reports saved
 before the probe recorded it predict without.
@@ -50,7 +50,7 @@ from commsched.bench.validate import predict
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.formulas import ring_all_reduce_s
-from commsched.profile.network import ProbeSample, fit_alpha_beta, fit_cpu, measured_cluster
+from commsched.profile.probe_fit import ProbeSample, fit_alpha_beta, fit_cpu, measured_cluster
 from commsched.schedule import AUTO, TORCH_DDP_AS_POLICY
 from commsched.workload import Workload
 

@@ -53,11 +53,12 @@ from typing import Any
 from commsched.bench.baselines import DEFAULT_DDP
 from commsched.bench.batch_curve import CURVE_REPEATS
 from commsched.bench.calibrate_task import calibration_sizes
+from commsched.bench.collect import merge_traces
 from commsched.bench.drift import factors_by_batch, speed_factors
 from commsched.bench.hetero_spec import MeasuredSpec, measured_spec, plan_command, runnable_policies
 from commsched.bench.hetero_worker import CONFIGS, REFERENCES
 from commsched.bench.overlap import OVERLAP_REPEATS
-from commsched.bench.run import machine_info, merge_traces, source_info
+from commsched.bench.provenance import machine_info, source_info
 from commsched.models import MODELS, build_model, parameter_count
 from commsched.plan.batches import even_split, proportional_split
 from commsched.plan.hetero import plan_heterogeneous

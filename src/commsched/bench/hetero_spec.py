@@ -24,7 +24,7 @@ probed on its own (:func:`commsched.testbed.linkrate.probe_worker_links`).
   profile on every rank;
 * per rank a one-device node whose **NIC** runs at the link's measured TCP
   rate, with the collective probe's per-step latency α (``latency_us``), as
-  :func:`commsched.profile.network.measured_cluster` does for one rate;
+  :func:`commsched.profile.probe_fit.measured_cluster` does for one rate;
 * the simulator **options** of the runtime on gloo
   (:func:`commsched.plan.gloo.gloo_options`), the measured optimizer
   step (``update_ms``) and communication's CPU work (``cpu_per_task_ms``,
@@ -67,10 +67,12 @@ from commsched.cluster import Cluster
 from commsched.errors import SpecError
 from commsched.plan.gloo import gloo_options
 from commsched.plan.search import simulate_candidate
-from commsched.profile.network import CpuFit, ProbeSample, fit_alpha_beta, fit_cpu
+from commsched.profile.probe_fit import CpuFit, ProbeSample, fit_alpha_beta, fit_cpu
 from commsched.schedule import LOSSLESS, CommPlan, make_knobs, policy_class
 from commsched.sim.compute import batch_factor
-from commsched.sim.simulator import SimOptions, SimResult, simulate_plan
+from commsched.sim.options import SimOptions
+from commsched.sim.result import SimResult
+from commsched.sim.simulator import simulate_plan
 from commsched.testbed.linkrate import LinkRate
 from commsched.transport import TRANSPORTS
 from commsched.workload import Workload

@@ -120,7 +120,7 @@ class OverlapTimes:
         ``a + g`` (``g`` the median of each round's difference). At rate ``r``
         while the ranks compute and full rate after: ``r = a / (a + g)`` where
         it ends inside ``computing_ms``, else ``r = 1 - g / computing_ms``
-        (the simulator's :meth:`~commsched.sim.simulator.Simulation._slowed_floor`
+        (the simulator's :func:`~commsched.sim.contention.slowed_floor_s`
         inverted); 1 where it did not slow down, at least :data:`MIN_COMM_RATE`.
         """
         if not computing_ms > 0:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from commsched.bench.baselines import TORCH_DDP
+from commsched.bench.baselines import TORCH_DDP, YARDSTICK
 from commsched.bench.report import shaping
-from commsched.bench.run import REFERENCES, YARDSTICK
+from commsched.bench.summary import REFERENCES
 
 #: Series of the plot that are a session's baseline, whichever DDP configuration it is there.
 _BASELINE_SERIES = {"default DDP": "default_ddp", "best DDP": "best_ddp"}

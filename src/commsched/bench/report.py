@@ -6,8 +6,8 @@ from typing import Any
 
 from rich.table import Table
 
-from commsched.bench.baselines import DDP_GRID, TORCH_DDP
-from commsched.bench.run import REFERENCES, YARDSTICK
+from commsched.bench.baselines import DDP_GRID, TORCH_DDP, YARDSTICK
+from commsched.bench.summary import REFERENCES
 from commsched.schedule import AUTO
 from commsched.testbed import LinkShape
 

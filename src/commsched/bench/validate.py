@@ -17,7 +17,7 @@ from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.plan.gloo import gloo_options
-from commsched.profile.network import CpuFit
+from commsched.profile.probe_fit import CpuFit
 from commsched.sim import SimOptions, simulate
 from commsched.workload import Workload
 

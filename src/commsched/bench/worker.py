@@ -70,7 +70,7 @@ def session_order(policies: list[str], repeat: int, *, references: bool, ddp_gri
 
 
 def save_trace_part(session_dir: Path, policy: str, rank: int, trace: Trace, **meta: Any) -> None:
-    """One rank's trace of one run, ``traces/<policy>.rank<r>.json``, for ``bench.run.merge_traces``."""
+    """One rank's trace of one run, ``traces/<policy>.rank<r>.json``, for ``bench.collect.merge_traces``."""
     trace.meta.update(meta)
     (session_dir / "traces").mkdir(exist_ok=True)
     trace.save(session_dir / "traces" / f"{policy}.rank{rank}.json")

@@ -31,7 +31,7 @@ def cli() -> None:
 
 for _name in _SUBCOMMANDS:
     cli.add_command(importlib.import_module(f"commsched.cli.{_name}").command)
-cli.add_command(importlib.import_module("commsched.cli.profile").compare_trace_command, name="compare-trace")
+cli.add_command(importlib.import_module("commsched.cli.compare_trace").compare_trace_command, name="compare-trace")
 
 
 def main() -> None:

@@ -11,9 +11,10 @@ import click
 from rich.console import Console
 
 from commsched.bench.baselines import DEFAULT_DDP, YARDSTICK
+from commsched.bench.config import DEFAULT_POLICIES, MIN_WARMUP, BenchConfig
 from commsched.bench.plot import plot
 from commsched.bench.report import grid_table, session_table, shaping, validation_table
-from commsched.bench.run import DEFAULT_POLICIES, MIN_WARMUP, BenchConfig, run_bench
+from commsched.bench.run import run_bench
 from commsched.bench.significance import auto_vs_best
 from commsched.cli import bench_plan
 from commsched.cli.inputs import KNOB_HELP, KnobAssignment, knobs_by_policy

@@ -28,11 +28,11 @@ from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import POLICIES
 from commsched.sim import SimResult, simulate
 from commsched.sim.ideal import ideal
+from commsched.sim.options import SimOptions
 from commsched.sim.packet import PacketConfig
 from commsched.sim.packet.options import changed_settings
 from commsched.sim.packet.run import simulate_packet
 from commsched.sim.plot import plot_bars
-from commsched.sim.simulator import SimOptions
 
 #: Table order: the baselines first, then the schedulers.
 ORDER = ("no_overlap", "ddp", "wfbp", "horovod", "bytescheduler", "prophet", "dear")
@@ -229,7 +229,7 @@ def _compare_measured(
     skip_measured: int,
 ) -> None:
     """Predicted vs measured for one policy: per task, then per iteration."""
-    from commsched.cli.profile import comparison_summary, comparison_table, require_common_tasks
+    from commsched.cli.compare_trace import comparison_summary, comparison_table, require_common_tasks
     from commsched.plan.gloo import gloo_options
     from commsched.trace import Trace
     from commsched.trace.compare import compare_traces, trace_iteration_ms

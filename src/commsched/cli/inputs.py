@@ -11,9 +11,9 @@ import click
 
 from commsched.errors import CommschedError, ScheduleError, SpecError
 from commsched.schedule import knob_class, make_knobs
+from commsched.sim.options import SimOptions
 from commsched.sim.packet import PacketConfig
 from commsched.sim.packet.options import packet_config, parse_assignment
-from commsched.sim.simulator import SimOptions
 from commsched.workload import Workload
 
 

@@ -10,7 +10,7 @@ from commsched.cluster import Cluster
 from commsched.plan.search import Candidate, OptionsFor, Progress, search_policies
 from commsched.schedule import CommPlan
 from commsched.sim.ideal import IdealResult, ideal
-from commsched.sim.simulator import SimOptions
+from commsched.sim.options import SimOptions
 from commsched.workload import Workload
 
 

@@ -66,7 +66,7 @@ from commsched.plan.servers import runtime_servers
 from commsched.schedule import knobs as policy_knobs
 from commsched.sim.compute import PROFILE, ComputeModel
 from commsched.sim.ideal import ideal
-from commsched.sim.simulator import SimOptions
+from commsched.sim.options import SimOptions
 from commsched.workload import Workload
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from commsched.plan.memory import RankMemory
 from commsched.plan.search import Simulated
 from commsched.schedule import CommPlan
-from commsched.sim.simulator import SimResult
+from commsched.sim.result import SimResult
 
 #: The policy and knobs every baseline runs: PyTorch DDP at its defaults.
 BASELINE_POLICY = "ddp"

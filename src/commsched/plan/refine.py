@@ -34,7 +34,8 @@ from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.plan.budget import Budget
 from commsched.plan.search import Candidate, simulate_candidate
-from commsched.sim.simulator import SimOptions, SimResult
+from commsched.sim.options import SimOptions
+from commsched.sim.result import SimResult
 from commsched.workload import Workload
 
 __all__ = ["Refined", "moves", "refine_split"]

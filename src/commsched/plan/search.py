@@ -43,7 +43,9 @@ from commsched.schedule import LOSSLESS, CommPlan
 from commsched.schedule import knobs as policy_knobs
 from commsched.schedule.base import COLLECTIVE, PS_TRANSPORT
 from commsched.sim.costs import CommModel
-from commsched.sim.simulator import SimOptions, SimResult, plan_for, simulate_plan
+from commsched.sim.options import SimOptions
+from commsched.sim.result import SimResult
+from commsched.sim.simulator import plan_for, simulate_plan
 from commsched.workload import Workload
 
 #: How buckets are synchronised: all by collective, all by parameter server, or each by the cheaper one.

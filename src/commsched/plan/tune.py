@@ -19,7 +19,9 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.schedule import knobs as policy_knobs
-from commsched.sim.simulator import SimOptions, SimResult, simulate
+from commsched.sim.options import SimOptions
+from commsched.sim.result import SimResult
+from commsched.sim.simulator import simulate
 from commsched.workload import Workload
 
 

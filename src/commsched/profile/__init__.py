@@ -17,19 +17,13 @@
 against a measurement (:mod:`commsched.trace.compare`).
 """
 
-from commsched.profile.compute import IterationCheck, device_names, iteration_check, profile_model, zoo_filename
+from commsched.profile.check import IterationCheck, iteration_check
+from commsched.profile.compute import profile_model
+from commsched.profile.local_probe import probe_local
 from commsched.profile.magnitudes import record_grad_norms
-from commsched.profile.network import (
-    DEFAULT_SIZES_BYTES,
-    OPS,
-    AlphaBetaFit,
-    NetworkProbe,
-    ProbeSample,
-    fit_alpha_beta,
-    measured_cluster,
-    probe_local,
-    probe_network,
-)
+from commsched.profile.names import device_names, zoo_filename
+from commsched.profile.network import DEFAULT_SIZES_BYTES, OPS, NetworkProbe, probe_network
+from commsched.profile.probe_fit import AlphaBetaFit, ProbeSample, fit_alpha_beta, measured_cluster
 
 __all__ = [
     "DEFAULT_SIZES_BYTES",

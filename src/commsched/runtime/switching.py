@@ -199,7 +199,7 @@ class AutoPlanner:
     def _search(self, workload: Workload, network: NetworkEstimate) -> list[tuple[str, dict[str, Any], float]]:
         from commsched.plan import advise
         from commsched.plan.gloo import gloo_options
-        from commsched.profile.network import measured_cluster
+        from commsched.profile.probe_fit import measured_cluster
         from commsched.sim import SimOptions
 
         cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)

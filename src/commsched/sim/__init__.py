@@ -9,7 +9,10 @@ from commsched.sim.compute import ClassCompute, ComputeModel, ProfileCompute, Wo
 from commsched.sim.costs import ALGORITHMS, TASK_COSTS, CommModel, Phase, TaskCost, register_cost
 from commsched.sim.engine import EventLoop
 from commsched.sim.network import NETWORK_MODELS, NetworkContext, NetworkFactory, NetworkModel
-from commsched.sim.simulator import SimOptions, SimResult, Simulation, simulate
+from commsched.sim.options import SimOptions
+from commsched.sim.result import SimResult
+from commsched.sim.simulation import Simulation
+from commsched.sim.simulator import simulate
 
 __all__ = [
     "ALGORITHMS",

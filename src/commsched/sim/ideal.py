@@ -46,7 +46,7 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.sim.compute import PROFILE, ComputeModel, worker_classes
 from commsched.sim.costs import CommModel
-from commsched.sim.simulator import SimOptions
+from commsched.sim.options import SimOptions
 from commsched.workload import Workload
 
 

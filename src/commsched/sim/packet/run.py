@@ -17,9 +17,11 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import ScheduleError
 from commsched.sim.network import NetworkContext
+from commsched.sim.options import SimOptions
 from commsched.sim.packet.config import PacketConfig
 from commsched.sim.packet.model import PacketNetwork, packet_factory
-from commsched.sim.simulator import SimOptions, SimResult, plan_for, simulate_plan
+from commsched.sim.result import SimResult
+from commsched.sim.simulator import plan_for, simulate_plan
 from commsched.workload import Workload
 
 

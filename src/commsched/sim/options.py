@@ -1,0 +1,110 @@
+"""The simulator's settings, :class:`SimOptions`: the cost model's algorithm, concurrency, network and CPU work.
+
+They are not policy knobs (those travel with the plan): they say how the
+simulated cluster behaves, and are checked when they are made, so a bad value
+fails before a simulation starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from commsched.errors import ScheduleError
+from commsched.sim.costs import ALGORITHMS
+from commsched.sim.network import NETWORK_MODELS
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Simulator settings (not policy knobs).
+
+    ``algorithm``: collective algorithm of the cost model, ``ring`` (NCCL's and
+    gloo's default), ``tree``, ``hierarchical`` or ``ps`` (see
+    :class:`~commsched.sim.costs.CommModel`).
+    ``max_concurrent``: collectives in flight at once. Default 1: NCCL runs
+    the collectives of one communicator one after another on one stream, and
+    PyTorch DDP, Horovod, ByteScheduler and this project's runtime use one
+    communicator. Set 2 for gloo (its default number of worker threads per
+    process group) or more to model several communicators; in-flight
+    collectives then share bandwidth fairly while their startup latencies
+    overlap.
+    ``update_ms``: optimizer time per iteration on the profiled device
+    (scaled by worker speed), spread over layers in proportion to their bytes.
+    0 by default because the shipped profiles fold it into backward.
+    ``network``: the network model (:data:`~commsched.sim.network.NETWORK_MODELS`):
+    ``flow`` (α-β phases, bandwidth shared fairly on each link resource) or
+    ``packet`` (queues, transports and packets: :mod:`commsched.sim.packet`).
+    ``cpu_per_task_ms``, ``cpu_ms_per_mb``: the CPU work of communication
+    (collective threads, the kernel's TCP, the runtime's own work) per task
+    and per MiB of the task's buffer, ``cpu = cpu_per_task_ms + cpu_ms_per_mb ·
+    bytes / 2²⁰``. A task that starts while its worker computes delays that
+    worker's compute by its CPU work (one core does both); work that falls
+    while the worker waits costs nothing (the core was idle): a wait absorbs
+    the CPU work not yet charged, up to its length. The collective itself
+    takes at least its CPU work on its slowest worker, twice that where the
+    worker computes meanwhile (:func:`~commsched.sim.contention.cpu_floor_s`): on a core
+    that also computes, the transfer can be CPU-bound. 0 by default:
+    overlap is free, as on a GPU whose copies and kernels run beside compute.
+    ``commsched bench --validate`` fits them from the probe's CPU times.
+    ``cpu_scales_with_speed``: that CPU work takes ``1 / speed`` as long on
+    a worker of relative ``speed`` (where the devices are the CPUs that also
+    communicate, as on ``commsched bench --plan``'s testbed of CPU quotas);
+    off by default: a slower GPU does not make its host's CPU slower.
+    A device whose spec measures its ``overlap_ms_per_mb`` (compute's
+    slowdown per MiB all-reduced beside it) is charged that per MiB instead
+    of ``cpu_ms_per_mb`` when a task starts while it computes, and one
+    whose spec measures ``overlap_ms_per_task`` that per task instead of
+    ``cpu_per_task_ms``; the floor keeps the options' CPU work (it is the
+    collective's own). A device whose spec measures its
+    ``overlap_comm_rate`` slows the collectives it takes part in while it
+    computes: they keep that share of their uncontended rate until its
+    compute ends (:func:`~commsched.sim.contention.slowed_floor_s`).
+    """
+
+    algorithm: str = "ring"
+    max_concurrent: int = 1
+    update_ms: float = 0.0
+    network: str = "flow"
+    cpu_per_task_ms: float = 0.0
+    cpu_ms_per_mb: float = 0.0
+    cpu_scales_with_speed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise ScheduleError(f"sim: unknown algorithm {self.algorithm!r}; known: {', '.join(ALGORITHMS)}")
+        if isinstance(self.max_concurrent, bool) or not isinstance(self.max_concurrent, int):
+            raise ScheduleError(f"sim: max_concurrent must be an integer >= 1, got {self.max_concurrent!r}")
+        if self.max_concurrent < 1:
+            raise ScheduleError(f"sim: max_concurrent must be >= 1, got {self.max_concurrent}")
+        for name in ("update_ms", "cpu_per_task_ms", "cpu_ms_per_mb"):
+            value = getattr(self, name)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (value >= 0 and math.isfinite(value))
+            ):
+                raise ScheduleError(f"sim: {name} must be a finite number >= 0, got {value!r}")
+        if not isinstance(self.cpu_scales_with_speed, bool):
+            raise ScheduleError(f"sim: cpu_scales_with_speed must be true or false, got {self.cpu_scales_with_speed!r}")
+        if self.network not in NETWORK_MODELS:
+            known = ", ".join(NETWORK_MODELS)
+            what = "packet-level network not available yet" if self.network == "packet" else "unknown network model"
+            raise ScheduleError(f"sim: {what} ({self.network!r}); network must be one of: {known}")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_mapping(cls, options: SimOptions | Mapping[str, Any] | None) -> SimOptions:
+        if options is None:
+            return cls()
+        if isinstance(options, SimOptions):
+            return options
+        unknown = sorted(set(options) - set(cls.names()))
+        if unknown:
+            raise ScheduleError(f"sim: unknown option(s) {', '.join(unknown)}; known: {', '.join(cls.names())}")
+        return cls(**options)
