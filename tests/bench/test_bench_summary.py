@@ -10,11 +10,13 @@ import pytest
 from commsched.bench.baselines import DDP_GRID, YARDSTICK, best_ddp
 from commsched.bench.collect import _collect
 from commsched.bench.config import BenchConfig
+from commsched.bench.job import Job
 from commsched.bench.plot import plot
 from commsched.bench.report import grid_markdown, grid_table, markdown_table, session_table
 from commsched.bench.summary import _add_ratios, _rank_iteration_ms, resummarise, step_ms
-from commsched.bench.worker import session_order
+from commsched.bench.worker import runtime_knobs, session_order
 from commsched.testbed import LinkShape
+from commsched.transport import TransportOptions
 
 
 def test_rank_iteration_time_is_the_mean_over_the_timed_window() -> None:
@@ -112,6 +114,7 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
         ({"workers": 1}, "workers"),
         ({"warmup": 2}, "warmup"),
         ({"shapes": ()}, "shapes"),
+        ({"mtu_bytes": 100}, "mtu: must be an integer from 576 to 65535 bytes, got 100"),
     ],
 )
 def test_config_refuses_what_cannot_be_measured(kw: dict, match: str) -> None:
@@ -245,3 +248,12 @@ def test_every_repeat_runs_torch_ddp_first_then_the_policies_and_the_grid_rotate
     default = "ddp[25MiB]"  # default DDP: always measured, grid or not
     assert session_order(["dear"], 0, references=True, ddp_grid=False) == ["torch_ddp", "dear", default, YARDSTICK]
     assert session_order(["dear"], 0, references=False, ddp_grid=False) == ["torch_ddp", "dear", default]
+
+
+def test_a_commsched_policy_gets_the_links_mtu_when_it_is_not_1500_and_torch_ddp_never() -> None:
+    job = Job("session", "/tmp/x", "cnn", 8, 10, 3, 1, knobs={"dlcp": {"loss_bound": 0.02}}, mtu_bytes=9000)
+    knobs = runtime_knobs(job, "dlcp", repeat=0)
+    assert knobs["transport_options"] == TransportOptions(mtu_bytes=9000) and knobs["loss_bound"] == 0.02
+    assert knobs["trace"] is True and knobs["timeout_s"] == job.comm_timeout_s
+    assert "transport_options" not in runtime_knobs(Job("session", "/tmp/x", "cnn", 8, 10, 3, 1), "dlcp", 1)
+    assert runtime_knobs(job, "torch_ddp", repeat=0) == {}

@@ -118,3 +118,15 @@ def test_a_delay_or_loss_the_kernel_cannot_make_is_refused_at_parse_time(
 def test_rate_limits_alone_need_neither_and_start(started: list[Any], tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["bench", "--bandwidth", "300mbit", "--out", str(tmp_path)])
     assert isinstance(result.exception, Started), result.output
+
+
+def test_the_links_mtu_reaches_the_config_and_is_refused_with_plan_or_out_of_range(
+    started: list[Any], tmp_path: Path
+) -> None:
+    base = ["bench", "--isolation", "loopback", "--policies", "dlcp", "--out", str(tmp_path)]
+    result = CliRunner().invoke(cli, [*base, "--mtu", "9000"])
+    assert isinstance(result.exception, Started) and started[-1].mtu_bytes == 9000
+    result = CliRunner().invoke(cli, [*base, "--mtu", "100"])
+    assert result.exit_code == 2 and "--mtu" in result.output and "100" in result.output
+    result = CliRunner().invoke(cli, ["bench", "--plan", "auto", "--mtu", "9000", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--mtu" in result.output and not started[1:]

@@ -18,6 +18,7 @@ from commsched.runtime.warmup import WARMUP_ITERS
 from commsched.schedule import AUTO
 from commsched.testbed.commands import LinkShape
 from commsched.testbed.netns import Isolation
+from commsched.transport.base import check_mtu
 
 DEFAULT_POLICIES = tuple(RUNTIME_POLICIES)
 #: Untimed iterations a commsched policy needs: it profiles its warm-up iterations, then switches to its plan.
@@ -46,6 +47,7 @@ class BenchConfig:
     probe: bool = True
     validate: bool = False
     isolation: Isolation = "auto"
+    mtu_bytes: int = 1500  # every veth's MTU; a datagram transport (dlcp) cuts its datagrams to it
     knobs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     fail: Mapping[str, Any] | None = None  # make one rank die (tests of the failure path)
 
@@ -74,6 +76,7 @@ class BenchConfig:
             )
         if not self.shapes:
             raise ValueError("shapes: need at least one link shaping")
+        check_mtu("mtu", self.mtu_bytes)
 
     def notes(self) -> list[str]:
         """What a reader of this configuration's results should know (nothing wrong with it)."""

@@ -125,8 +125,10 @@ def run_bench(
         "sessions": [],
     }
     shapes = list(config.shapes)
-    with open_testbed(config.workers, isolation=config.isolation, log=say) as bed:
-        report["meta"]["testbed"] = {"isolation": bed.isolation, "description": bed.describe()}
+    with open_testbed(config.workers, isolation=config.isolation, mtu_bytes=config.mtu_bytes, log=say) as bed:
+        report["meta"]["testbed"] = {
+            "isolation": bed.isolation, "description": bed.describe(), "mtu_bytes": config.mtu_bytes
+        }  # fmt: skip
         if not isinstance(bed, NetnsTestbed):
             skipped = [s.label for s in shapes if s.shaped]
             shapes = [s for s in shapes if not s.shaped]
@@ -161,6 +163,7 @@ def run_bench(
             "lr": config.lr,
             "threads": config.threads,
             "comm_timeout_s": config.comm_timeout_s,
+            "mtu_bytes": config.mtu_bytes,
         }
         launch = 0
 

@@ -53,6 +53,7 @@ from commsched.bench.threads import per_iteration_ms, thread_cpu_s
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
 from commsched.trace import Trace
+from commsched.transport import TransportOptions
 
 __all__ = ["YARDSTICK", "save_trace_part", "session_order"]
 
@@ -123,6 +124,18 @@ class _Clock:
         return {"starts_s": self.starts_s, "times_s": self.times_s, "phases_s": self.phases_s}
 
 
+def runtime_knobs(job: Job, policy: str, repeat: int) -> dict[str, Any]:
+    """What ``parallelize`` gets besides the policy: the job's knobs for it and, for a commsched policy, the
+    timeout, whether to trace this repeat, and the links' MTU where it is not 1500 bytes (a datagram
+    transport cuts its datagrams to it)."""
+    knobs = dict(job.knobs.get(policy, {}))
+    if policy != TORCH_DDP:
+        knobs.update(timeout_s=job.comm_timeout_s, trace=repeat == job.trace_repeat)
+        if job.mtu_bytes != TransportOptions().mtu_bytes:
+            knobs.update(transport_options=TransportOptions(mtu_bytes=job.mtu_bytes))
+    return knobs
+
+
 def _compute(
     job: Job, rank: int, batches: list[Any], progress: Progress, name: str, repeat: int, lockstep: bool = False
 ) -> dict[str, Any]:
@@ -179,10 +192,7 @@ def _policy(
         )
         optimizer = opt
     else:
-        knobs = dict(job.knobs.get(policy, {}))
-        if policy != TORCH_DDP:
-            knobs.update(timeout_s=job.comm_timeout_s, trace=repeat == job.trace_repeat)
-        wrapped, optimizer = parallelize(model, opt, policy=policy, **knobs)
+        wrapped, optimizer = parallelize(model, opt, policy=policy, **runtime_knobs(job, policy, repeat))
     clock = _Clock()
     threads_before: dict[str, float] = {}
     for step, (x, y) in enumerate(batches):

@@ -100,6 +100,14 @@ def _refuse_what_cannot_be_built(shapes: tuple[LinkShape, ...], isolation: str) 
     "and print the simulator's predicted iteration time of every policy beside the measured one",
 )
 @click.option(
+    "--mtu",
+    type=click.IntRange(576, 65535),
+    default=1500,
+    show_default=True,
+    help="every link's MTU in bytes (9000: jumbo frames); the dlcp transport cuts its datagrams to it, "
+    "TCP and gloo follow it themselves",
+)
+@click.option(
     "--isolation",
     type=click.Choice(["auto", "netns", "loopback"]),
     default="auto",
@@ -151,6 +159,7 @@ def command(
     no_references: bool,
     no_probe: bool,
     validate: bool,
+    mtu: int,
     isolation: str,
     plan: str | None,
     worker_cpu: str | None,
@@ -190,6 +199,8 @@ def command(
         sudo commsched bench --plan auto --model resnet5m
     """
     if plan is not None:
+        if mtu != 1500:
+            raise click.BadParameter("--plan runs use 1500-byte links; leave --mtu out", param_hint="'--mtu'")
         bench_plan.run(
             plan=plan,
             model=model,
@@ -242,6 +253,7 @@ def command(
             probe=not no_probe,
             validate=validate,
             isolation=isolation,  # type: ignore[arg-type]
+            mtu_bytes=mtu,
             knobs=knob_map,
         )
     except ValueError as exc:  # "field: problem"; the fields are named after the options

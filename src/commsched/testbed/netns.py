@@ -426,18 +426,24 @@ class NetnsTestbed(Testbed):
 
 
 def open_testbed(
-    workers: int, shape: LinkShape | None = None, *, isolation: Isolation = "auto", log: Log = _stderr
+    workers: int,
+    shape: LinkShape | None = None,
+    *,
+    isolation: Isolation = "auto",
+    mtu_bytes: int = 1500,
+    log: Log = _stderr,
 ) -> Testbed:
     """A namespace testbed when possible; with ``isolation="auto"`` and no root, the loopback fallback.
 
-    The fallback cannot shape: asking for shaping there raises :class:`TestbedError`.
+    The fallback cannot shape: asking for shaping there raises :class:`TestbedError`. ``mtu_bytes`` is
+    every veth's MTU (loopback's own, 65536, is larger than any).
     """
     if isolation == "netns":
-        return NetnsTestbed(workers, shape, log=log)
+        return NetnsTestbed(workers, shape, mtu_bytes=mtu_bytes, log=log)
     if isolation == "auto":
         reason = netns_unavailable_reason()
         if reason is None:
-            return NetnsTestbed(workers, shape, log=log)
+            return NetnsTestbed(workers, shape, mtu_bytes=mtu_bytes, log=log)
         log(f"testbed: {reason}; falling back to {workers} plain processes on 127.0.0.1, links NOT shaped")
     bed = LoopbackTestbed(workers)
     if shape is not None:
