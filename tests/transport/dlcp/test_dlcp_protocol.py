@@ -28,7 +28,7 @@ from commsched.transport.dlcp.protocol import (
     classify,
     tos_byte,
 )
-from commsched.transport.dlcp.wire import NO_ECHO
+from commsched.transport.dlcp.wire import NO_ECHO, NO_SAMPLE
 
 
 def feed(rx: ReceiverState, offsets: list[int], stride: int) -> list[Action]:
@@ -273,6 +273,26 @@ def test_peer_feedback_counts_gaps_through_sequence_wrap_and_acks_every_n() -> N
     assert len(out) == 1
     fb.on_timer(1.0, out)
     assert out[-1] == Ack(start + 4, 4, 1, NO_ECHO)
+
+
+def test_the_last_ack_goes_once_more_when_no_datagram_follows_it() -> None:
+    fb = PeerFeedback(every=2, interval_s=0.005)
+    out: list[Action] = []
+    fb.on_data(0, False, 0.0, out)
+    fb.on_data(1, False, 0.001, out)
+    assert out == [Ack(2, 2, 0, 1)] and fb.timer_s == pytest.approx(0.006)
+    fb.on_timer(0.0059, out)
+    assert len(out) == 1
+    fb.on_timer(0.006, out)  # nothing came after it: the same counts again, no round-trip sample
+    assert out[-1] == Ack(2, 2, 0, NO_SAMPLE) and fb.timer_s == math.inf
+    fb.on_timer(1.0, out)
+    assert len(out) == 2  # once only
+    fb.on_data(2, False, 1.0, out)  # a datagram after an Ack cancels its repeat; the timer Ack then follows
+    fb.on_data(3, False, 1.001, out)
+    fb.on_data(4, False, 1.002, out)
+    assert out[-1] == Ack(4, 4, 0, 3) and fb.timer_s == pytest.approx(1.006)
+    fb.on_timer(1.006, out)
+    assert out[-1] == Ack(5, 5, 0, NO_ECHO)  # 4 was unacknowledged: a timer Ack, not a repeat
 
 
 def test_a_hole_asked_for_again_is_resent_important_and_a_requeued_packet_keeps_its_class() -> None:

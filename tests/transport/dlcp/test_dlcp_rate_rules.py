@@ -12,7 +12,7 @@ import math
 import pytest
 
 from commsched.transport.dlcp.rate import RateControl, RateParams
-from commsched.transport.dlcp.wire import NO_ECHO
+from commsched.transport.dlcp.wire import NO_ECHO, NO_SAMPLE
 
 DATAGRAM = 1500
 RTT_S = 100e-6
@@ -205,3 +205,13 @@ def test_round_trips_are_measured_with_thousands_of_datagrams_in_flight() -> Non
         rc.on_send(DATAGRAM, i * 1e-6)
     rc.on_ack(2901, 2901, 0, 2900, 0.0031)  # echoes datagram 2900, sent at 2.9 ms
     assert rc.srtt_s == pytest.approx(0.0002)
+
+
+def test_a_repeated_ack_releases_a_full_window_without_a_round_trip_sample() -> None:
+    rc = sender(ack_slack=2)
+    send(rc, math.ceil(rc.window), 0.001)
+    assert rc.delay_s(0.001) == math.inf  # the window is full; the Ack that would open it was lost
+    srtt = rc.srtt_s
+    rc.on_ack(rc.seq, rc.seq, 0, NO_SAMPLE, 0.006)  # its repeat, 5 ms later
+    assert rc.inflight == 0 and rc.delay_s(0.006) == 0 and rc.timeouts == 0
+    assert rc.srtt_s == srtt  # the repeat waited for the receiver's timer: no sample

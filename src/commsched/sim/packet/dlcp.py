@@ -23,9 +23,10 @@ What differs from the link, by construction of a simulator:
 * a message's receive is posted when its send is (the runtime's exchange
   posts both before any data moves), so no datagram arrives early;
 * control (STOP, PROBE, BITMAP, ACK) travels as one packet each in the top
-  band, ECN-capable, where the link uses a TCP connection: a lost control
-  packet is recovered by the sender's next PROBE (``probe_timeout_s``)
-  rather than by TCP;
+  band, ECN-capable, as the link's datagram copies do; the link also sends
+  STOP, PROBE and BITMAP on a TCP connection, so where both copies of one
+  are lost there TCP recovers it, here the sender's next PROBE
+  (``probe_timeout_s``);
 * the engine ticks every millisecond; here each timer fires when it is due
   (:attr:`~commsched.transport.dlcp.rate.RateControl.timer_s`,
   :attr:`~commsched.transport.dlcp.protocol.PeerFeedback.timer_s`,

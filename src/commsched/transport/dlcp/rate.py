@@ -83,7 +83,8 @@ Ack makes progress; if not (the last datagrams of a burst were lost), the
 rate stays. Either way the timer re-arms only with a new send, so a sender
 that its window blocks is cut at most once per timeout period.
 
-**Round trips** come from Acks: one that echoes the datagram that triggered
+**Round trips** come from Acks (not from a repeated one, ``NO_SAMPLE``: its
+delay is the receiver's timer): one that echoes the datagram that triggered
 it gives an exact sample; one a receiver's timer sent gives, when it reports
 a new highest datagram, the time since that datagram was sent (longer by at
 most the receiver's Ack interval), so a sender too slow to trigger Acks
@@ -108,7 +109,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from commsched.transport.dlcp.wire import NO_ECHO, U32
+from commsched.transport.dlcp.wire import NO_ECHO, NO_SAMPLE, U32
 
 #: Send times are kept for round-trip samples in a ring that starts at _RING_START datagrams and doubles while
 #: more than half of it is in flight, up to _RING_MAX (a sender that sends little holds little: a simulation
@@ -303,7 +304,9 @@ class RateControl:
     def on_ack(self, sent: int, received: int, ce: int, echo: int, now_s: float) -> None:
         """The receiver's cumulative counts (an Ack); out-of-date or repeated counts are ignored."""
         last_sent, last_received, last_ce = self._acked
-        if echo != NO_ECHO:
+        if echo == NO_SAMPLE:
+            pass  # a repeated Ack: how late it comes is the receiver's timer, not the path
+        elif echo != NO_ECHO:
             self._sample(echo, now_s)
         elif sent > last_sent:  # a timer's Ack: the newest datagram it reports arrived since the last Ack
             self._sample((sent - 1) % U32, now_s)

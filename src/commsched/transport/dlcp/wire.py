@@ -51,9 +51,11 @@ MAC_BYTES = 16
 HOLE = struct.Struct("!QQ")
 MAX_HOLES = 4000  # so that every message fits one datagram
 #: An ACK's payload: cumulative DATA datagrams the sender sent (highest sequence + 1), received, received with
-#: CE; and the sequence number of the datagram that triggered it (:data:`NO_ECHO`: a timer sent it).
+#: CE; and the sequence number of the datagram that triggered it (:data:`NO_ECHO`: a timer sent it;
+#: :data:`NO_SAMPLE`: it repeats the last ACK, which gives no round-trip sample).
 ACK = struct.Struct("!QQQQ")
 NO_ECHO = 2**32
+NO_SAMPLE = 2**32 + 1
 #: IPv4 + UDP headers; IPv6 + UDP is 48.
 IPV4_UDP_BYTES = 28
 IPV6_UDP_BYTES = 48
