@@ -107,3 +107,41 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
     table = markdown(report)
     assert table.strip() == (saved / "hetero.md").read_text().strip()
     assert table.strip() in (ROOT / "docs" / "planning.md").read_text()
+
+
+@pytest.mark.parametrize("run", ["dlcp-tails-2s-mtu9000", "dlcp-tails-2s-mtu9000-ackrepeat"])
+def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) -> None:
+    from commsched.bench.tails import round_times, summarise
+    from commsched.bench.tails_run import ratio_lines
+
+    directory = ROOT / "benchmarks" / "results" / run
+    report = json.loads((directory / "tails.json").read_text())
+    warmup = report["meta"]["config"]["warmup"]
+    for scenario, result in report["scenarios"].items():
+        for method, measured in result["methods"].items():
+            ranks = [json.loads(p.read_text()) for p in sorted((directory / scenario / method).glob("rank*.json"))]
+            times = round_times(ranks, warmup)
+            assert times["round_ms"] == pytest.approx(measured["round_ms"])
+            assert summarise(times["round_ms"]) == pytest.approx(measured["round"])
+            assert measured["round"]["rounds"] == report["meta"]["config"]["rounds"]
+    printed = (directory / "output.txt").read_text()
+    for line in ratio_lines(report["scenarios"]):
+        assert line in printed and line in DOCUMENT, line
+
+
+def test_the_dlcp_training_figures_are_recomputed_from_their_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = ("dlcp-train-lossless", "dlcp-train-loss1")
+    paths = [ROOT / "benchmarks" / "results" / run / "bench.json" for run in runs]
+    reports = [resummarise(json.loads(path.read_text())) for path in paths]
+    script_loader("benchmarks/dlcp_training.py").main([str(path) for path in paths])
+    printed = capsys.readouterr().out.splitlines()
+    lines = [line for line in printed if line.startswith("300mbit")]
+    assert len(lines) >= 10  # ps, dlcp and default DDP of each run, and the ratios
+    for line in lines:
+        assert line in DOCUMENT, line
+    for report in reports:
+        (session,) = report["sessions"]
+        assert "ps" in session["summary"] and "dlcp" in session["summary"]
+        assert session["summary"]["dlcp"]["steps"] >= 200
