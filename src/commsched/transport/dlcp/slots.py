@@ -30,8 +30,9 @@ class TransferRecord:
 class LinkStats:
     """Counters of one link (datagrams unless named otherwise); ``rejected`` counts by the reason they failed.
 
-    ``received``: datagrams read from the data sockets, good or bad
-    (``ecn_capable`` of the valid ones arrived ECT or CE, ``ce_marked`` CE);
+    ``received``: datagrams read from the data sockets, good or bad, control
+    datagrams included (``ecn_capable`` of the valid DATA ones arrived ECT or
+    CE, ``ce_marked`` CE); ``sent``: DATA datagrams only;
     ``written``: those written into a receive; ``duplicate``, ``late`` (for a
     finished receive), ``stale`` (a step too old), ``mismatch`` (wrong dtype,
     size or grid for the posted receive), ``early_buffered`` /
