@@ -1,10 +1,11 @@
 """Which modules run compiled by mypyc, and whether they still match their sources.
 
 Two packages hold them: the packet-level network's core
-(:mod:`commsched.sim.packet`: ``fabric``, ``transport``, ``connection`` and
-``dlcp``, the driver of DLCP's state machines) and DLCP's clock-free state
-machines themselves (:mod:`commsched.transport.dlcp`: ``protocol`` and
-``rate``), which the UDP link and the simulator share. They are compiled
+(:mod:`commsched.sim.packet`: ``fabric``, ``transport``, ``newreno``,
+``variants``, ``registry``, ``connection`` and ``dlcp``, the driver of DLCP's
+state machines) and DLCP's clock-free state machines themselves
+(:mod:`commsched.transport.dlcp`: ``protocol`` and ``rate``), which the UDP
+link and the simulator share. They are compiled
 together, as one mypyc group (calls between them are native), by
 ``python -m commsched.sim.packet.compile``; the extension modules sit next to
 their sources and take precedence on import, for the link as for the
@@ -37,6 +38,9 @@ MODULES = (
     "commsched.transport.dlcp.rate",
     "commsched.sim.packet.fabric",
     "commsched.sim.packet.transport",
+    "commsched.sim.packet.newreno",
+    "commsched.sim.packet.variants",
+    "commsched.sim.packet.registry",
     "commsched.sim.packet.connection",
     "commsched.sim.packet.dlcp",
 )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from commsched.testbed import netns
+from commsched.testbed import cleanup, loopback, netns
 
 LISTING = "csb-111-0-w0 (id: 1)\ncsb-111-0-br (id: 0)\ncsb-222-0-w0\nunrelated (id: 7)\ncsb-333-0-w0\n"
 LINKS = "1: lo: <LOOPBACK,UP>\n9: csb-111-0-x@if3: <BROADCAST>\n10: csb-222-0-y: <BROADCAST>\n"
@@ -31,14 +31,14 @@ def fake_system(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[list[st
         (tmp_path / name).touch()
         os.utime(tmp_path / name, (1000.0, 1000.0))
     starts = {111: None, 222: 900.0, 333: 5000.0}
-    monkeypatch.setattr(netns, "run_command", run_command)
-    monkeypatch.setattr(netns, "NETNS_DIR", tmp_path)
-    monkeypatch.setattr(netns, "_process_start_s", lambda pid: starts.get(pid))
+    monkeypatch.setattr(cleanup, "run_command", run_command)
+    monkeypatch.setattr(cleanup, "NETNS_DIR", tmp_path)
+    monkeypatch.setattr(cleanup, "_process_start_s", lambda pid: starts.get(pid))
     return calls
 
 
 def test_leftovers_are_objects_whose_owner_is_dead_or_reused(fake_system: list[list[str]]) -> None:
-    found = {(item.kind, item.name) for item in netns.find_leftovers()}
+    found = {(item.kind, item.name) for item in cleanup.find_leftovers()}
     assert found == {
         ("netns", "csb-111-0-w0"),
         ("netns", "csb-111-0-br"),
@@ -49,7 +49,7 @@ def test_leftovers_are_objects_whose_owner_is_dead_or_reused(fake_system: list[l
 
 def test_remove_leftovers_kills_inside_deletes_and_says_so(fake_system: list[list[str]]) -> None:
     messages: list[str] = []
-    removed = netns.remove_leftovers(messages.append)
+    removed = cleanup.remove_leftovers(messages.append)
     assert len(removed) == 4
     assert ["ip", "netns", "pids", "csb-111-0-w0"] in fake_system  # processes inside are killed first
     assert ["ip", "netns", "del", "csb-111-0-w0"] in fake_system
@@ -60,19 +60,19 @@ def test_remove_leftovers_kills_inside_deletes_and_says_so(fake_system: list[lis
 
 
 def test_nothing_to_remove_is_silent(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(netns, "run_command", lambda argv, **kw: "")
+    monkeypatch.setattr(cleanup, "run_command", lambda argv, **kw: "")
     messages: list[str] = []
-    assert netns.remove_leftovers(messages.append) == []
+    assert cleanup.remove_leftovers(messages.append) == []
     assert messages == []
 
 
 def test_process_start_time_of_this_process_and_of_a_dead_pid() -> None:
-    started = netns._process_start_s(os.getpid())
+    started = cleanup._process_start_s(os.getpid())
     assert started is not None
     import time
 
     assert time.time() - 86400 * 365 < started <= time.time() + 1
-    assert netns._process_start_s(2**22 + 12345) is None  # above any pid_max
+    assert cleanup._process_start_s(2**22 + 12345) is None  # above any pid_max
 
 
 def test_without_root_the_reason_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,10 +89,10 @@ def test_missing_tools_name_the_package(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_auto_falls_back_to_loopback_with_a_message(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(netns, "netns_unavailable_reason", lambda: "network namespaces need root")
+    monkeypatch.setattr(loopback, "netns_unavailable_reason", lambda: "network namespaces need root")
     messages: list[str] = []
-    with netns.open_testbed(2, log=messages.append) as bed:
-        assert isinstance(bed, netns.LoopbackTestbed)
+    with loopback.open_testbed(2, log=messages.append) as bed:
+        assert isinstance(bed, loopback.LoopbackTestbed)
         env = bed.env(1, 1, 2, 0, 12345)
         assert env["MASTER_ADDR"] == "127.0.0.1" and env["RANK"] == "1" and env["WORLD_SIZE"] == "2"
         with pytest.raises(netns.TestbedError, match="cannot shape"):

@@ -27,7 +27,6 @@ import pytest
 
 from commsched.testbed import NetnsTestbed, TestbedError, netns_unavailable_reason, project_objects
 from commsched.testbed.commands import LinkShape
-from commsched.testbed.netns import run_command
 from commsched.testbed.nft import parse_counters
 from commsched.testbed.switch import (
     DSCP_IMPORTANT,
@@ -43,6 +42,7 @@ from commsched.testbed.switch import (
     switch_unavailable_reason,
     tos_byte,
 )
+from commsched.testbed.system import run_command
 
 _REASON = netns_unavailable_reason()
 pytestmark = [pytest.mark.netns, pytest.mark.skipif(_REASON is not None, reason=f"testbed: {_REASON}")]

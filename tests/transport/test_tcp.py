@@ -26,7 +26,8 @@ from commsched.errors import RuntimeCommError
 from commsched.schedule.base import CommTask, Segment
 from commsched.transport import TRANSPORTS, TaskBuffer, TransportOptions, wire
 from commsched.transport.links import TransferKey
-from commsched.transport.tcp import PsTransport, TcpLink
+from commsched.transport.ps import PsTransport
+from commsched.transport.tcp import TcpLink
 
 pytestmark = pytest.mark.multiproc
 

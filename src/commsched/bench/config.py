@@ -17,7 +17,7 @@ from commsched.runtime.switching import auto_settles_after
 from commsched.runtime.warmup import WARMUP_ITERS
 from commsched.schedule import AUTO
 from commsched.testbed.commands import LinkShape
-from commsched.testbed.netns import Isolation
+from commsched.testbed.loopback import Isolation
 from commsched.transport.base import check_mtu
 
 DEFAULT_POLICIES = tuple(RUNTIME_POLICIES)

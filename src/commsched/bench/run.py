@@ -30,10 +30,13 @@ from commsched.bench.provenance import machine_info, source_info
 from commsched.bench.summary import DEFINITIONS, _add_ratios
 from commsched.bench.worker import session_order
 from commsched.models import build_model, parameter_count
+from commsched.testbed.base import Testbed
 from commsched.testbed.commands import LinkShape
 from commsched.testbed.launch import run_workers
-from commsched.testbed.netns import NetnsTestbed, Testbed, TestbedError, open_testbed
+from commsched.testbed.loopback import open_testbed
+from commsched.testbed.netns import NetnsTestbed
 from commsched.testbed.probe import probe_link
+from commsched.testbed.system import TestbedError
 
 
 class _ProgressTail:

@@ -82,7 +82,7 @@ FINAL_KINDS: frozenset[str] = frozenset({"all_reduce", "all_gather", "pull"})
 #: The transport every lossless policy uses: gloo/NCCL collectives.
 COLLECTIVE = "collective"
 #: The parameter-server transport: push/pull through servers (the runtime's: a server on every rank,
-#: :mod:`commsched.transport.tcp`; the simulator's: the cluster's servers, else one on every worker).
+#: :mod:`commsched.transport.ps`; the simulator's: the cluster's servers, else one on every worker).
 PS_TRANSPORT = "ps"
 
 

@@ -23,6 +23,7 @@ cgroups (:class:`CpuShare`: cores and a quota) and per-worker link shapes.
 ``commsched bench`` (:mod:`commsched.bench.run`) runs training on it.
 """
 
+from commsched.testbed.base import Testbed
 from commsched.testbed.cgroups import (
     CpuCgroups,
     CpuShare,
@@ -30,21 +31,14 @@ from commsched.testbed.cgroups import (
     cgroups_unavailable_reason,
     remove_cgroup_leftovers,
 )
+from commsched.testbed.cleanup import find_leftovers, project_objects, remove_leftovers
 from commsched.testbed.commands import Layout, LinkShape, format_rate, parse_rate
 from commsched.testbed.hetero import HeteroTestbed
 from commsched.testbed.launch import run_workers
-from commsched.testbed.netns import (
-    LoopbackTestbed,
-    NetnsTestbed,
-    Testbed,
-    TestbedError,
-    find_leftovers,
-    netns_unavailable_reason,
-    open_testbed,
-    project_objects,
-    remove_leftovers,
-)
+from commsched.testbed.loopback import LoopbackTestbed, open_testbed
+from commsched.testbed.netns import NetnsTestbed
 from commsched.testbed.switch import SwitchShape, apply_switch, switch_unavailable_reason
+from commsched.testbed.system import TestbedError, netns_unavailable_reason
 
 __all__ = [
     "CpuCgroups",

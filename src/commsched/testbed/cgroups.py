@@ -41,8 +41,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Literal
 
+from commsched.testbed.base import Log
+from commsched.testbed.cleanup import _process_start_s, cleanup_without_signals
 from commsched.testbed.commands import PREFIX, is_stale, owner_pid
-from commsched.testbed.netns import Log, TestbedError, _process_start_s, _stderr, cleanup_without_signals
+from commsched.testbed.system import TestbedError, _stderr
 
 #: The CFS period every worker's quota is a fraction of (10 ms).
 PERIOD_US = 10_000

@@ -18,9 +18,11 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from commsched.testbed.base import Log, Testbed
 from commsched.testbed.cgroups import CpuCgroups, CpuShare
 from commsched.testbed.commands import LinkShape, worker_shaping_commands
-from commsched.testbed.netns import Log, NetnsTestbed, Testbed, TestbedError, _stderr, run_command
+from commsched.testbed.netns import NetnsTestbed
+from commsched.testbed.system import TestbedError, _stderr, run_command
 
 
 class HeteroTestbed(Testbed):

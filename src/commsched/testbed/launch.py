@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from commsched.testbed.netns import Testbed, TestbedError
+from commsched.testbed.base import Testbed
+from commsched.testbed.system import TestbedError
 
 LOG_TAIL_LINES = 25
 

@@ -24,10 +24,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from commsched.testbed.base import Testbed
 from commsched.testbed.commands import SUBNET_PREFIX
 from commsched.testbed.hetero import HeteroTestbed
 from commsched.testbed.launch import log_tail
-from commsched.testbed.netns import NetnsTestbed, Testbed, TestbedError, run_command
+from commsched.testbed.netns import NetnsTestbed
+from commsched.testbed.system import TestbedError, run_command
 
 #: The receiver's address inside the bridge namespace (path 0's subnet; workers use .1 to .250).
 BRIDGE_ADDRESS = f"{SUBNET_PREFIX}.0.254"

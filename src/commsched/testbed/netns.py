@@ -1,42 +1,33 @@
-"""Emulated clusters on one machine: worker processes in network namespaces, or plain local processes.
+"""The namespace testbed: worker processes in network namespaces, joined by shaped veths to a bridge.
 
 :class:`NetnsTestbed` builds the topology of :mod:`commsched.testbed.commands`
 (one namespace per worker, veth pairs to a bridge in a namespace of its own,
 ``tc`` shaping on every link) and removes all of it on normal exit, on error,
 on Ctrl-C, SIGTERM and SIGHUP (context manager, signal handlers, ``atexit``).
-A run that was killed outright (SIGKILL, power loss) leaves namespaces named
-``csb-<pid>-...``; :func:`remove_leftovers`, called by every new testbed,
-deletes those whose owner pid is dead (or was reused by a younger process)
-and says so.
-
-:class:`LoopbackTestbed` is the fallback without root: the same workers as
-plain processes on 127.0.0.1, no isolation, no shaping.
-
-Example::
-
-    with open_testbed(4, LinkShape(rate_bps=10**9)) as bed:
-        run_workers(bed, [sys.executable, "-m", "my.worker"], log_dir=tmp, timeout_s=600)
+Before building, it removes what killed runs left behind
+(:func:`commsched.testbed.cleanup.remove_leftovers`).
+:func:`link_unavailable_reason` says what this kernel lacks for a link shape.
+Without root, :func:`commsched.testbed.loopback.open_testbed` falls back to plain local processes.
 """
 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import itertools
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import threading
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Literal, Self
+from types import FrameType
 
 from commsched.testbed import kernel
+from commsched.testbed.base import Log, Testbed
+from commsched.testbed.cleanup import (
+    cleanup_without_signals,
+    kill_namespace_processes,
+    project_objects,
+    remove_leftovers,
+)
 from commsched.testbed.commands import (
     PREFIX,
     Layout,
@@ -44,118 +35,14 @@ from commsched.testbed.commands import (
     clear_shaping_commands,
     create_commands,
     delete_commands,
-    is_stale,
     link_loss_by_port,
-    owner_pid,
-    parse_link_names,
-    parse_netns_list,
     shaping_commands,
     worker_command,
 )
 from commsched.testbed.nft import LINKS_TABLE, SWITCH_TABLE, PortRules, link_loss_ruleset, loss_threshold
-from commsched.testbed.system import (  # noqa: F401  (re-exported: callers import them from here)
-    TestbedError,
-    _stderr,
-    missing_tools,
-    netns_unavailable_reason,
-    run_command,
-)
+from commsched.testbed.system import TestbedError, _stderr, netns_unavailable_reason, run_command
 
-NETNS_DIR = Path("/run/netns")
 MASTER_PORT = 29500  # inside a run's own namespaces nothing else listens
-
-Log = Callable[[str], None]
-Isolation = Literal["auto", "netns", "loopback"]
-
-
-# ------------------------------------------------------------------ leftovers
-
-
-@contextlib.contextmanager
-def cleanup_without_signals(old_handlers: dict[int, object], close: Callable[[], None]) -> Iterator[None]:
-    """Run a cleanup with SIGINT, SIGTERM and SIGHUP held back (a second Ctrl-C must not cut it short);
-    when it ends, give the signals their ``old_handlers`` back and drop ``close`` from ``atexit``."""
-    blocked = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    on_main = threading.current_thread() is threading.main_thread()
-    if on_main:
-        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
-    try:
-        yield
-        if on_main:
-            for sig, handler in old_handlers.items():
-                signal.signal(sig, handler)  # type: ignore[arg-type]
-        atexit.unregister(close)
-    finally:
-        if on_main:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
-
-
-@dataclass(frozen=True)
-class Leftover:
-    kind: Literal["netns", "link"]
-    name: str
-    owner_pid: int
-
-
-def _process_start_s(pid: int) -> float | None:
-    """Start time (epoch seconds) of a live process, None if there is none with this pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        boot = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
-    except (OSError, StopIteration):
-        return None
-    ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22 counts from 1, after "pid (comm)"
-    return int(boot.split()[1]) + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def find_leftovers() -> list[Leftover]:
-    """Project namespaces and root-namespace links whose creating process is gone."""
-    found = []
-    for name in parse_netns_list(run_command(["ip", "netns", "list"], check=False)):
-        pid = owner_pid(name)
-        if pid is None:
-            continue
-        try:
-            created: float | None = (NETNS_DIR / name).stat().st_mtime
-        except OSError:
-            created = None
-        if is_stale(created, _process_start_s(pid)):
-            found.append(Leftover("netns", name, pid))
-    for name in parse_link_names(run_command(["ip", "-o", "link", "show"], check=False)):
-        pid = owner_pid(name)
-        if pid is not None and is_stale(None, _process_start_s(pid)):
-            found.append(Leftover("link", name, pid))
-    return found
-
-
-def _kill_namespace_processes(ns: str) -> None:
-    pids = [int(p) for p in run_command(["ip", "netns", "pids", ns], check=False).split() if p.isdigit()]
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def remove_leftovers(log: Log = _stderr) -> list[Leftover]:
-    """Delete what killed runs left behind (processes inside their namespaces first), saying what."""
-    found = find_leftovers()
-    for item in found:
-        if item.kind == "netns":
-            _kill_namespace_processes(item.name)
-            run_command(["ip", "netns", "del", item.name], check=False)
-        else:
-            run_command(["ip", "link", "del", item.name], check=False)
-    if found:
-        owners = ", ".join(sorted({str(i.owner_pid) for i in found}))
-        names = ", ".join(i.name for i in found)
-        log(f"testbed: removed leftovers of killed runs (owner pid {owners} no longer running): {names}")
-    return found
-
-
-def project_objects(prefix: str) -> list[str]:
-    """Namespaces and root-namespace links whose name starts with ``prefix`` (to check a cleanup)."""
-    names = parse_netns_list(run_command(["ip", "netns", "list"], check=False))
-    names += parse_link_names(run_command(["ip", "-o", "link", "show"], check=False))
-    return [n for n in names if n.startswith(prefix)]
 
 
 def link_unavailable_reason(shape: LinkShape) -> str | None:
@@ -170,112 +57,6 @@ def link_unavailable_reason(shape: LinkShape) -> str | None:
         "netem": "the testbed has no other way to delay packets; rate limits (tbf) and loss (nftables) work without it"
     }
     return kernel.unavailable_reason(features, f"links of {shape.label}", hints)
-
-
-# ------------------------------------------------------------------ testbeds
-
-
-class Testbed:
-    """Where workers run: how to start rank r, with which environment; owns its worker processes."""
-
-    __test__ = False
-    isolation: str = "none"
-
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
-        self.shape = LinkShape()
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._lock = threading.Lock()
-
-    # ---- to override ----
-
-    def command(self, rank: int, argv: list[str]) -> list[str]:
-        raise NotImplementedError
-
-    def env(self, slot: int, rank: int, world: int, master_slot: int, port: int) -> dict[str, str]:
-        """Environment of the process in ``slot`` (a worker namespace) playing ``rank`` of ``world``."""
-        raise NotImplementedError
-
-    def master_port(self, launch: int) -> int:
-        raise NotImplementedError
-
-    def set_shape(self, shape: LinkShape) -> None:
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        raise NotImplementedError
-
-    # ---- processes ----
-
-    def spawn(self, argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
-        """Start a worker in a session of its own (so a Ctrl-C meant for us reaches it only through us)."""
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-            )
-        with self._lock:
-            self._procs.append(proc)
-        return proc
-
-    def kill_workers(self, grace_s: float = 3.0) -> None:
-        """SIGTERM every live worker's process group, SIGKILL what is left after ``grace_s``."""
-        with self._lock:
-            procs, self._procs = self._procs, []
-        live = [p for p in procs if p.poll() is None]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for p in live:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(p.pid, sig)
-            deadline = time.monotonic() + grace_s
-            for p in live:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    p.wait(max(0.0, deadline - time.monotonic()))
-            live = [p for p in live if p.poll() is None]
-            if not live:
-                break
-
-    def close(self) -> None:
-        self.kill_workers()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class LoopbackTestbed(Testbed):
-    """No root: plain local processes talking over 127.0.0.1; nothing is isolated or shaped."""
-
-    isolation = "loopback"
-
-    def command(self, rank: int, argv: list[str]) -> list[str]:
-        return list(argv)
-
-    def env(self, slot: int, rank: int, world: int, master_slot: int, port: int) -> dict[str, str]:
-        return {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "GLOO_SOCKET_IFNAME": "lo",
-        }
-
-    def master_port(self, launch: int) -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
-
-    def set_shape(self, shape: LinkShape) -> None:
-        if shape.shaped:
-            raise TestbedError(f"the loopback fallback cannot shape links (asked for {shape.label}); it needs root")
-        self.shape = shape
-
-    def describe(self) -> str:
-        return f"{self.workers} local processes on 127.0.0.1 (loopback fallback: no namespaces, no shaping)"
 
 
 class NetnsTestbed(Testbed):
@@ -417,35 +198,9 @@ class NetnsTestbed(Testbed):
             self.kill_workers()
             if self._created:
                 for ns in self.layout.namespaces:
-                    _kill_namespace_processes(ns)
+                    kill_namespace_processes(ns)
                 for argv in delete_commands(self.layout):
                     run_command(argv, check=False)
                 left = project_objects(self.prefix)
                 if left:
                     self.log(f"testbed: could not remove {', '.join(left)}; the next run will retry")
-
-
-def open_testbed(
-    workers: int,
-    shape: LinkShape | None = None,
-    *,
-    isolation: Isolation = "auto",
-    mtu_bytes: int = 1500,
-    log: Log = _stderr,
-) -> Testbed:
-    """A namespace testbed when possible; with ``isolation="auto"`` and no root, the loopback fallback.
-
-    The fallback cannot shape: asking for shaping there raises :class:`TestbedError`. ``mtu_bytes`` is
-    every veth's MTU (loopback's own, 65536, is larger than any).
-    """
-    if isolation == "netns":
-        return NetnsTestbed(workers, shape, mtu_bytes=mtu_bytes, log=log)
-    if isolation == "auto":
-        reason = netns_unavailable_reason()
-        if reason is None:
-            return NetnsTestbed(workers, shape, mtu_bytes=mtu_bytes, log=log)
-        log(f"testbed: {reason}; falling back to {workers} plain processes on 127.0.0.1, links NOT shaped")
-    bed = LoopbackTestbed(workers)
-    if shape is not None:
-        bed.set_shape(shape)
-    return bed

@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from commsched.testbed.base import Testbed
 from commsched.testbed.launch import run_workers
-from commsched.testbed.netns import Testbed
 
 _PINGS = 200
 _CHUNK = 1 << 16

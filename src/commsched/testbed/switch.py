@@ -21,8 +21,9 @@ import shutil
 from collections.abc import Sequence
 
 from commsched.testbed import kernel
+from commsched.testbed.base import Log
 from commsched.testbed.counters import BandCounters, BridgeBytes, band_counters, parse_port_bytes
-from commsched.testbed.netns import Log, NetnsTestbed
+from commsched.testbed.netns import NetnsTestbed
 from commsched.testbed.nft import SWITCH_TABLE, parse_counters, switch_ruleset
 from commsched.testbed.ports import (
     AQMS,

@@ -29,7 +29,8 @@ if TYPE_CHECKING:
         check_transports,
         open_transports,
     )
-    from commsched.transport.collectives import Collectives, Handle
+    from commsched.transport.collectives import Collectives
+    from commsched.transport.handles import Handle
 
 #: Where each public name lives. Imported on first use (PEP 562), so that the torch-free
 #: state machines under this package (``transport.dlcp.protocol``, ``rate``) load without torch,
@@ -42,7 +43,7 @@ _HOMES = {
     "check_transports": "base",
     "open_transports": "base",
     "Collectives": "collectives",
-    "Handle": "collectives",
+    "Handle": "handles",
 }
 
 

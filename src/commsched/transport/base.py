@@ -13,7 +13,8 @@ import torch.distributed as dist
 from commsched.errors import UnsupportedError
 from commsched.schedule.base import COLLECTIVE, PS_TRANSPORT, CommTask
 from commsched.schedule.dlcp import DLCP_PS_TRANSPORT, DLCP_TRANSPORT
-from commsched.transport.collectives import Collectives, Handle
+from commsched.transport.collectives import Collectives
+from commsched.transport.handles import Handle
 
 
 def check_probability(name: str, value: object) -> float:
@@ -132,8 +133,8 @@ class CollectiveTransport:
 
 
 def _parameter_server(group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions) -> Transport:
-    """A server on every rank, over TCP (:class:`commsched.transport.tcp.PsTransport`)."""
-    from commsched.transport.tcp import PsTransport  # it builds on this module
+    """A server on every rank, over TCP (:class:`commsched.transport.ps.PsTransport`)."""
+    from commsched.transport.ps import PsTransport  # it builds on this module
 
     return PsTransport(group, timeout_s, options)
 

@@ -28,10 +28,10 @@ import torch.distributed as dist
 
 from commsched.schedule.base import CommTask
 from commsched.transport.base import TaskBuffer, TransportOptions
-from commsched.transport.collectives import Handle
 from commsched.transport.dlcp import DlcpLink, open_dlcp_link
 from commsched.transport.dlcp.kernel import udp_socket_drops
 from commsched.transport.exchange import Loss, PsExchange
+from commsched.transport.handles import Handle
 
 
 @dataclass(frozen=True, slots=True)

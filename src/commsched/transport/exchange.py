@@ -69,7 +69,7 @@ import torch
 from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.schedule.base import CommTask
 from commsched.transport.base import TaskBuffer
-from commsched.transport.collectives import Handle
+from commsched.transport.handles import Handle
 from commsched.transport.links import Link, Received, Transfer, TransferKey
 from commsched.transport.slices import owner_slices
 

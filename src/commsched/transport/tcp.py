@@ -1,25 +1,13 @@
-"""``TcpLink``: the :class:`~commsched.transport.links.Link` protocol over a mesh of authenticated TCP connections,
-and :class:`PsTransport`, the parameter server over it (the ``"ps"`` transport).
+"""``TcpLink``: the :class:`~commsched.transport.links.Link` protocol over a mesh of authenticated TCP connections.
 
-Opening (collective over the group: every rank, same order)
-    Each rank listens on ``options.bind`` (default :func:`default_bind_address`:
-    the local address that routes to ``MASTER_ADDR``, never ``0.0.0.0`` unless
-    given) on an ephemeral port; the addresses are exchanged with
-    ``all_gather_object`` over the group, and so is the key when
-    ``options.key`` is ``None`` (rank 0 draws 32 bytes with :mod:`secrets`;
-    anyone who can read the group's traffic sees it). Each rank then dials
-    every other rank once and sends on that connection; it reads what arrives
-    on the connections the others opened to it. Opening returns once every
-    peer has connected both ways, or raises RuntimeCommError after ``timeout_s``.
-
-Authentication
-    Every connection runs an HMAC-SHA256 challenge-response under the key, in
-    both directions: the listener sends a nonce, the dialer answers with its
-    own nonce, its rank and a MAC over both nonces and ranks, and the listener
-    answers with its MAC. A connection that fails is closed and counted
-    (:attr:`TcpLink.rejected`); a dialer whose peer does not prove the key
-    raises RuntimeCommError at open. Frames are not authenticated one by one
-    and nothing is encrypted: the key keeps strangers out, not eavesdroppers.
+Opening and authentication (:mod:`commsched.transport.tcp_mesh`)
+    Opening is collective over the group (every rank, same order): each rank
+    listens, the addresses and key are shared over the group, each rank dials
+    every other rank once and sends on that connection, and reads what arrives
+    on the connections the others opened to it. Every connection is
+    authenticated both ways under the key; one that fails is closed and
+    counted (:attr:`TcpLink.rejected`). :class:`~commsched.transport.ps.PsTransport`
+    (the ``"ps"`` transport) runs the parameter server over the link.
 
 Frames
     A header (magic, payload bytes, ``TransferKey``, dtype code, numel) and the
@@ -49,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import secrets
 import socket
 import threading
 import time
@@ -61,16 +48,12 @@ import torch.distributed as dist
 
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
-from commsched.schedule.base import CommTask
-from commsched.transport import wire
-from commsched.transport.base import TaskBuffer, TransportOptions
-from commsched.transport.collectives import Handle
-from commsched.transport.exchange import PsExchange
+from commsched.transport.base import TransportOptions
 from commsched.transport.links import COMPLETE, Received, TransferKey
+from commsched.transport.tcp_mesh import POLL_S, authenticate, connect, listen, share_addresses
 from commsched.transport.wire import CODES, DTYPES, HEADER, MAGIC, bytes_of, default_bind_address, recv_exact, recv_into
 
 _CHUNK_BYTES = 1 << 20
-_POLL_S = 0.5
 
 
 class _Transfer:
@@ -131,22 +114,11 @@ class TcpLink:
         self._queues: dict[int, queue.SimpleQueue[tuple[bytes, torch.Tensor, _Transfer] | None]] = {}
 
         host = options.bind or default_bind_address()
-        family, _, _, _, sockaddr = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-        self._listener = socket.socket(family, socket.SOCK_STREAM)
-        self._listener.bind(sockaddr)
-        self._listener.listen(max(8, 2 * self.world))
-        self._listener.settimeout(_POLL_S)
+        self._listener = listen(host, self.world)
         sockname = self._listener.getsockname()
         #: where this rank listens (host, port)
         self.address = (str(sockname[0]), int(sockname[1]))
-        advertised = default_bind_address() if host in ("0.0.0.0", "::") else self.address[0]
-        offer = secrets.token_bytes(32) if options.key is None and self.rank == 0 else None
-        infos: list[tuple[str, int, bytes | None] | None] = [None] * self.world
-        dist.all_gather_object(infos, (advertised, self.address[1], offer), group=group)
-        key = options.key if options.key is not None else (infos[0][2] if infos[0] else None)
-        if not key:
-            raise RuntimeCommError(f"rank {self.rank}: no key to authenticate the link with")
-        self._key = bytes(key)
+        self._key, infos = share_addresses(group, self.rank, self.world, host, self.address, options.key)
         self._thread(self._accept_loop, "accept")
         try:
             for peer in range(self.world):
@@ -237,14 +209,7 @@ class TcpLink:
 
     def _dial(self, peer: int, host: str, port: int) -> None:
         """Connect to ``peer`` and authenticate both ways; then start the sender thread."""
-        where = f"rank {self.rank}: connecting to rank {peer} at {host}:{port}"
-        try:
-            sock = socket.create_connection((host, port), timeout=self.timeout_s)  # also bounds each send
-            self._sockets.append(sock)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            wire.dial(sock, self._key, self.rank, peer, where)
-        except OSError as exc:
-            raise RuntimeCommError(f"{where}: {exc}") from exc
+        sock = connect(host, port, self._key, self.rank, peer, self.timeout_s, self._sockets)
         self._queues[peer] = queue.SimpleQueue()
         self._thread(self._send_loop, f"send{peer}", peer, sock)
 
@@ -261,11 +226,8 @@ class TcpLink:
 
     def _handshake(self, sock: socket.socket) -> int | None:
         """The listener's side: the authenticated peer's rank, or None (closed and counted)."""
-        sock.settimeout(self.timeout_s)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = wire.accept(sock, self._key, self.rank, self.world)
+        peer = authenticate(sock, self._key, self.rank, self.world, self.timeout_s)
         if peer is not None:
-            sock.settimeout(None)  # reads wait for data; a transfer's wait bounds how long anyone waits
             return peer
         with self._cond:
             self.rejected += 1
@@ -282,7 +244,7 @@ class TcpLink:
                         f"rank {self.rank}: ranks {missing} did not connect and authenticate within "
                         f"{self.timeout_s:g} s ({self.rejected} connection(s) rejected)"
                     )
-                self._cond.wait(min(left, _POLL_S))
+                self._cond.wait(min(left, POLL_S))
 
     def _fail_peer(self, peer: int, why: str) -> None:
         with self._cond:
@@ -360,7 +322,7 @@ class TcpLink:
             while reason is None and where not in self._posted and full:
                 if self._closed:
                     return False
-                self._cond.wait(_POLL_S)  # back-pressure: wait for a receive to be posted or a buffer taken
+                self._cond.wait(POLL_S)  # back-pressure: wait for a receive to be posted or a buffer taken
                 full = self._early_bytes + nbytes > self.unposted_cap_bytes
             posted = self._posted.get(where) if reason is None else None
             if posted is not None and (posted[0].dtype != dtype or posted[0].numel() != numel):
@@ -413,27 +375,3 @@ class TcpLink:
             recv_into(sock, scratch[:n])
             left -= n
         return True
-
-
-class PsTransport:
-    """The ``"ps"`` transport: :class:`~commsched.transport.exchange.PsExchange` over a :class:`TcpLink`.
-
-    Opening is collective over ``group`` (every rank, same order). Lossless:
-    TCP delivers every byte, so the push and pull bounds are 0. The servers are
-    ``options.servers`` (default: every rank).
-    """
-
-    __slots__ = ("exchange", "link")
-
-    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions) -> None:
-        self.link = TcpLink(group, timeout_s, options)
-        self.exchange = PsExchange(self.link, timeout_s, servers=options.servers)
-
-    def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
-        return self.exchange.start(task, buffer)
-
-    def close(self) -> None:
-        try:
-            self.exchange.close()
-        finally:
-            self.link.close()

@@ -15,8 +15,9 @@ from commsched.sim.packet.config import DlcpParams
 from commsched.sim.packet.connection import Connection
 from commsched.sim.packet.dlcp import DlcpReceiver, DlcpSender, band_of
 from commsched.sim.packet.fabric import Fabric, Packet
+from commsched.sim.packet.registry import TRANSPORTS, register_transport
 from commsched.sim.packet.scenario import Flow, run_flows
-from commsched.sim.packet.transport import TRANSPORTS, MessageSpec, register_transport
+from commsched.sim.packet.transport import MessageSpec
 from commsched.transport.dlcp import protocol, rate
 from commsched.transport.dlcp.protocol import LAYER_DSCP, tos_byte
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 
 from commsched.sim.packet import TRANSPORTS, Packet, PacketConfig, RedParams, TcpParams
+from commsched.sim.packet.newreno import TcpSender
+from commsched.sim.packet.registry import register_transport
 from commsched.sim.packet.scenario import Flow, run_flows
-from commsched.sim.packet.transport import TcpSender, register_transport
 
 from packet_builders import fabric
 

@@ -22,8 +22,9 @@ from commsched.sim.packet.config import PacketConfig, RedParams, TcpParams  # no
 from commsched.sim.packet.connection import Connection  # noqa: E402
 from commsched.sim.packet.fabric import Fabric, Packet, Port  # noqa: E402
 from commsched.sim.packet.model import PacketNetwork, packet_factory, packet_network  # noqa: E402
+from commsched.sim.packet.registry import TRANSPORTS, register_transport  # noqa: E402
 from commsched.sim.packet.topology import build  # noqa: E402
-from commsched.sim.packet.transport import TRANSPORTS, MessageSpec, register_transport  # noqa: E402
+from commsched.sim.packet.transport import MessageSpec  # noqa: E402
 
 __all__ = [
     "COMPILED",

@@ -243,7 +243,7 @@ class PacketConfig:
     timers: docs/simulator.md).
     ``load_balancing``: ``ecmp`` hashes each connection onto one of the equal
     paths, ``spray`` picks a path per packet. ``transport``: a name in
-    :data:`~commsched.sim.packet.transport.TRANSPORTS`, for lossless tasks
+    :data:`~commsched.sim.packet.registry.TRANSPORTS`, for lossless tasks
     (tasks the plan puts on DLCP run on ``dlcp``, with ``dlcp.*``). ``seed`` drives
     ECMP hashing, spraying and RED's coin, nothing else.
     ``record_queues``: keep per-port queue-depth samples (for the Chrome

@@ -1,6 +1,6 @@
 """DLCP in the packet network: the real link's state machines, driven by fabric events.
 
-The ``dlcp`` transport (:data:`~commsched.sim.packet.transport.TRANSPORTS`)
+The ``dlcp`` transport (:data:`~commsched.sim.packet.registry.TRANSPORTS`)
 is a :class:`DlcpSender` and a :class:`DlcpReceiver` per ordered pair of
 hosts, and they hold exactly what the UDP link's I/O thread holds
 (:mod:`commsched.transport.dlcp.engine`): per message a
@@ -54,7 +54,8 @@ import numpy as np
 
 from commsched.sim.packet.config import PacketConfig
 from commsched.sim.packet.fabric import Packet
-from commsched.sim.packet.transport import MessageSpec, Receiver, Sender, register_transport
+from commsched.sim.packet.registry import register_transport
+from commsched.sim.packet.transport import MessageSpec, Receiver, Sender
 from commsched.transport.dlcp.protocol import (
     ECT0,
     LAYER_DSCP,

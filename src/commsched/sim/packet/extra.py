@@ -19,9 +19,10 @@ from commsched.sim.packet.connection import Connection
 from commsched.sim.packet.dlcp import DlcpReceiver
 from commsched.sim.packet.fabric import Fabric
 from commsched.sim.packet.magnitudes import norms_for
+from commsched.sim.packet.registry import TRANSPORTS
 from commsched.sim.packet.scenario import Flow
 from commsched.sim.packet.topology import Built
-from commsched.sim.packet.transport import TRANSPORTS, MessageSpec, TransportFactory
+from commsched.sim.packet.transport import MessageSpec, TransportFactory
 from commsched.transport.slices import owner_slices
 from commsched.workload import Workload
 

@@ -64,9 +64,9 @@ from commsched.sim.packet.config import PacketConfig
 from commsched.sim.packet.connection import Connection
 from commsched.sim.packet.extra import ExtraTraffic
 from commsched.sim.packet.fabric import Port
+from commsched.sim.packet.registry import TRANSPORTS
 from commsched.sim.packet.scenario import Flow
 from commsched.sim.packet.topology import build
-from commsched.sim.packet.transport import TRANSPORTS
 
 if TYPE_CHECKING:
     from commsched.sim.network import Collective, NetworkContext

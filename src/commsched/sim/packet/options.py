@@ -28,7 +28,7 @@ from typing import Any, Literal, NamedTuple
 
 from commsched.errors import ScheduleError
 from commsched.sim.packet.config import DlcpParams, PacketConfig, RedParams, TcpParams, accepted, problem
-from commsched.sim.packet.transport import TRANSPORTS
+from commsched.sim.packet.registry import TRANSPORTS
 
 #: The groups of dotted keys: the PacketConfig field (and key prefix) -> its class.
 GROUPS: dict[str, type[Any]] = {"red": RedParams, "tcp": TcpParams, "dlcp": DlcpParams}

@@ -14,7 +14,8 @@ from typing import Any
 from commsched.sim.packet.config import PacketConfig
 from commsched.sim.packet.connection import Connection
 from commsched.sim.packet.fabric import Fabric
-from commsched.sim.packet.transport import TRANSPORTS, MessageSpec
+from commsched.sim.packet.registry import TRANSPORTS
+from commsched.sim.packet.transport import MessageSpec
 
 
 @dataclass(frozen=True)
