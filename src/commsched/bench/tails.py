@@ -87,22 +87,6 @@ class _Transport(Protocol):
     def close(self) -> None: ...
 
 
-class _Exchange:
-    """A :class:`PsExchange` over a link it owns (the ``ps`` and ``dlcp`` transports, with the knobs set here)."""
-
-    def __init__(self, link: Any, exchange: Any) -> None:
-        self.link, self.exchange = link, exchange
-
-    def start(self, task: Any, buffer: Any) -> Any:
-        return self.exchange.start(task, buffer)
-
-    def close(self) -> None:
-        try:
-            self.exchange.close()
-        finally:
-            self.link.close()
-
-
 def _open(method: Method, timeout_s: float, mtu_bytes: int) -> tuple[_Transport, Any]:
     """The transport of ``method`` on the default group, and what records its losses (a PsExchange) or None.
 
@@ -110,7 +94,7 @@ def _open(method: Method, timeout_s: float, mtu_bytes: int) -> tuple[_Transport,
     """
     from commsched.transport.base import CollectiveTransport, TransportOptions
     from commsched.transport.dlcp import open_dlcp_link
-    from commsched.transport.exchange import PsExchange
+    from commsched.transport.exchange import LinkExchange
     from commsched.transport.tcp import TcpLink
 
     if method.transport == "gloo":
@@ -120,12 +104,8 @@ def _open(method: Method, timeout_s: float, mtu_bytes: int) -> tuple[_Transport,
         link: Any = open_dlcp_link(None, timeout_s, TransportOptions(), mtu_bytes=mtu_bytes)
     else:
         link = TcpLink(None, timeout_s, TransportOptions())
-    try:
-        exchange = PsExchange(link, timeout_s, servers=servers)
-    except BaseException:
-        link.close()
-        raise
-    return _Exchange(link, exchange), exchange
+    transport = LinkExchange(link, timeout_s, servers)
+    return transport, transport.exchange
 
 
 def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:

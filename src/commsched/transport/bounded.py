@@ -26,12 +26,10 @@ from typing import Protocol, runtime_checkable
 
 import torch.distributed as dist
 
-from commsched.schedule.base import CommTask
-from commsched.transport.base import TaskBuffer, TransportOptions
+from commsched.transport.base import TransportOptions
 from commsched.transport.dlcp import DlcpLink, open_dlcp_link
 from commsched.transport.dlcp.kernel import udp_socket_drops
-from commsched.transport.exchange import Loss, PsExchange
-from commsched.transport.handles import Handle
+from commsched.transport.exchange import LinkExchange, Loss
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +67,11 @@ class LossReporting(Protocol):
         ...
 
 
-class DlcpTransport:
-    """:class:`PsExchange` over a :class:`DlcpLink`; ``servers``: the ranks that own shards (None: all)."""
+class DlcpTransport(LinkExchange[DlcpLink]):
+    """:class:`~commsched.transport.exchange.PsExchange` over a :class:`DlcpLink`; ``servers``: the ranks that
+    own shards (None: all)."""
 
-    __slots__ = ("exchange", "link")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -81,15 +80,7 @@ class DlcpTransport:
         options: TransportOptions,
         servers: tuple[int, ...] | None = None,
     ) -> None:
-        self.link: DlcpLink = open_dlcp_link(group, timeout_s, options)
-        try:
-            self.exchange = PsExchange(self.link, timeout_s, servers=servers)
-        except BaseException:
-            self.link.close()
-            raise
-
-    def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
-        return self.exchange.start(task, buffer)
+        super().__init__(open_dlcp_link(group, timeout_s, options), timeout_s, servers)
 
     def take_losses(self) -> list[Loss]:
         records = self.exchange.records
@@ -103,9 +94,3 @@ class DlcpTransport:
         return DropCounters(
             stats.dropped_by_hook, stats.late, stats.send_errors, udp_socket_drops(self.link.data_ports)
         )
-
-    def close(self) -> None:
-        try:
-            self.exchange.close()
-        finally:
-            self.link.close()
