@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
+
+#: Where the tests' models and batches live: ``COMMSCHED_TEST_DEVICE=cuda`` runs the multi-process tests on a
+#: GPU (every rank on the current device, gloo moving CUDA tensors through host memory).
+DEVICE = torch.device(os.environ.get("COMMSCHED_TEST_DEVICE", "cpu"))
 
 
 class TrickyNet(nn.Module):
@@ -62,7 +67,8 @@ def make_optimizer(name: str, model: nn.Module) -> torch.optim.Optimizer:
 
 def batch(rank: int, step: int, n: int = 8, seq: int = 5, vocab: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randint(0, vocab, (n, seq), generator=g), torch.randint(0, vocab, (n,), generator=g)
+    x, y = torch.randint(0, vocab, (n, seq), generator=g), torch.randint(0, vocab, (n,), generator=g)
+    return x.to(DEVICE), y.to(DEVICE)
 
 
 def train(
@@ -99,7 +105,7 @@ def snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def fresh(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return TrickyNet()
+    return TrickyNet().to(DEVICE)
 
 
 def clone(model: nn.Module) -> nn.Module:

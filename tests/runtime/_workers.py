@@ -22,7 +22,20 @@ import _models as M
 
 # Policies that must give DDP's parameters: the lossless ones, and dlcp with a zero loss bound (the bound is
 # an allowance, not an error source).
-LOSSLESS = ("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap", "ps", "dlcp")
+# On a GPU (COMMSCHED_TEST_DEVICE=cuda) the transports that send from host memory are refused, not compared.
+HOST_MEMORY = ("ps", "dlcp")
+LOSSLESS = tuple(
+    p
+    for p in ("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap", "ps", "dlcp")
+    if M.DEVICE.type == "cpu" or p not in HOST_MEMORY
+)
+
+
+def here(*policies: str) -> list[str]:
+    """Those of ``policies`` that run on the tests' device (on a GPU, not the host-memory ones)."""
+    return [p for p in policies if M.DEVICE.type == "cpu" or p not in HOST_MEMORY]
+
+
 # Small thresholds so the tiny test model is split into several buckets / groups / partitions.
 SMALL_KNOBS: dict[str, dict[str, Any]] = {
     "ddp": {"bucket_cap_mb": 0.002, "first_bucket_mb": 0.0005},
@@ -46,7 +59,8 @@ def init(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
     os.environ["MASTER_PORT"] = str(port)
     from datetime import timedelta
 
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    backend = os.environ.get("COMMSCHED_TEST_BACKEND", "gloo")  # nccl: tests/runtime/test_cuda.py
+    dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
 
 
 def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -138,7 +152,7 @@ def features(rank: int, world: int, port: int, out: str) -> None:
 
         # --- global-norm clipping, every policy vs clip_grad_norm_ on DDP's averaged gradients
         ref, _ = run_policy("torch_ddp", "sgd", rank, 5, base, max_grad_norm=0.05)
-        for policy in ("ddp", "dear", "bytescheduler", "ps"):
+        for policy in here("ddp", "dear", "bytescheduler", "ps"):
             params, _ = run_policy(policy, "sgd", rank, 5, base, max_grad_norm=0.05)
             results[f"clip/{policy}"] = _diff(ref, params)
         unclipped, _ = run_policy("torch_ddp", "sgd", rank, 5, base)
@@ -193,7 +207,7 @@ def features(rank: int, world: int, port: int, out: str) -> None:
             model = M.clone(base)
             opt = M.make_optimizer("sgd", model)
             wrapped, opt = parallelize(model, opt, policy=policy, **SMALL_KNOBS.get(policy, {}))
-            scaler = torch.amp.GradScaler("cpu")
+            scaler = torch.amp.GradScaler(M.DEVICE.type)
             try:
                 for step in range(4):
                     x, y = M.batch(rank, step)
@@ -211,13 +225,13 @@ def features(rank: int, world: int, port: int, out: str) -> None:
 
         # --- bf16 autocast: same result as torch_ddp under the same autocast
         autocast = {}
-        for policy in ("torch_ddp", "dear", "bytescheduler", "ps"):
+        for policy in here("torch_ddp", "dear", "bytescheduler", "ps"):
             model = M.clone(base)
             opt = M.make_optimizer("adamw", model)
             wrapped, opt = parallelize(model, opt, policy=policy, **SMALL_KNOBS.get(policy, {}))
             for step in range(5):
                 x, y = M.batch(rank, step)
-                with torch.autocast("cpu", dtype=torch.bfloat16):
+                with torch.autocast(M.DEVICE.type, dtype=torch.bfloat16):
                     loss = torch.nn.functional.cross_entropy(wrapped(x), y)
                 loss.backward()
                 opt.step()
@@ -225,7 +239,7 @@ def features(rank: int, world: int, port: int, out: str) -> None:
             autocast[policy] = M.snapshot(wrapped)
             if hasattr(wrapped, "close"):
                 wrapped.close()
-        for policy in ("dear", "bytescheduler", "ps"):
+        for policy in here("dear", "bytescheduler", "ps"):
             results[f"bf16/{policy}"] = _diff(autocast["torch_ddp"], autocast[policy])
 
         # --- an optimizer that cannot be split per layer is refused clearly

@@ -27,7 +27,7 @@ def test_checkpoint_restore_continue_equals_uninterrupted_training(results: list
         assert res["checkpoint"] < TOL
 
 
-@pytest.mark.parametrize("policy", ["ddp", "dear", "bytescheduler", "ps"])
+@pytest.mark.parametrize("policy", W.here("ddp", "dear", "bytescheduler", "ps"))
 def test_max_grad_norm_equals_clip_grad_norm_on_ddp_gradients(results: list[dict], policy: str) -> None:
     for res in results:
         assert res["clip/effect"] > 100 * TOL, "clipping must change the result, or the test proves nothing"
@@ -54,7 +54,7 @@ def test_grad_scaler_works_with_step_policies_and_is_refused_clearly_by_deferred
         assert res["scaler/dear"].startswith("GradScaler: dear applies updates after step()")
 
 
-@pytest.mark.parametrize("policy", ["dear", "bytescheduler", "ps"])
+@pytest.mark.parametrize("policy", W.here("dear", "bytescheduler", "ps"))
 def test_bf16_autocast_training_matches_ddp_under_the_same_autocast(results: list[dict], policy: str) -> None:
     for res in results:
         assert res[f"bf16/{policy}"] < TOL
@@ -65,7 +65,7 @@ def test_lbfgs_is_refused_with_a_clear_error(results: list[dict]) -> None:
         assert "LBFGS" in res["lbfgs"] and "per layer" in res["lbfgs"]
 
 
-@pytest.mark.parametrize("policy", ["dear", "bytescheduler", "ps"])
+@pytest.mark.parametrize("policy", W.here("dear", "bytescheduler", "ps"))
 def test_killed_rank_ends_the_others_with_a_clear_error_in_bounded_time(tmp_path: Path, policy: str) -> None:
     res = spawn(W.crash, 3, tmp_path, policy, timeout_s=120)
     assert "missing" in res[1]  # the killed rank wrote nothing

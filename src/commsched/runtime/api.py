@@ -225,6 +225,7 @@ def parallelize(
     if qdisc_drops is not None and not callable(qdisc_drops):
         raise ValueError(f"qdisc_drops: must be a callable returning a count, got {qdisc_drops!r}")
     world = dist.get_world_size(process_group)
+    devices = {p.device for p in model.parameters()}
     if plan is not None:
         if knobs:
             raise ValueError(f"parallelize: knobs come from the plan; got {', '.join(sorted(knobs))} as well")
@@ -236,7 +237,7 @@ def parallelize(
             return PipelineModule(model, plan, process_group, timeout_s), optimizer  # type: ignore[arg-type]
         policy = plan.policy
         bind_plan(model, plan, world)
-        check_transports(t.transport for t in plan.tasks)
+        check_transports((t.transport for t in plan.tasks), devices)
         plan = with_batch_sizes(plan, run_batch_sizes(plan, batch_sizes, world))
         knob_values = plan.knobs.to_dict()
     elif policy == TORCH_DDP:
@@ -254,7 +255,7 @@ def parallelize(
         knob_values = {"budget_s": auto_budget_s}
     else:
         made = make_knobs(policy, knobs)
-        check_transports(policy_class(policy).transports(made))  # a transport this install lacks: now
+        check_transports(policy_class(policy).transports(made), devices)  # a transport that cannot run: now
         knob_values = made.to_dict()
     # auto may choose a deferring policy unless told of a scaler: a scaler it was not told of is refused.
     defers = True if policy == AUTO else policy_class(policy).update_mode == "forward"
@@ -264,8 +265,9 @@ def parallelize(
         step_only = tuple(n for n in updating_at("step") if n in LOSSLESS)
         choices = step_only if grad_scaler is not None else None
         defers = grad_scaler is None
-        on_gloo = "gloo" in str(dist.get_backend(process_group)) and all(not p.is_cuda for p in model.parameters())
-        planner: Planner = AutoPlanner(auto_budget_s, choices, gloo=on_gloo)
+        on_cpu = all(d.type == "cpu" for d in devices)
+        on_gloo = "gloo" in str(dist.get_backend(process_group)) and on_cpu
+        planner: Planner = AutoPlanner(auto_budget_s, choices, gloo=on_gloo, host_memory=on_cpu)
     else:
         planner = functools.partial(plan_by_name, policy, knob_values)
     if replan is None:

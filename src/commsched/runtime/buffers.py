@@ -207,8 +207,8 @@ class GradientBuffers:
         shards = [b.shard for t, b in zip(self.plan.tasks, self._buffers, strict=True) if t.kind == "reduce_scatter"]
         if not shards:
             return None
-        sq = torch.zeros((), dtype=torch.float64)
+        sq = torch.zeros((), dtype=torch.float64, device=self.params[0].device)
         for shard in shards:
             assert shard is not None
-            sq += shard.double().pow(2).sum()
+            sq += shard.double().pow(2).sum().to(sq.device)
         return sq

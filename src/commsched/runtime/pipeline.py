@@ -209,11 +209,12 @@ class PipelineModule(nn.Module):
         total: torch.Tensor | None = None
         if self._pipe.depth == 1:
             assert inputs is not None and torch.is_tensor(target)
-            total = torch.zeros((), dtype=torch.float64)
+            parts = []
             for xs, ys in zip(inputs.split(m), target.split(m), strict=True):
                 loss = loss_fn(self.local(xs), ys) * (m / B)
                 loss.backward()
-                total += loss.detach().double()
+                parts.append(loss.detach().double())
+            total = torch.stack(parts).sum()  # on the loss's device
         else:
             schedule = self._schedule or self._make_schedule(m / B)
             losses: list[torch.Tensor] = []
@@ -225,7 +226,8 @@ class PipelineModule(nn.Module):
                 else:
                     schedule.step()
             if self.last_stage:
-                total = sum((loss.detach().double() for loss in losses), torch.zeros((), dtype=torch.float64))
+                parts = [loss.detach().double().reshape(()) for loss in losses]
+                total = torch.stack(parts).sum() if parts else torch.zeros((), dtype=torch.float64)
         self._reduce()
         return None if total is None else total * (B / b)
 

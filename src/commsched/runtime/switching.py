@@ -32,6 +32,7 @@ from commsched.runtime import startup, warmup
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.replan import TRIAL_ITERATIONS, Replanner
 from commsched.schedule import CommPlan, NetworkEstimate, build_plan, provisional_plan, updating_like
+from commsched.transport.base import HOST_MEMORY
 from commsched.workload import Workload
 
 if TYPE_CHECKING:
@@ -175,14 +176,19 @@ class AutoPlanner:
     ``gloo``: the runtime runs on gloo with CPU tensors, so candidates are simulated as it runs them there
     (:func:`commsched.plan.gloo.gloo_options`), with communication's CPU work as the warm-up measured it
     (:class:`~commsched.schedule.NetworkEstimate`'s ``cpu_per_message_s``, ``cpu_s_per_byte``).
+    ``host_memory``: False when the model's parameters are not on the CPU; candidates whose plans use a
+    transport that takes CPU tensors only (:data:`commsched.transport.base.HOST_MEMORY`) are then passed over.
     """
 
-    __slots__ = ("_ranking", "budget_s", "gloo", "policies")
+    __slots__ = ("_ranking", "budget_s", "gloo", "host_memory", "policies")
 
-    def __init__(self, budget_s: float, policies: tuple[str, ...] | None, gloo: bool = False) -> None:
+    def __init__(
+        self, budget_s: float, policies: tuple[str, ...] | None, gloo: bool = False, host_memory: bool = True
+    ) -> None:
         self.budget_s = budget_s
         self.policies = policies
         self.gloo = gloo
+        self.host_memory = host_memory
         self._ranking: tuple[int, list[tuple[str, dict[str, Any], float]]] | None = None
 
     def __call__(self, workload: Workload, network: NetworkEstimate, exclude: frozenset[str]) -> CommPlan:
@@ -190,9 +196,13 @@ class AutoPlanner:
         if self._ranking is None or self._ranking[0] != key:
             self._ranking = (key, self._search(workload, network))
         for policy, knobs, predicted_ms in self._ranking[1]:
-            if policy not in exclude:
-                log.info("commsched auto: %s %s, predicted %.1f ms per iteration", policy, knobs, predicted_ms)
-                return build_plan(policy, workload, network, **knobs)
+            if policy in exclude:
+                continue
+            plan = build_plan(policy, workload, network, **knobs)
+            if not self.host_memory and {t.transport for t in plan.tasks} & HOST_MEMORY:
+                continue
+            log.info("commsched auto: %s %s, predicted %.1f ms per iteration", policy, knobs, predicted_ms)
+            return plan
         log.info("commsched auto: every candidate measured slower than the warm-up; running the warm-up's plan")
         return provisional_plan(workload, network)
 

@@ -122,12 +122,12 @@ def averaged_square_norm(
         assert sq is not None
         reduce_shards(sq)
         return sq
-    sq = torch.zeros((), dtype=torch.float64)
+    sq = torch.zeros((), dtype=torch.float64, device=buffers.params[0].device)
     for t, got in enumerate(got_grad):
         if got == instance:
             for task in plan.final_tasks_of_tensor[t]:
                 wait(task, instance)
-            sq += buffers.averaged(t).double().pow(2).sum()
+            sq += buffers.averaged(t).double().pow(2).sum().to(sq.device)
     return sq
 
 

@@ -162,12 +162,26 @@ TRANSPORTS: dict[str, Callable[[dist.ProcessGroup | None, float, TransportOption
 }
 
 
-def check_transports(names: Iterable[str]) -> None:
-    """Raise UnsupportedError naming any transport that is not registered."""
-    unknown = sorted(set(names) - set(TRANSPORTS))
+#: Transports that move a buffer through their own sockets from host memory: they take CPU tensors only.
+HOST_MEMORY: frozenset[str] = frozenset({PS_TRANSPORT, DLCP_TRANSPORT, DLCP_PS_TRANSPORT})
+
+
+def check_transports(names: Iterable[str], devices: Iterable[torch.device] = ()) -> None:
+    """Raise UnsupportedError naming any transport that is not registered, or one that takes CPU tensors
+    only (:data:`HOST_MEMORY`) when ``devices`` (the model's parameters' devices) include another."""
+    wanted = set(names)
+    unknown = sorted(wanted - set(TRANSPORTS))
     if unknown:
         raise UnsupportedError(
             f"plan: transport(s) {', '.join(map(repr, unknown))} not available; known: {', '.join(TRANSPORTS)}"
+        )
+    elsewhere = sorted({str(d) for d in devices if torch.device(d).type != "cpu"})
+    host = sorted(wanted & HOST_MEMORY)
+    if elsewhere and host:
+        raise UnsupportedError(
+            f"plan: transport(s) {', '.join(map(repr, host))} send gradients from host memory and take CPU "
+            f"tensors only, but the model has parameters on {', '.join(elsewhere)}; choose a policy that runs "
+            "on collectives (ddp, dear, horovod, prophet, ...) or keep the model on the CPU"
         )
 
 
