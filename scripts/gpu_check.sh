@@ -11,7 +11,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 COMMS
 {
     nvidia-smi -L
     python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(), 'nccl', torch.cuda.nccl.version())"
-    timeout 330 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra --durations=5 \
+    timeout 540 python3 -m pytest -q -p no:cacheprovider -o addopts=-ra --durations=5 \
         tests/runtime/test_cuda.py tests/runtime/test_host_memory.py tests/runtime/test_equivalence.py \
         tests/runtime/test_features.py tests/runtime/test_backward_passes.py tests/runtime/test_torch_compile.py \
         tests/runtime/test_replan.py tests/runtime/test_startup.py tests/runtime/test_uneven_batches.py \

@@ -38,8 +38,9 @@ def simulated_plan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model = M.fresh()
     loss_fn = __import__("torch").nn.CrossEntropyLoss()
     workload = profile_model(
-        model, lambda: M.batch(0, 0), loss_fn, batch_size=8, model_name="TrickyNet", warmup=1, repeats=3
-    )
+        model, lambda: M.batch(0, 0), loss_fn, batch_size=8, model_name="TrickyNet", device=M.DEVICE, warmup=1,
+        repeats=3,
+    )  # fmt: skip
     result = simulate(workload, _two_workers(), "dear", 3, 1, **SMALL_KNOBS["dear"])
     assert result.plan is not None
     path = Path(tmp_path_factory.mktemp("plan")) / "plan.json"
