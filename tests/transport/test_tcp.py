@@ -320,3 +320,28 @@ def test_frame_header_layout_is_stable() -> None:
     # 4 magic + 8 bytes + 3 × 8 key + 1 dtype + 8 numel, network order
     assert wire.HEADER.size == 45
     assert struct.calcsize("!4sQqqqBQ") == wire.HEADER.size
+
+
+def _send_then_close(rank: int, world: int) -> dict[str, Any]:
+    link = TcpLink(None, TIMEOUT_S, TransportOptions(bind="127.0.0.1", key=KEY))
+    key = TransferKey(0, 0, 0)
+    if rank == 0:
+        link.send(1, key, torch.arange(4.0)).wait()
+        link.close()
+        return {}
+    deadline = time.monotonic() + TIMEOUT_S
+    while 0 not in link._dead and time.monotonic() < deadline:  # the frame and the close have both arrived
+        time.sleep(0.01)
+    out = torch.zeros(4)
+    try:
+        link.recv(0, key, out).wait()
+        got: Any = out.tolist()
+    except RuntimeCommError as exc:
+        got = str(exc)
+    link.close()
+    return {"saw_close": 0 in link._dead, "got": got}
+
+
+def test_a_frame_sent_before_the_peer_closed_is_still_received_after_the_close_is_seen() -> None:
+    r = _spawn(_send_then_close, 2)[1]
+    assert r["saw_close"] and r["got"] == [0.0, 1.0, 2.0, 3.0], r

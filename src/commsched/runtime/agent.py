@@ -29,12 +29,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-import torch.distributed as dist
-
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 from commsched.runtime.buffers import GradientBuffers
+from commsched.runtime.decisions import DecisionChannel
 from commsched.schedule import CommPlan, Dispatcher, Start, policy_class, scheduler_for
 from commsched.schedule.dispatch import EventName
 from commsched.trace import Trace, TraceEvent
@@ -124,7 +122,7 @@ class Agent:
         rank: int,
         world: int,
         transports: Callable[[str], Transport],
-        decision_group: dist.ProcessGroup,
+        open_decisions: Callable[[], DecisionChannel],
         timeout_s: float,
         trace: Trace | None,
         t0: float,
@@ -132,7 +130,8 @@ class Agent:
         self.rank = rank
         self.world = world
         self._transport = transports
-        self._decision_group = decision_group
+        self._open_decisions = open_decisions
+        self._decisions: DecisionChannel | None = None  # opened with the first plan whose leader decides
         self.timeout_s = timeout_s
         self._trace = trace
         self._t0 = t0
@@ -157,6 +156,8 @@ class Agent:
         scheduler = scheduler_for(plan) if (self.rank == 0 or not leader_decides) else None
         dispatcher = Dispatcher(plan, scheduler, forward_decisions=leader_decides)
         state = _PlanState(plan, dispatcher, buffers, epoch, leader_decides and self.rank == 0, first_iteration)
+        if leader_decides and self._decisions is None:
+            self._decisions = self._open_decisions()  # every rank adopts the same plans in the same order
         with self._lock:
             self.completions.reset(len(plan.tasks), epoch)
             self._state = state
@@ -220,6 +221,8 @@ class Agent:
         for t in (self._watcher, self._sender, self._follower):
             if t is not None:
                 t.join(timeout=join_timeout_s)
+        if self._decisions is not None:
+            self._decisions.close()
 
     # ---- threads ----
 
@@ -281,21 +284,13 @@ class Agent:
             decisions = self._outbox.get()
             if decisions is None:
                 return
-            msg = torch.tensor([len(decisions), *itertools.chain.from_iterable(decisions)], dtype=torch.long)
-            size = torch.tensor([msg.numel()], dtype=torch.long)
-            for r in range(1, self.world):
-                dst = dist.get_global_rank(self._decision_group, r)
-                dist.send(size, dst=dst, group=self._decision_group)
-                dist.send(msg, dst=dst, group=self._decision_group)
+            assert self._decisions is not None
+            self._decisions.send([len(decisions), *itertools.chain.from_iterable(decisions)])
 
     def _follow_loop(self) -> None:
-        src = dist.get_global_rank(self._decision_group, 0)
+        assert self._decisions is not None
         while True:
-            size = torch.zeros(1, dtype=torch.long)
-            dist.recv(size, src=src, group=self._decision_group)
-            msg = torch.zeros(int(size.item()), dtype=torch.long)
-            dist.recv(msg, src=src, group=self._decision_group)
-            values = msg.tolist()
+            values = self._decisions.receive()
             for i in range(values[0]):
                 task, inst, epoch = values[1 + 3 * i : 4 + 3 * i]
                 if task < 0:

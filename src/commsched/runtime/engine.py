@@ -31,6 +31,7 @@ from commsched.runtime.agent import Agent
 from commsched.runtime.batches import gradient_weight, with_batch_sizes
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.buffers import GradientBuffers
+from commsched.runtime.decisions import DecisionChannel
 from commsched.runtime.hooks import ComputeTracer, install_hooks
 from commsched.runtime.losses import LossLog
 from commsched.runtime.replan import DriftPolicy, Replanner
@@ -110,8 +111,10 @@ class Engine:
         self._transports: dict[str, Transport] = {}
         self._transport_options = transport_options
         self.agent = Agent(
-            self.rank, self.world, self._transport, self.groups.decisions, timeout_s, self.trace, self._t0
-        )
+            self.rank, self.world, self._transport,
+            lambda: DecisionChannel(self.groups.decisions, timeout_s, transport_options),
+            timeout_s, self.trace, self._t0,
+        )  # fmt: skip
         self.recorder = warmup.Recorder()
         self._iteration = 0  # optimizer steps taken
         self._epoch = 0  # plans adopted

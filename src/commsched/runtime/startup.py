@@ -9,7 +9,8 @@ user's ``timeout_s`` — never on the user's default group, whose timeout is
 * ``sync`` (the user's backend): the initial parameter broadcast and the
   buffer broadcasts before forwards — the training thread's tensors;
 * ``data`` (the user's backend): the transports' tasks, issued by the agent;
-* ``decisions`` (gloo): a deciding leader's orders to its followers.
+* ``decisions`` (gloo): opens the deciding leader's channel to its followers
+  (:mod:`commsched.runtime.decisions`, TCP connections of the runtime's own).
 
 Before any tensor moves, the ranks exchange a :class:`Fingerprint` (policy,
 knobs or plan, parameter names and shapes, world size, warm-up length, per-rank batches); a

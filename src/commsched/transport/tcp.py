@@ -151,12 +151,11 @@ class TcpLink:
         self._check(peer, out, t.describe)
         out = out.view(-1)
         with self._cond:
-            if self._closed or peer in self._dead:
-                t.finish(RuntimeCommError(f"{t.describe}: {self._dead.get(peer, 'the link is closed')}"))
-                return t
             where = (peer, key)
             if where in self._posted:
                 raise ValueError(f"{t.describe}: already posted")
+            # A frame that arrived before its receive was posted is taken even when the peer has closed since
+            # (it sent the frame, then closed: a leader's last order, read before the follower asked for it).
             early = self._early.pop(where, None)
             if early is not None:
                 self._early_bytes -= early.numel() * early.element_size()
@@ -166,6 +165,9 @@ class TcpLink:
                     t.finish()
                     return t
                 self.dropped["size mismatch"] += 1
+            if self._closed or peer in self._dead:
+                t.finish(RuntimeCommError(f"{t.describe}: {self._dead.get(peer, 'the link is closed')}"))
+                return t
             self._posted[where] = (out, t)
         return t
 

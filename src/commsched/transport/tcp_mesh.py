@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from commsched.errors import RuntimeCommError
 from commsched.transport import wire
+from commsched.transport.tcp_options import tune_for_cluster
 from commsched.transport.wire import default_bind_address
 
 #: How often a blocked accept or wait looks again (whether the link was closed, whether time is up).
@@ -85,7 +86,7 @@ def connect(
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)  # also bounds each send
         sockets.append(sock)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tune_for_cluster(sock)
         wire.dial(sock, key, rank, peer, where)
     except OSError as exc:
         raise RuntimeCommError(f"{where}: {exc}") from exc
@@ -95,7 +96,7 @@ def connect(
 def authenticate(sock: socket.socket, key: bytes, rank: int, world: int, timeout_s: float) -> int | None:
     """The listener's side of the handshake: the authenticated peer's rank, or None (the caller closes ``sock``)."""
     sock.settimeout(timeout_s)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    tune_for_cluster(sock)
     peer = wire.accept(sock, key, rank, world)
     if peer is not None:
         sock.settimeout(None)  # reads wait for data; a transfer's wait bounds how long anyone waits

@@ -25,6 +25,7 @@ from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
 from commsched.transport.dlcp.sockets import Address, FrameReader, frame
 from commsched.transport.dlcp.wire import Codec, Datagram
 from commsched.transport.links import TransferKey
+from commsched.transport.tcp_options import tune_for_cluster
 
 MAX_BACKLOG_BYTES = 16 << 20
 
@@ -67,7 +68,7 @@ class Control:
             for peer in range(world):
                 if peer != rank:
                     conn = socket.create_connection(peers[peer], timeout=timeout_s)
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    tune_for_cluster(conn)
                     conn.setblocking(False)
                     self._out[peer] = conn
         except OSError as exc:
@@ -91,6 +92,7 @@ class Control:
                 conn.close()
                 return
             self._drop_inbound(stranger)
+        tune_for_cluster(conn)
         conn.setblocking(False)
         inbound = _Inbound(conn)
         self._inbound.append(inbound)
