@@ -129,10 +129,12 @@ def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) 
         assert line in printed and line in DOCUMENT, line
 
 
+@pytest.mark.parametrize(
+    "runs", [("dlcp-train-lossless", "dlcp-train-loss1"), ("dlcp-train-lossless-rto", "dlcp-train-loss1-rto")]
+)
 def test_the_dlcp_training_figures_are_recomputed_from_their_runs(
-    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], runs: tuple[str, str]
 ) -> None:
-    runs = ("dlcp-train-lossless", "dlcp-train-loss1")
     paths = [ROOT / "benchmarks" / "results" / run / "bench.json" for run in runs]
     reports = [resummarise(json.loads(path.read_text())) for path in paths]
     script_loader("benchmarks/dlcp_training.py").main([str(path) for path in paths])
