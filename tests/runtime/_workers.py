@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
@@ -297,3 +298,33 @@ def task_overlap(rank: int, world: int, port: int, out: str, rounds: int) -> Non
     finally:
         dist.destroy_process_group()
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+
+
+def decisions(rank: int, world: int, port: int, out: str, count: int) -> None:
+    """The leader sends ``count`` messages of growing length; every follower reports what it received, in order,
+    and whether its connections took the cluster timers."""
+    import socket as _socket
+
+    from commsched.runtime.decisions import DecisionChannel
+    from commsched.transport import TransportOptions, tcp_options
+
+    init(rank, world, port)
+    result: dict[str, Any] = {}
+    try:
+        channel = DecisionChannel(None, 20.0, TransportOptions(bind="127.0.0.1"))
+        floors = []
+        for sock in channel._link._sockets:  # read while every connection is open
+            with contextlib.suppress(OSError):
+                floors.append(sock.getsockopt(_socket.IPPROTO_TCP, tcp_options._TCP_RTO_MIN_US))
+        result["floors"] = floors
+        dist.barrier()
+        if rank == 0:
+            for n in range(count):
+                channel.send([n, *range(n % 7)])
+        else:
+            result["got"] = [channel.receive() for _ in range(count)]
+        channel.close()
+    except Exception:
+        result["error"] = traceback.format_exc()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()

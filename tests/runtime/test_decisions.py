@@ -1,0 +1,30 @@
+"""The leader's decisions reach every follower whole and in order, on connections with the cluster timers."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from commsched.transport.tcp_options import RTO_MIN_US, tune_for_cluster
+
+import _workers as W
+from conftest import spawn
+
+pytestmark = pytest.mark.multiproc
+
+
+def test_every_follower_receives_every_decision_in_order_on_tuned_connections(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        supported = tune_for_cluster(probe)
+    count = 200
+    results = spawn(W.decisions, 3, tmp_path, count, timeout_s=120)
+    for rank, r in enumerate(results):
+        assert "error" not in r and "missing" not in r, (rank, r)
+        if rank:
+            assert r["got"] == [[n, *range(n % 7)] for n in range(count)], rank
+        # every connection of the channel (one dialled, one accepted per peer) took the floor where the kernel
+        # reads the option at all (Linux 6.15+)
+        assert all(RTO_MIN_US <= f < RTO_MIN_US + 10_000 for f in r["floors"]), r["floors"]
+        assert len(r["floors"]) == (4 if supported else 0), r["floors"]
