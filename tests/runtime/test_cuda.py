@@ -4,8 +4,9 @@ The multi-process tests run on a GPU too, every rank sharing it over gloo::
 
     COMMSCHED_TEST_DEVICE=cuda pytest tests/runtime/test_equivalence.py tests/runtime/test_cuda.py
 
-(NCCL refuses two ranks on one GPU, so the NCCL check here is one rank: it runs every collective code path,
-the reductions over a world of one.)
+(NCCL refuses two ranks on one GPU, so the NCCL check here is one rank: it runs the runtime's hooks, buffers,
+agent and updates on NCCL groups and CUDA tensors, but a world of one skips the reductions themselves and has
+no leader's decisions; gloo with CUDA tensors at 2 and 4 ranks covers those.)
 """
 
 from __future__ import annotations

@@ -26,5 +26,5 @@ def test_every_follower_receives_every_decision_in_order_on_tuned_connections(tm
             assert r["got"] == [[n, *range(n % 7)] for n in range(count)], rank
         # every connection of the channel (one dialled, one accepted per peer) took the floor where the kernel
         # reads the option at all (Linux 6.15+)
-        assert all(RTO_MIN_US <= f < RTO_MIN_US + 10_000 for f in r["floors"]), r["floors"]
+        assert all(RTO_MIN_US <= f <= 4 * RTO_MIN_US for f in r["floors"]), r["floors"]
         assert len(r["floors"]) == (4 if supported else 0), r["floors"]

@@ -30,4 +30,6 @@ def test_auto_passes_over_host_memory_plans_when_parameters_are_not_on_the_cpu()
     on_cpu = AutoPlanner(1.0, ("ps",))(workload, network, frozenset())
     assert {t.transport for t in on_cpu.tasks} == {"ps"}
     elsewhere = AutoPlanner(1.0, ("ps",), host_memory=False)(workload, network, frozenset())
-    assert {t.transport for t in elsewhere.tasks} == {"collective"}
+    assert {t.transport for t in elsewhere.tasks} == {"collective"}  # none left: the warm-up's plan
+    runner_up = AutoPlanner(1.0, ("ps", "dear"), host_memory=False)(workload, network, frozenset())
+    assert runner_up.policy == "dear"  # the next candidate that runs on collectives

@@ -18,8 +18,7 @@ def test_tuning_sets_no_delay_and_where_the_kernel_allows_the_timer_floors_round
         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
         assert tuned == (default_rto is not None)  # a kernel that reads the option also takes it
         if tuned:
-            assert default_rto == 200_000  # Linux's default floor, which this replaces
             rto = sock.getsockopt(socket.IPPROTO_TCP, tcp_options._TCP_RTO_MIN_US)
             delack = sock.getsockopt(socket.IPPROTO_TCP, tcp_options._TCP_DELACK_MAX_US)
-            assert RTO_MIN_US <= rto < RTO_MIN_US + 10_000, rto  # rounded up to the timer tick (1-10 ms)
+            assert RTO_MIN_US <= rto <= 4 * RTO_MIN_US, rto  # raised to what the timer tick allows (1-10 ms)
             assert DELACK_MAX_US <= delack <= rto, delack  # a lone segment's ACK no later than a resend

@@ -150,14 +150,18 @@ class Agent:
 
     # ---- reports ----
 
+    def prepare(self, plan: CommPlan) -> None:
+        """Before adopting ``plan``: open the leader's decision channel if ``plan`` is the first whose leader
+        decides (collective: every rank adopts the same plans in the same order)."""
+        if policy_class(plan.policy).uses_completions and self.world > 1 and self._decisions is None:
+            self._decisions = self._open_decisions()
+
     def set_plan(self, plan: CommPlan, buffers: GradientBuffers, epoch: int, first_iteration: int = 0) -> None:
         """Switch to ``plan``: later reports of an earlier epoch are dropped."""
         leader_decides = policy_class(plan.policy).uses_completions and self.world > 1
         scheduler = scheduler_for(plan) if (self.rank == 0 or not leader_decides) else None
         dispatcher = Dispatcher(plan, scheduler, forward_decisions=leader_decides)
         state = _PlanState(plan, dispatcher, buffers, epoch, leader_decides and self.rank == 0, first_iteration)
-        if leader_decides and self._decisions is None:
-            self._decisions = self._open_decisions()  # every rank adopts the same plans in the same order
         with self._lock:
             self.completions.reset(len(plan.tasks), epoch)
             self._state = state
@@ -210,19 +214,19 @@ class Agent:
         return state is not None and state.dispatcher.listens(event)
 
     def close(self, join_timeout_s: float) -> None:
-        """Stop the threads: the leader tells its followers to stop; each join is bounded."""
+        """Stop the threads: the leader tells its followers to stop (also when the plan in use is one it
+        does not decide: its followers still listen); each join is bounded."""
         with self._lock:
             self._closing = True
-            state = self._state
         self._started.put(None)
-        if state is not None and state.leader_forwards:
+        if self._sender is not None:
             self._outbox.put([(-1, -1, -1)])
         self._outbox.put(None)
         for t in (self._watcher, self._sender, self._follower):
             if t is not None:
                 t.join(timeout=join_timeout_s)
         if self._decisions is not None:
-            self._decisions.close()
+            self._decisions.close(join_timeout_s)
 
     # ---- threads ----
 
@@ -290,7 +294,9 @@ class Agent:
     def _follow_loop(self) -> None:
         assert self._decisions is not None
         while True:
-            values = self._decisions.receive()
+            values = self._decisions.receive(stop=lambda: self._closing)
+            if values is None:
+                return  # closing
             for i in range(values[0]):
                 task, inst, epoch = values[1 + 3 * i : 4 + 3 * i]
                 if task < 0:

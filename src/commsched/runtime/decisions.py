@@ -19,12 +19,15 @@ in order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 
 from commsched.transport import TransportOptions
 from commsched.transport.links import TransferKey
-from commsched.transport.tcp import TcpLink
+from commsched.transport.tcp import TcpLink, TcpTransfer
+from commsched.transport.tcp_mesh import POLL_S
 
 _LENGTH, _VALUES = 0, 1  # the two frames of a message (TransferKey.task)
 
@@ -53,15 +56,28 @@ class DecisionChannel:
         for transfer in sent:
             transfer.wait()
 
-    def receive(self) -> list[int]:
-        """A follower: rank 0's next message (raises RuntimeCommError when it does not come within the timeout)."""
+    def receive(self, stop: Callable[[], bool] = lambda: False) -> list[int] | None:
+        """A follower: rank 0's next message, however long it takes (a plan whose leader does not decide
+        sends none; a hung leader is caught by the training thread's own bounded waits); None once ``stop()``
+        (looked at every :data:`~commsched.transport.tcp_mesh.POLL_S`). Raises RuntimeCommError when the
+        leader's connection fails."""
         length = torch.zeros(1, dtype=torch.long)
-        self._link.recv(0, TransferKey(self._number, _LENGTH, 0), length).wait()
+        if not self._arrived(self._link.recv(0, TransferKey(self._number, _LENGTH, 0), length), stop):
+            return None
         body = torch.zeros(int(length.item()), dtype=torch.long)
-        self._link.recv(0, TransferKey(self._number, _VALUES, 0), body).wait()
+        if not self._arrived(self._link.recv(0, TransferKey(self._number, _VALUES, 0), body), stop):
+            return None
         self._number += 1
         return list(body.tolist())
 
-    def close(self) -> None:
-        """Send what is queued, then close (bounded by the timeout)."""
-        self._link.close()
+    @staticmethod
+    def _arrived(transfer: TcpTransfer, stop: Callable[[], bool]) -> bool:
+        while not transfer.settle(POLL_S):
+            if stop():
+                return False
+        transfer.wait()  # raises the transfer's error, if any
+        return True
+
+    def close(self, bound_s: float | None = None) -> None:
+        """Send what is queued, then close (bounded by ``bound_s``, default the timeout)."""
+        self._link.close(bound_s)

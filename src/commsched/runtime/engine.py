@@ -158,6 +158,8 @@ class Engine:
         """Run ``plan`` from the next iteration on (every rank adopts the same plan at the same point)."""
         plan = with_batch_sizes(plan, self.batch_sizes)
         live = bind_plan(self.module, plan, self.world)
+        with startup.peers("opening the leader's decision channel"):
+            self.agent.prepare(plan)  # before anything changes: a failure leaves the old plan in place
         old = getattr(self, "buffers", None)
         if old is not None:  # gradients must not keep the old plan's buffers alive
             for t, p in enumerate(old.params):

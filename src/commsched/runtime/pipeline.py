@@ -227,7 +227,8 @@ class PipelineModule(nn.Module):
                     schedule.step()
             if self.last_stage:
                 parts = [loss.detach().double().reshape(()) for loss in losses]
-                total = torch.stack(parts).sum() if parts else torch.zeros((), dtype=torch.float64)
+                device = next((p.device for p in self.local.parameters()), torch.device("cpu"))
+                total = torch.stack(parts).sum() if parts else torch.zeros((), dtype=torch.float64, device=device)
         self._reduce()
         return None if total is None else total * (B / b)
 

@@ -32,7 +32,7 @@ from commsched.runtime import startup, warmup
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.replan import TRIAL_ITERATIONS, Replanner
 from commsched.schedule import CommPlan, NetworkEstimate, build_plan, provisional_plan, updating_like
-from commsched.transport.base import HOST_MEMORY
+from commsched.transport.base import HOST_MEMORY, check_transports
 from commsched.workload import Workload
 
 if TYPE_CHECKING:
@@ -140,6 +140,7 @@ def use_plan(engine: Engine, plan: CommPlan) -> None:
     if engine._in_backward:
         raise RuntimeCommError(f"rank {engine.rank}: use_plan() inside backward; call it between iterations")
     bind_plan(engine.module, plan, engine.world)
+    check_transports((t.transport for t in plan.tasks), {p.device for p in engine.module.parameters()})
     engine.flush()
     theirs: list[Any] = [None] * engine.world
     digest = startup.plan_digest(plan.to_json(indent=None))
@@ -195,15 +196,20 @@ class AutoPlanner:
         key = hash((workload.to_json(indent=None), network))
         if self._ranking is None or self._ranking[0] != key:
             self._ranking = (key, self._search(workload, network))
+        host_only = 0
         for policy, knobs, predicted_ms in self._ranking[1]:
             if policy in exclude:
                 continue
             plan = build_plan(policy, workload, network, **knobs)
             if not self.host_memory and {t.transport for t in plan.tasks} & HOST_MEMORY:
+                host_only += 1
                 continue
             log.info("commsched auto: %s %s, predicted %.1f ms per iteration", policy, knobs, predicted_ms)
             return plan
-        log.info("commsched auto: every candidate measured slower than the warm-up; running the warm-up's plan")
+        log.info(
+            "commsched auto: every candidate measured slower than the warm-up%s; running the warm-up's plan",
+            f" or ({host_only}) takes CPU tensors only" if host_only else "",
+        )
         return provisional_plan(workload, network)
 
     def _search(self, workload: Workload, network: NetworkEstimate) -> list[tuple[str, dict[str, Any], float]]:

@@ -37,7 +37,9 @@ def check_mtu(name: str, value: object) -> int:
 
 @dataclass(frozen=True, slots=True)
 class TransportOptions:
-    """Where and how a socket transport listens and authenticates (the collective transport ignores them).
+    """Where and how a socket transport listens and authenticates (the collective transport ignores them;
+    ``bind`` and ``key`` also serve the leader's decision channel of ByteScheduler, Prophet, ``ps`` and DLCP,
+    :mod:`commsched.runtime.decisions`, so those policies listen on TCP too).
 
     ``bind``: the local address every listening socket binds to (``None``: the
     address this rank's gloo group uses toward its peers; never ``0.0.0.0``

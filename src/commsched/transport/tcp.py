@@ -56,7 +56,7 @@ from commsched.transport.wire import CODES, DTYPES, HEADER, MAGIC, bytes_of, def
 _CHUNK_BYTES = 1 << 20
 
 
-class _Transfer:
+class TcpTransfer:
     __slots__ = ("_done", "_error", "_received", "_timeout_s", "describe")
 
     def __init__(self, describe: str, timeout_s: float) -> None:
@@ -81,6 +81,10 @@ class _Transfer:
     def is_completed(self) -> bool:
         return self._done.is_set()
 
+    def settle(self, timeout_s: float) -> bool:
+        """Wait at most ``timeout_s``; whether the transfer has ended (done or failed: ``wait()`` tells)."""
+        return self._done.wait(timeout_s)
+
 
 class TcpLink:
     """Keyed point-to-point transfers among the ranks of ``group`` over TCP (module docstring)."""
@@ -104,23 +108,23 @@ class TcpLink:
         self._cond = threading.Condition()
         self._closed = False
         self._dead: dict[int, str] = {}  # peer -> why its connection failed
-        self._posted: dict[tuple[int, TransferKey], tuple[torch.Tensor, _Transfer]] = {}
+        self._posted: dict[tuple[int, TransferKey], tuple[torch.Tensor, TcpTransfer]] = {}
         self._early: dict[tuple[int, TransferKey], torch.Tensor] = {}
         self._early_bytes = 0
         self._last_step: dict[tuple[int, int, int], int] = {}  # (peer, task, phase) -> newest step taken
         self._incoming: dict[int, socket.socket] = {}  # the first authenticated connection from each peer
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
-        self._queues: dict[int, queue.SimpleQueue[tuple[bytes, torch.Tensor, _Transfer] | None]] = {}
+        self._queues: dict[int, queue.SimpleQueue[tuple[bytes, torch.Tensor, TcpTransfer] | None]] = {}
 
         host = options.bind or default_bind_address()
         self._listener = listen(host, self.world)
         sockname = self._listener.getsockname()
         #: where this rank listens (host, port)
         self.address = (str(sockname[0]), int(sockname[1]))
-        self._key, infos = share_addresses(group, self.rank, self.world, host, self.address, options.key)
-        self._thread(self._accept_loop, "accept")
         try:
+            self._key, infos = share_addresses(group, self.rank, self.world, host, self.address, options.key)
+            self._thread(self._accept_loop, "accept")
             for peer in range(self.world):
                 if peer != self.rank:
                     info = infos[peer]
@@ -133,9 +137,9 @@ class TcpLink:
 
     # ---- the Link protocol ----
 
-    def send(self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0) -> _Transfer:
+    def send(self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0) -> TcpTransfer:
         """Queue ``data`` for ``peer``; the transfer completes once its bytes are handed to the socket."""
-        t = _Transfer(f"rank {self.rank}: send of {key} to rank {peer}", self.timeout_s)
+        t = TcpTransfer(f"rank {self.rank}: send of {key} to rank {peer}", self.timeout_s)
         self._check(peer, data, t.describe)
         header = HEADER.pack(MAGIC, data.numel() * data.element_size(), *key, CODES[data.dtype], data.numel())
         with self._cond:
@@ -145,9 +149,9 @@ class TcpLink:
         self._queues[peer].put((header, data.view(-1), t))
         return t
 
-    def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> _Transfer:
+    def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> TcpTransfer:
         """Receive ``peer``'s ``key`` into ``out`` (every element: TCP loses nothing)."""
-        t = _Transfer(f"rank {self.rank}: receive of {key} from rank {peer}", self.timeout_s)
+        t = TcpTransfer(f"rank {self.rank}: receive of {key} from rank {peer}", self.timeout_s)
         self._check(peer, out, t.describe)
         out = out.view(-1)
         with self._cond:
@@ -171,14 +175,15 @@ class TcpLink:
             self._posted[where] = (out, t)
         return t
 
-    def close(self) -> None:
-        """Send what is queued, then close every socket and fail what is pending (bounded by ``timeout_s``)."""
+    def close(self, bound_s: float | None = None) -> None:
+        """Send what is queued, then close every socket and fail what is pending (bounded by ``bound_s``,
+        default ``timeout_s``)."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
             self._cond.notify_all()
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + (self.timeout_s if bound_s is None else bound_s)
         for q in self._queues.values():
             q.put(None)
         for thread in self._threads:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import sys
 
 #: The retransmission timeout's floor on the runtime's own TCP connections, and the delayed-ACK ceiling
 #: that keeps a lone segment's ACK near it (where the kernel's tick allows no less, both are one value).
@@ -25,8 +26,11 @@ _TCP_DELACK_MAX_US = 46
 def tune_for_cluster(sock: socket.socket) -> bool:
     """No Nagle delay; where the kernel allows, :data:`RTO_MIN_US` and :data:`DELACK_MAX_US` on ``sock``,
     and linear rather than exponential back-off while few segments are in flight (thin streams).
-    Returns whether the timer floors were set (False on kernels before 6.15: their defaults stay)."""
+    Returns whether the retransmission floor was set (False on kernels before 6.15, whose defaults stay,
+    and off Linux, where these option numbers mean other things)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if not sys.platform.startswith("linux"):
+        return False
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.IPPROTO_TCP, _TCP_THIN_LINEAR_TIMEOUTS, 1)
     if not _set_at_least(sock, _TCP_RTO_MIN_US, RTO_MIN_US):

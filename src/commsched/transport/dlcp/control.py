@@ -92,7 +92,11 @@ class Control:
                 conn.close()
                 return
             self._drop_inbound(stranger)
-        tune_for_cluster(conn)
+        try:
+            tune_for_cluster(conn)  # a stranger's connection may already be reset
+        except OSError:
+            conn.close()
+            return
         conn.setblocking(False)
         inbound = _Inbound(conn)
         self._inbound.append(inbound)
