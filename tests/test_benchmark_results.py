@@ -109,7 +109,9 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
     assert table.strip() in (ROOT / "docs" / "planning.md").read_text()
 
 
-@pytest.mark.parametrize("run", ["dlcp-tails-2s-mtu9000", "dlcp-tails-2s-mtu9000-ackrepeat"])
+@pytest.mark.parametrize(
+    "run", ["dlcp-tails-2s-mtu9000", "dlcp-tails-2s-mtu9000-ackrepeat", "dlcp-tails-2s-mtu9000-rto"]
+)
 def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) -> None:
     from commsched.bench.tails import round_times, summarise
     from commsched.bench.tails_run import ratio_lines
