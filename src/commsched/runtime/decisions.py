@@ -4,8 +4,8 @@ A completion-driven scheduler (ByteScheduler's and Prophet's credit, the
 parameter server's, DLCP's) decides on rank 0; every other rank starts what
 rank 0 decided, in its order. The orders are small messages, several per
 iteration, and a follower waits for each. They travel on a
-:class:`~commsched.transport.tcp.TcpLink` (authenticated, bounded by the
-run's timeout) rather than on a gloo group, because its sockets take
+:class:`~commsched.transport.tcp.TcpLink` (a star: rank 0 and each
+follower; authenticated, bounded by the run's timeout) rather than on a gloo group, because its sockets take
 :func:`~commsched.transport.tcp_options.tune_for_cluster`'s timers: a lost
 segment at the end of a small message otherwise waits out Linux's 200 ms
 minimum retransmission timeout, and on a lossy network that stalled the
@@ -40,7 +40,7 @@ class DecisionChannel:
     def __init__(
         self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions | None = None
     ) -> None:
-        self._link = TcpLink(group, timeout_s, options)
+        self._link = TcpLink(group, timeout_s, options, star=True)  # only rank 0 talks
         self.rank, self.world = self._link.rank, self._link.world
         self._number = 0
 

@@ -97,9 +97,15 @@ class TcpLink:
         *,
         max_frame_bytes: int = 1 << 32,
         unposted_cap_bytes: int = 256 << 20,
+        star: bool = False,
     ) -> None:
         options = options or TransportOptions()
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        #: the ranks this one is connected with: every other, or with ``star`` rank 0 and each other rank only
+        #: (a leader's channel: ``world - 1`` connections each way instead of ``world * (world - 1)``)
+        self.peers = frozenset(
+            range(1, self.world) if star and self.rank == 0 else {0} if star else set(range(self.world)) - {self.rank}
+        )
         self.timeout_s = timeout_s
         self.max_frame_bytes, self.unposted_cap_bytes = max_frame_bytes, unposted_cap_bytes
         #: frames dropped, by reason; connections that failed authentication
@@ -125,7 +131,7 @@ class TcpLink:
         try:
             self._key, infos = share_addresses(group, self.rank, self.world, host, self.address, options.key)
             self._thread(self._accept_loop, "accept")
-            for peer in range(self.world):
+            for peer in sorted(self.peers):
                 if peer != self.rank:
                     info = infos[peer]
                     assert info is not None
@@ -202,8 +208,8 @@ class TcpLink:
             t.finish(RuntimeCommError(f"{t.describe}: the link was closed"))
 
     def _check(self, peer: int, t: torch.Tensor, describe: str) -> None:
-        if not (0 <= peer < self.world and peer != self.rank):
-            raise ValueError(f"{describe}: no such peer (world {self.world})")
+        if peer not in self.peers:
+            raise ValueError(f"{describe}: no such peer (world {self.world}, connected to {sorted(self.peers)})")
         if t.device.type != "cpu" or not t.is_contiguous() or t.dtype not in CODES:
             raise ValueError(f"{describe}: needs a contiguous CPU tensor of {', '.join(map(str, CODES))}")
 
@@ -243,10 +249,10 @@ class TcpLink:
 
     def _await_incoming(self, deadline: float) -> None:
         with self._cond:
-            while len(self._incoming) < self.world - 1:
+            while not self.peers <= self._incoming.keys():
                 left = deadline - time.monotonic()
                 if left <= 0 or self._closed:
-                    missing = sorted(set(range(self.world)) - set(self._incoming) - {self.rank})
+                    missing = sorted(self.peers - self._incoming.keys())
                     raise RuntimeCommError(
                         f"rank {self.rank}: ranks {missing} did not connect and authenticate within "
                         f"{self.timeout_s:g} s ({self.rejected} connection(s) rejected)"
