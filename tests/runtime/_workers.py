@@ -25,16 +25,16 @@ import _models as M
 # an allowance, not an error source).
 # On a GPU (COMMSCHED_TEST_DEVICE=cuda) the transports that send from host memory are refused, not compared.
 HOST_MEMORY = ("ps", "dlcp")
-LOSSLESS = tuple(
-    p
-    for p in ("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap", "ps", "dlcp")
-    if M.DEVICE.type == "cpu" or p not in HOST_MEMORY
-)
 
 
 def here(*policies: str) -> list[str]:
     """Those of ``policies`` that run on the tests' device (on a GPU, not the host-memory ones)."""
     return [p for p in policies if M.DEVICE.type == "cpu" or p not in HOST_MEMORY]
+
+
+LOSSLESS = tuple(
+    here("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap", "ps", "dlcp")
+)
 
 
 # Small thresholds so the tiny test model is split into several buckets / groups / partitions.

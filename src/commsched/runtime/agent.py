@@ -150,15 +150,19 @@ class Agent:
 
     # ---- reports ----
 
+    def _leader_decides(self, plan: CommPlan) -> bool:
+        """Whether rank 0 decides for every rank under ``plan`` (a scheduler that reacts to completions)."""
+        return policy_class(plan.policy).uses_completions and self.world > 1
+
     def prepare(self, plan: CommPlan) -> None:
         """Before adopting ``plan``: open the leader's decision channel if ``plan`` is the first whose leader
         decides (collective: every rank adopts the same plans in the same order)."""
-        if policy_class(plan.policy).uses_completions and self.world > 1 and self._decisions is None:
+        if self._leader_decides(plan) and self._decisions is None:
             self._decisions = self._open_decisions()
 
     def set_plan(self, plan: CommPlan, buffers: GradientBuffers, epoch: int, first_iteration: int = 0) -> None:
         """Switch to ``plan``: later reports of an earlier epoch are dropped."""
-        leader_decides = policy_class(plan.policy).uses_completions and self.world > 1
+        leader_decides = self._leader_decides(plan)
         scheduler = scheduler_for(plan) if (self.rank == 0 or not leader_decides) else None
         dispatcher = Dispatcher(plan, scheduler, forward_decisions=leader_decides)
         state = _PlanState(plan, dispatcher, buffers, epoch, leader_decides and self.rank == 0, first_iteration)

@@ -5,7 +5,8 @@ parameter server's, DLCP's) decides on rank 0; every other rank starts what
 rank 0 decided, in its order. The orders are small messages, several per
 iteration, and a follower waits for each. They travel on a
 :class:`~commsched.transport.tcp.TcpLink` (a star: rank 0 and each
-follower; authenticated, bounded by the run's timeout) rather than on a gloo group, because its sockets take
+follower; authenticated, bounded by the run's timeout) rather than on a
+gloo group, because its sockets take
 :func:`~commsched.transport.tcp_options.tune_for_cluster`'s timers: a lost
 segment at the end of a small message otherwise waits out Linux's 200 ms
 minimum retransmission timeout, and on a lossy network that stalled the
@@ -35,13 +36,12 @@ _LENGTH, _VALUES = 0, 1  # the two frames of a message (TransferKey.task)
 class DecisionChannel:
     """Rank 0 sends, every other rank receives (collective to open: every rank of ``group``, same order)."""
 
-    __slots__ = ("_link", "_number", "rank", "world")
+    __slots__ = ("_link", "_number")
 
     def __init__(
         self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions | None = None
     ) -> None:
         self._link = TcpLink(group, timeout_s, options, star=True)  # only rank 0 talks
-        self.rank, self.world = self._link.rank, self._link.world
         self._number = 0
 
     def send(self, values: list[int]) -> None:
@@ -49,7 +49,7 @@ class DecisionChannel:
         body = torch.tensor(values, dtype=torch.long)
         length = torch.tensor([body.numel()], dtype=torch.long)
         sent = []
-        for peer in range(1, self.world):
+        for peer in sorted(self._link.peers):  # rank 0's: every follower
             sent.append(self._link.send(peer, TransferKey(self._number, _LENGTH, 0), length))
             sent.append(self._link.send(peer, TransferKey(self._number, _VALUES, 0), body))
         self._number += 1
