@@ -94,7 +94,7 @@ def _open(method: Method, timeout_s: float, mtu_bytes: int) -> tuple[_Transport,
     """
     from commsched.transport.base import CollectiveTransport, TransportOptions
     from commsched.transport.dlcp import open_dlcp_link
-    from commsched.transport.exchange import LinkExchange
+    from commsched.transport.link_exchange import LinkExchange
     from commsched.transport.tcp import TcpLink
 
     if method.transport == "gloo":

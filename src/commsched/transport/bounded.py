@@ -29,7 +29,8 @@ import torch.distributed as dist
 from commsched.transport.base import TransportOptions
 from commsched.transport.dlcp import DlcpLink, open_dlcp_link
 from commsched.transport.dlcp.kernel import udp_socket_drops
-from commsched.transport.exchange import LinkExchange, Loss
+from commsched.transport.exchange import Loss
+from commsched.transport.link_exchange import LinkExchange
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,7 +63,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import torch
 
@@ -74,12 +73,10 @@ from commsched.transport.handles import Handle
 from commsched.transport.links import Link, Received, Transfer, TransferKey
 from commsched.transport.slices import owner_slices
 
-L = TypeVar("L", bound=Link)
-
 PUSH, PULL = 0, 1
 _PUSHING = ("push", "reduce_scatter", "all_reduce")
 _PULLING = ("pull", "all_gather", "all_reduce")
-__all__ = ["PULL", "PUSH", "LinkExchange", "Loss", "PsExchange", "owner_slices"]
+__all__ = ["PULL", "PUSH", "Loss", "PsExchange", "owner_slices"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,33 +367,6 @@ class PsExchange:
         if not self._closed:
             self._closed = True
             self._pool.shutdown(wait=True)
-
-
-class LinkExchange(Generic[L]):
-    """A transport made of a :class:`PsExchange` over a link it owns (``"ps"``, DLCP's, the tails harness's).
-
-    If the exchange cannot be built, the link is closed before the error
-    propagates; :meth:`close` lets started tasks finish, then closes the link.
-    """
-
-    __slots__ = ("exchange", "link")
-
-    def __init__(self, link: L, timeout_s: float, servers: tuple[int, ...] | None = None) -> None:
-        self.link = link
-        try:
-            self.exchange = PsExchange(link, timeout_s, servers=servers)
-        except BaseException:
-            link.close()
-            raise
-
-    def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
-        return self.exchange.start(task, buffer)
-
-    def close(self) -> None:
-        try:
-            self.exchange.close()
-        finally:
-            self.link.close()
 
 
 def _left(deadline: float, timeout_s: float) -> float:

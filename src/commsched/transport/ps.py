@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from commsched.transport.base import TransportOptions
-from commsched.transport.exchange import LinkExchange
+from commsched.transport.link_exchange import LinkExchange
 from commsched.transport.tcp import TcpLink
 
 
