@@ -66,7 +66,16 @@ from commsched.transport.links import COMPLETE, Received, TransferKey
 from commsched.transport.wire import default_bind_address
 
 log = logging.getLogger("commsched")
+#: The pacer's burst holds at least this many datagrams of the link's MTU (and at least RateParams' 8 KiB), so
+#: that a turn of the I/O loop can hand the kernel several datagrams in one GSO send: with 9000-byte frames an
+#: 8 KiB burst lets one go per turn and per system call. docs/dlcp.md ("The data path") has the measurements.
+BURST_DATAGRAMS = 4
 _warned_rcvbuf = False  # the kernel's cap is reported once per process
+
+
+def pacer_burst_bytes(mtu_bytes: int) -> float:
+    """The link's pacing burst for datagrams of ``mtu_bytes``: :data:`BURST_DATAGRAMS` of them, at least 8 KiB."""
+    return float(max(RateParams().burst_bytes, BURST_DATAGRAMS * mtu_bytes))
 
 
 class DlcpTransfer:
@@ -168,7 +177,7 @@ class DlcpLink:
             )  # fmt: skip
         # acknowledge about every 48 KiB, and let the window hold what a receiver holds unacknowledged
         ack_every = datagrams_per_ack(mtu_bytes)
-        rate = rate if rate is not None else RateParams(ack_slack=ack_every)
+        rate = rate if rate is not None else RateParams(ack_slack=ack_every, burst_bytes=pacer_burst_bytes(mtu_bytes))
         self._engine = Engine(
             rank, world, sockets, peers, key, self.stats, timeout_s=timeout_s, rate=rate, ack_every=ack_every,
             early_limit_bytes=early_limit_bytes, stale_steps=stale_steps, drop=drop, stop_at_count=stop_at_count,
