@@ -91,7 +91,11 @@ class DlcpTransfer:
         self.slot = slot
 
     def finish(self, result: Received = COMPLETE, error: str | None = None) -> None:
+        """End the transfer (the first call counts) and free its key for another post."""
+        if self._done.is_set():
+            return
         self._result, self._error = result, error
+        self._link._engine.release(self.slot)
         self._done.set()
 
     def is_completed(self) -> bool:
