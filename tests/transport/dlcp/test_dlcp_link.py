@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from commsched.errors import RuntimeCommError, UnsupportedError
-from commsched.transport.dlcp.link import DlcpLink
+from commsched.transport.dlcp.link import DlcpLink, _chunk_norms
 from commsched.transport.dlcp.sockets import LinkSockets
 from commsched.transport.dlcp.wire import packet_numel
 from commsched.transport.links import Link, Received, TransferKey
@@ -411,3 +411,27 @@ def test_a_transfer_cancelled_while_queued_writes_nothing_and_frees_its_claim(li
     links[0].send(1, K(0, 0, 0), data(5000))
     time.sleep(0.1)
     assert torch.isnan(out).all()
+
+
+@pytest.mark.parametrize("numel", [1, 2249, 2250, 2251, 10_000])
+def test_chunk_norms_match_the_norms_of_the_zero_padded_chunks(numel: int) -> None:
+    values = data(numel, seed=numel)
+    padded = torch.nn.functional.pad(values, (0, -numel % 2250)).view(-1, 2250)
+    assert torch.allclose(torch.from_numpy(_chunk_norms(values, 2250)), torch.linalg.vector_norm(padded, dim=1))
+    assert torch.allclose(torch.from_numpy(_chunk_norms(values.half(), 2250)),
+                          torch.linalg.vector_norm(padded.half().float(), dim=1), rtol=1e-3)  # fmt: skip
+
+
+def test_front_layer_sends_and_quantile_zero_skip_the_norms_every_packet_important(
+    links: list[DlcpLink], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[int] = []
+    monkeypatch.setattr("commsched.transport.dlcp.link._chunk_norms", lambda t, s: seen.append(t.numel()) or
+                        _chunk_norms(t, s))  # fmt: skip
+    for priority, key in ((0, 0), (3, 1)):
+        out = torch.empty(5000)
+        recv = links[1].recv(0, K(0, key, 0), out)
+        send = links[0].send(1, K(0, key, 0), data(5000), priority=priority)
+        assert recv.wait(5.0).lost == 0
+        send.wait(5.0)
+    assert seen == [5000]  # only the back layer's send classified its chunks

@@ -216,8 +216,8 @@ class DlcpLink:
         """Start sending ``data`` to ``peer``; the transfer completes when the receiver says STOP."""
         dtype, itemsize = self._check(peer, data, "send")
         stride = packet_numel(self.mtu_bytes, itemsize, self._ip_udp_bytes)
-        importance = None
-        if data.is_floating_point() and data.numel():
+        importance = None  # every packet important: the front layer classes, or a quantile of 0
+        if data.is_floating_point() and data.numel() and priority >= self.important_layer_classes and self.quantile:
             importance = classify(_chunk_norms(data, stride), priority, self.quantile,
                                   important_layer_classes=self.important_layer_classes)  # fmt: skip
         view = data.view(torch.uint8).numpy().data if data.numel() else memoryview(b"")
@@ -247,13 +247,16 @@ class DlcpLink:
 
 
 def _chunk_norms(data: torch.Tensor, stride: int) -> np.ndarray:
-    """The L2 norm of each packet's chunk of ``data`` (float32 arithmetic)."""
-    n = data.numel()
-    flat = data.detach().float()
-    pad = -n % stride
-    if pad:
-        flat = torch.nn.functional.pad(flat, (0, pad))
-    return torch.linalg.vector_norm(flat.view(-1, stride), dim=1).numpy()
+    """The L2 norm of each packet's chunk of ``data`` (float32 arithmetic), without copying a float32 ``data``."""
+    flat = data.detach().view(-1).float()
+    n = flat.numel()
+    full = n - n % stride
+    norms = torch.empty(-(-n // stride))
+    if full:
+        torch.linalg.vector_norm(flat[:full].view(-1, stride), dim=1, out=norms[: full // stride])
+    if full < n:
+        norms[-1] = torch.linalg.vector_norm(flat[full:])
+    return norms.numpy()
 
 
 def offload_report(sockets: LinkSockets) -> str:
