@@ -132,7 +132,12 @@ def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) 
 
 
 @pytest.mark.parametrize(
-    "runs", [("dlcp-train-lossless", "dlcp-train-loss1"), ("dlcp-train-lossless-rto", "dlcp-train-loss1-rto")]
+    "runs",
+    [
+        ("dlcp-train-lossless", "dlcp-train-loss1"),
+        ("dlcp-train-lossless-rto", "dlcp-train-loss1-rto"),
+        ("dlcp-train-lossless-cpu", "dlcp-train-loss1-cpu"),
+    ],
 )
 def test_the_dlcp_training_figures_are_recomputed_from_their_runs(
     script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], runs: tuple[str, str]
@@ -149,3 +154,13 @@ def test_the_dlcp_training_figures_are_recomputed_from_their_runs(
         (session,) = report["sessions"]
         assert "ps" in session["summary"] and "dlcp" in session["summary"]
         assert session["summary"]["dlcp"]["steps"] >= 200
+
+
+def test_the_dlcp_cpu_a_b_table_is_recomputed_from_its_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = sorted((ROOT / "benchmarks" / "results" / "dlcp-cpu-ab").glob("*.json"))
+    assert len(paths) == 10
+    script_loader("benchmarks/dlcp_cpu_ab.py").main([str(p) for p in paths])
+    for line in capsys.readouterr().out.splitlines():
+        assert line in DOCUMENT, line
