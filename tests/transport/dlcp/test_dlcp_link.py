@@ -371,40 +371,50 @@ def test_close_is_bounded_and_fails_what_is_pending() -> None:
             transfer.wait(1.0)
 
 
-def _hold(lock: threading.Lock, held: threading.Event, release: threading.Event, seen: list[bool]) -> None:
-    with lock:
-        held.set()
-        seen.append(release.wait(10.0))  # True: released by the poster, whose post returned while the lock was held
+class _HeldIoThread:
+    """Holds ``link``'s I/O thread (its lock) until :meth:`release`; :meth:`join` is True if the lock was still
+    held when released, so that what the test did before did not wait for the lock."""
+
+    def __init__(self, link: DlcpLink) -> None:
+        self._held, self._release, self._seen = threading.Event(), threading.Event(), list[bool]()
+        self._thread = threading.Thread(target=self._hold, args=(link._engine._lock,))
+        self._thread.start()
+        assert self._held.wait(5.0)
+
+    def _hold(self, lock: threading.Lock) -> None:
+        with lock:
+            self._held.set()
+            self._seen.append(self._release.wait(10.0))
+
+    def release(self, after_s: float = 0.0) -> None:
+        threading.Timer(after_s, self._release.set).start()
+
+    def join(self) -> bool:
+        self._thread.join(10.0)
+        return self._seen == [True]
 
 
 def test_a_post_does_not_wait_for_the_io_threads_lock(links: list[DlcpLink]) -> None:
-    held, posted, seen = threading.Event(), threading.Event(), []
-    holder = threading.Thread(target=_hold, args=(links[1]._engine._lock, held, posted, seen))
-    holder.start()
-    assert held.wait(5.0)
+    held = _HeldIoThread(links[1])
     out = torch.full((5000,), float("nan"))
     recv = links[1].recv(0, K(0, 0, 0), out)  # the I/O thread is held: the receive is only queued
     with pytest.raises(ValueError, match="already posted"):  # a second post of a queued key is refused at once
         links[1].recv(0, K(0, 0, 0), torch.empty(5000))
-    posted.set()
-    holder.join(10.0)
-    assert seen == [True]
+    held.release()
+    assert held.join()
     sent = data(5000)
     links[0].send(1, K(0, 0, 0), sent).wait(5.0)
     assert recv.wait(5.0).lost == 0 and torch.equal(out, sent)
 
 
 def test_a_transfer_cancelled_while_queued_writes_nothing_and_frees_its_claim(links: list[DlcpLink]) -> None:
-    held, release, seen = threading.Event(), threading.Event(), []
-    holder = threading.Thread(target=_hold, args=(links[1]._engine._lock, held, release, seen))
-    holder.start()
-    assert held.wait(5.0)
+    held = _HeldIoThread(links[1])
     out = torch.full((5000,), float("nan"))
     recv = links[1].recv(0, K(0, 0, 0), out)
-    threading.Timer(0.2, release.set).start()  # the lock comes free during the wait's cancel
+    held.release(after_s=0.2)  # the lock comes free during the wait's cancel
     with pytest.raises(RuntimeCommError, match="cancelled"):
         recv.wait(0.05)
-    holder.join(10.0)
+    assert held.join()
     # whichever took the lock first (the I/O thread registering the post, or the cancel), nothing stays posted
     assert eventually(lambda: not links[1]._engine._posted and not links[1]._engine.inbound.recvs)
     assert not links[1]._engine._claimed
