@@ -407,7 +407,7 @@ def test_a_post_does_not_wait_for_the_io_threads_lock(links: list[DlcpLink]) -> 
     assert recv.wait(5.0).lost == 0 and torch.equal(out, sent)
 
 
-def test_a_transfer_cancelled_while_queued_writes_nothing_and_frees_its_claim(links: list[DlcpLink]) -> None:
+def test_a_receive_cancelled_while_queued_ends_like_any_cancelled_receive(links: list[DlcpLink]) -> None:
     held = _HeldIoThread(links[1])
     out = torch.full((5000,), float("nan"))
     recv = links[1].recv(0, K(0, 0, 0), out)
@@ -415,12 +415,12 @@ def test_a_transfer_cancelled_while_queued_writes_nothing_and_frees_its_claim(li
     with pytest.raises(RuntimeCommError, match="cancelled"):
         recv.wait(0.05)
     assert held.join()
-    # whichever took the lock first (the I/O thread registering the post, or the cancel), nothing stays posted
-    assert eventually(lambda: not links[1]._engine._posted and not links[1]._engine.inbound.recvs)
-    assert not links[1]._engine._claimed
-    links[0].send(1, K(0, 0, 0), data(5000))
-    time.sleep(0.1)
+    # whichever took the lock first (the I/O thread or the cancel), the receive was registered and cancelled:
+    assert links[1].stats.records[-1].ended == "cancelled" and not links[1]._engine._posted
+    links[0].send(1, K(0, 0, 0), data(5000)).wait(5.0)  # its STOP ends the peer's send
     assert torch.isnan(out).all()
+    with pytest.raises(ValueError, match="already posted"):  # and its key counts as used
+        links[1].recv(0, K(0, 0, 0), torch.empty(5000))
 
 
 @pytest.mark.parametrize("numel", [1, 2249, 2250, 2251, 10_000])
@@ -445,3 +445,12 @@ def test_front_layer_sends_and_quantile_zero_skip_the_norms_every_packet_importa
         assert recv.wait(5.0).lost == 0
         send.wait(5.0)
     assert seen == [5000]  # only the back layer's send classified its chunks
+    every = pair(timeout_s=10.0, quantile=0.0)
+    try:
+        recv = every[1].recv(0, K(0, 0, 0), torch.empty(5000))
+        every[0].send(1, K(0, 0, 0), data(5000), priority=3).wait(5.0)
+        assert recv.wait(5.0).lost == 0
+    finally:
+        for link in every:
+            link.close()
+    assert seen == [5000]  # quantile 0: every packet important, no norms either

@@ -129,7 +129,8 @@ class Engine:
             self._claimed.add(claim)
         self._posted.append(slot)
         if self._closing:  # close() may have failed what was queued before this post: fail it here
-            self._fail_posted("the link is closed")
+            with self._lock:
+                self._fail_posted("the link is closed")
             return
         self._wake()
 
@@ -139,13 +140,18 @@ class Engine:
             self._claimed.discard((isinstance(slot, RecvSlot), slot.peer, slot.key))
 
     def cancel(self, slot: SendSlot | RecvSlot) -> None:
-        """End a transfer now (its waiter gave up): a receive sends STOP and writes nothing more."""
+        """End a transfer now (its waiter gave up): a receive sends STOP and writes nothing more.
+
+        A transfer still queued is registered first, so that it ends as any other: a receive's STOP ends the
+        peer's send, and its key counts as used."""
         with self._lock:
+            if self._posted and not self._closing:
+                self._register_posted(time.monotonic())
             if isinstance(slot, RecvSlot):
                 self.inbound.cancel(slot)
             else:
                 self.outbound.cancel(slot)
-            if slot.transfer is not None:  # still queued: the I/O thread will pass over it
+            if slot.transfer is not None:  # closing, or it had already ended: whichever came first counts
                 slot.transfer.finish(error="cancelled")
 
     def close(self, timeout_s: float) -> None:
@@ -164,6 +170,7 @@ class Engine:
         self.inbound.fail_all(error)
 
     def _fail_posted(self, error: str) -> None:
+        """Fail what is queued (under the lock, as every caller of ``finish`` but the waiter's own fallback)."""
         while self._posted:
             slot = self._posted.popleft()
             if slot.transfer is not None:

@@ -34,9 +34,10 @@ from commsched.transport.links import Received, TransferKey
 READS_PER_TURN = 256
 MAX_ENDED = 1 << 16
 PROBE_HOLD_S = 0.01  # the longest a probe waits for the datagrams sent before it
-#: What a kept early datagram costs beside its payload (the decoded fields, the views, the list entry: about
-#: 400 bytes in CPython 3.11), counted against ``early_limit_bytes`` so that tiny datagrams cannot flood memory.
-EARLY_ENTRY_BYTES = 512
+#: What a kept early datagram costs beside its payload, counted against ``early_limit_bytes`` so that tiny
+#: datagrams cannot flood memory: the decoded fields, the views, the list entry and, for the first of a key, the
+#: dict entry and the key (measured 626-926 bytes for a one-byte payload in CPython 3.11).
+EARLY_ENTRY_BYTES = 1024
 Slot = tuple[int, TransferKey]
 _DATA = int(Kind.DATA)
 
