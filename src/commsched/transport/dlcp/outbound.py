@@ -46,11 +46,6 @@ log = logging.getLogger("commsched")
 SENDS_PER_TURN = 256
 #: Bytes a datagram adds to its payload: DLCP's header and MAC (IP and UDP come on top).
 FRAMING_BYTES = HEADER.size + MAC_BYTES
-#: The least wait from a send's last datagram to its PROBE; the wait is ``max(PROBE_DELAY_S, 2·srtt)`` toward
-#: the peer (the packet-level simulator's rule): the STOP comes a round trip after the last datagram lands, and
-#: the datagrams ahead of it wait in the queues the smoothed round trip includes; a PROBE before that costs
-#: four messages for nothing.
-PROBE_DELAY_S = 0.002
 Slot = tuple[int, TransferKey]
 _RECENT = 4096  # finished sends remembered, to tell a control message's second copy from a stranger's
 
@@ -120,10 +115,6 @@ class Outbound:
 
     # ---- timers ----
 
-    def probe_delay_s(self, peer: int) -> float:
-        """How long after a send's last datagram to ``peer`` its PROBE waits (:data:`PROBE_DELAY_S`)."""
-        return max(PROBE_DELAY_S, 2 * self.rates[peer].srtt_s)
-
     def sleep_s(self, now: float) -> float:
         """How long until the pacer lets a pending send go (INF: none pending or every window full)."""
         return min([self.rates[s.peer].delay_s(now) for s in self.sends.values() if s.state.pending],
@@ -168,7 +159,6 @@ class Outbound:
     def _send_some(self, slot: SendSlot, rate: RateControl, now: float, limit: int) -> int:
         """Take up to ``limit`` packets of ``slot`` as the pacer allows, number them, send them; how many taken."""
         state, stats, drop = slot.state, self.stats, self._drop
-        state.probe_delay_s = self.probe_delay_s(slot.peer)
         itemsize = slot.itemsize
         numbered: list[tuple[int, Data]] = []
         acts: list[Action] = []
