@@ -110,7 +110,14 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
 
 
 @pytest.mark.parametrize(
-    "run", ["dlcp-tails-2s-mtu9000", "dlcp-tails-2s-mtu9000-ackrepeat", "dlcp-tails-2s-mtu9000-rto"]
+    "run",
+    [
+        "dlcp-tails-2s-mtu9000",
+        "dlcp-tails-2s-mtu9000-ackrepeat",
+        "dlcp-tails-2s-mtu9000-rto",
+        "dlcp-tails-2s-mtu9000-probe",
+        "dlcp-tails-2s-mtu9000-cpu",
+    ],
 )
 def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) -> None:
     from commsched.bench.tails import round_times, summarise

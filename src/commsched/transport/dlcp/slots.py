@@ -99,8 +99,8 @@ class SendSlot:
         self.dtype, self.stride, self.prio, self.importance = dtype, stride, min(max(prio, 0), 255), importance
         # PROBE the state machine's 2 ms after the last datagram, not the packet-level simulator's
         # max(floor, 2·srtt): the receiver holds a PROBE until the datagrams sent before it arrived
-        # (inbound.PROBE_HOLD_S), so an early one re-sends nothing for nothing, and on the testbed 2·srtt lengthened
-        # collective mode's round p99 at 1 % loss from 181 to 200 ms (BENCHMARKS.md, DLCP's tails)
+        # (inbound.PROBE_HOLD_S), so an early one re-sends nothing for nothing, and a reliable pull's lost datagram
+        # is asked for sooner (BENCHMARKS.md, "DLCP's tails again": the two delays measured alike)
         self.state = SenderState(numel, stride, importance)
         self.deadline_s = 0.0
         self.transfer: DlcpTransfer | None = None
