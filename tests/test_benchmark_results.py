@@ -117,6 +117,7 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
         "dlcp-tails-2s-mtu9000-rto",
         "dlcp-tails-2s-mtu9000-probe",
         "dlcp-tails-2s-mtu9000-cpu",
+        *(f"dlcp-tails-burst/{run}" for run in ("new-1", "new-2", "one-1", "one-2")),
     ],
 )
 def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) -> None:
