@@ -49,3 +49,29 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another_spray() -> No
 
     assert run(1) == run(1)
     assert run(1) != run(2)
+
+
+def test_packet_events_and_timers_run_in_one_time_then_scheduling_order() -> None:
+    # two heaps, one order: by time, and at equal times in the order they were scheduled, whichever heap
+    fab = fabric(2, PacketConfig())
+    ran: list[str] = []
+    events = [(3e-6, "p"), (1e-6, "t"), (1e-6, "p"), (2e-6, "t"), (1e-6, "t"), (3e-6, "t"), (2e-6, "p"), (5e-6, "p")]
+    for i, (time_s, kind) in enumerate(events):
+        schedule = fab.schedule if kind == "p" else fab.schedule_timer
+        schedule(time_s, ran.append, f"{kind}{i}")
+    assert fab.peek() == 1e-6
+    fab.run(until=3e-6)
+    expected = [f"{kind}{i}" for i, (_, kind) in sorted(enumerate(events), key=lambda e: (e[1][0], e[0]))]
+    assert ran == expected[:-1]  # the one at 5 µs is after `until`
+    assert fab.now == 3e-6 and fab.peek() == 5e-6
+    fab.run()
+    assert ran == expected and fab.peek() == float("inf")
+
+
+def test_a_timer_scheduled_while_running_runs_before_a_later_packet_event() -> None:
+    fab = fabric(2, PacketConfig())
+    ran: list[str] = []
+    fab.schedule(1e-6, lambda _: fab.schedule_timer(2e-6, ran.append, "timer"), None)
+    fab.schedule(3e-6, ran.append, "packet")
+    fab.run(stop=lambda: len(ran) == 1)
+    assert ran == ["timer"] and fab.now == 2e-6

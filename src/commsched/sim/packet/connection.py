@@ -86,7 +86,7 @@ class Connection:
         deadline = self.sender.timer_s
         if deadline < self._tx_timer:
             self._tx_timer = deadline
-            self.fabric.schedule(deadline, self._fire_tx, deadline)
+            self.fabric.schedule_timer(deadline, self._fire_tx, deadline)
 
     def _flush_rx(self) -> None:
         out = self._out
@@ -98,7 +98,7 @@ class Connection:
         deadline = self.receiver.timer_s
         if deadline < self._rx_timer:
             self._rx_timer = deadline
-            self.fabric.schedule(deadline, self._fire_rx, deadline)
+            self.fabric.schedule_timer(deadline, self._fire_rx, deadline)
 
     def _fire_tx(self, armed_s: float) -> None:
         if armed_s != self._tx_timer:

@@ -147,7 +147,7 @@ class ExtraTraffic:
             def start(_: None, conn: Connection = conn, flow: Flow = flow, done: Callable[[], None] = done) -> None:
                 conn.message(flow.nbytes, done)
 
-            fabric.schedule(flow.start_s, start, None)
+            fabric.schedule_timer(flow.start_s, start, None)
 
     # ---- outputs ----
 

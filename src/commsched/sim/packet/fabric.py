@@ -14,12 +14,22 @@ pFabric drops the least urgent packet in the buffer. Dequeue takes the
 first packet of the most urgent non-empty band (pFabric: the most urgent
 packet, or rather the oldest packet of its connection).
 
-The event loop is a heap of ``(time, sequence, callback, argument)``: every
-callback is a packet arriving at its next hop, a port finishing a
-transmission, or a timer. A port that finishes a packet with nothing queued
-schedules nothing (``busy_until`` tells the next arrival when it may start),
-which keeps idle ports free. Transports (:mod:`commsched.sim.packet.transport`)
-never see the clock except as an argument.
+The event loop runs ``(time, sequence, callback, argument)`` events in
+``(time, sequence)`` order: a packet arriving at its next hop, a port
+finishing a transmission, a timer, a flow's start. They wait in two heaps:
+packet events in one (:meth:`Fabric.schedule`), timers and starts in the
+other (:meth:`Fabric.schedule_timer`), and the loop takes the earlier of
+the two heads. The order is the one a single heap gives (one sequence
+counter numbers both), but a packet event no longer pays for the timers:
+every connection keeps a retransmission timer pending for as long as it
+lives, so at 144 hosts (41,184 connections) one heap held mostly timers, and
+popping a packet event sifted through them (``heappop`` took 46 % of the
+pure-Python run's samples of ``benchmarks/dlcp_simulation.py --hosts 144
+--skip-iterations``; docs/simulator.md has the numbers). A port that finishes a packet with
+nothing queued schedules nothing (``busy_until`` tells the next arrival
+when it may start), which keeps idle ports free. Transports
+(:mod:`commsched.sim.packet.transport`) never see the clock except as an
+argument.
 """
 
 from __future__ import annotations
@@ -305,7 +315,8 @@ class Fabric:
     def __init__(self, config: PacketConfig) -> None:
         self.config = config
         self.now = 0.0
-        self._heap: list[tuple[float, int, Callable[[Any], None], Any]] = []
+        self._heap: list[tuple[float, int, Callable[[Any], None], Any]] = []  # packet events
+        self._timers: list[tuple[float, int, Callable[[Any], None], Any]] = []  # timers, starts
         self._seq = 0
         self.processed = 0
         self.rng = random.Random(config.seed)
@@ -351,21 +362,50 @@ class Fabric:
     # ---- events ----
 
     def schedule(self, time_s: float, callback: Callable[[Any], None], arg: Any) -> None:
+        """Run ``callback(arg)`` at ``time_s``: a packet event (soon, and gone once it ran)."""
         self._seq += 1
         heapq.heappush(self._heap, (time_s, self._seq, callback, arg))
 
+    def schedule_timer(self, time_s: float, callback: Callable[[Any], None], arg: Any) -> None:
+        """The same for a timer or a flow's start: the events that wait long (kept apart from the packets')."""
+        self._seq += 1
+        heapq.heappush(self._timers, (time_s, self._seq, callback, arg))
+
     def peek(self) -> float:
-        return self._heap[0][0] if self._heap else float("inf")
+        """The time of the next event (INF: none)."""
+        heap, timers = self._heap, self._timers
+        if heap and timers:
+            return min(heap[0][0], timers[0][0])
+        if heap:
+            return heap[0][0]
+        return timers[0][0] if timers else float("inf")
 
     def run(self, until: float = float("inf"), stop: Callable[[], bool] | None = None) -> None:
-        """Run events with time ``<= until``; return early once ``stop()`` is true after an event."""
+        """Run events with time ``<= until`` in ``(time, sequence)`` order; return early once ``stop()`` is
+        true after an event."""
         heap = self._heap
+        timers = self._timers
         pop = heapq.heappop
-        while heap and heap[0][0] <= until:
-            time_s, _, callback, arg = pop(heap)
-            self.now = time_s
+        while True:
+            if heap:
+                first = heap[0]
+                source = heap
+                if timers:
+                    head = timers[0]
+                    if head[0] < first[0] or (head[0] == first[0] and head[1] < first[1]):
+                        first = head
+                        source = timers
+            elif timers:
+                first = timers[0]
+                source = timers
+            else:
+                return
+            if first[0] > until:
+                return
+            pop(source)
+            self.now = first[0]
             self.processed += 1
-            callback(arg)
+            first[2](first[3])
             if stop is not None and stop():
                 return
 

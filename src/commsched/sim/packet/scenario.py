@@ -64,7 +64,7 @@ def run_flows(fabric: Fabric, flows: list[Flow], config: PacketConfig) -> list[F
         def start(_: None, conn: Connection = conn, flow: Flow = flow, done: Callable[[], None] = done) -> None:
             conn.message(flow.nbytes, done, MessageSpec(flow.loss_bound, flow.cls))
 
-        fabric.schedule(flow.start_s, start, None)
+        fabric.schedule_timer(flow.start_s, start, None)
     fabric.run()
     out = []
     for flow, conn, end in zip(flows, conns, end_s, strict=True):
