@@ -56,6 +56,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -165,17 +167,54 @@ def fct_run(name: str, config: PacketConfig, args: argparse.Namespace) -> dict[s
     }
 
 
+class Progress:
+    """Every ``every_s`` of wall time, one line on stderr: simulated time against the background's window, events.
+
+    The iteration part runs for minutes to an hour at 144 hosts; this says it is moving, terminal or not."""
+
+    def __init__(self, label: str, window_s: float, every_s: float = 30.0) -> None:
+        self.label, self.window_s, self.every_s = label, window_s, every_s
+        self.fabric: Any = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._report, daemon=True)
+
+    def watch(self, network: Any) -> None:
+        self.fabric = network.fabric
+
+    def __enter__(self) -> Progress:
+        self._start = time.perf_counter()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _report(self) -> None:
+        while not self._stop.wait(self.every_s):
+            fabric = self.fabric
+            if fabric is None:
+                continue
+            wall = time.perf_counter() - self._start
+            events = fabric.processed
+            print(f"  {self.label}: {fabric.now * 1e3:.1f} of at most {self.window_s * 1e3:.0f} simulated ms, "
+                  f"{events / 1e6:.1f} M events, {wall:.0f} s ({events / wall / 1e6:.2f} M/s)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+
 def iteration_run(name: str, config: PacketConfig, args: argparse.Namespace, duration_s: float) -> dict[str, Any]:
     hosts = cluster(args.hosts, args.gbps, args.servers)
     workload = zoo.load(args.model)
     config = replace(config, background_load=args.load, background_duration_s=duration_s)
     start, cpu = time.perf_counter(), time.process_time()
-    if name == "dlcp":
-        mode = "collective" if args.servers == args.hosts else "ps"
-        run = simulate_packet(workload, hosts, "dlcp", config, args.iterations, 1, trace=False, mode=mode,
-                              loss_bound=args.loss_bound)  # fmt: skip
-    else:
-        run = simulate_packet(workload, hosts, "ps", config, args.iterations, 1, trace=False)
+    with Progress(f"iter {name}", duration_s, args.progress_s) as progress:
+        if name == "dlcp":
+            mode = "collective" if args.servers == args.hosts else "ps"
+            run = simulate_packet(workload, hosts, "dlcp", config, args.iterations, 1, trace=False, mode=mode,
+                                  loss_bound=args.loss_bound, on_network=progress.watch)  # fmt: skip
+        else:
+            run = simulate_packet(workload, hosts, "ps", config, args.iterations, 1, trace=False,
+                                  on_network=progress.watch)  # fmt: skip
     wall_s, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     net = run.network
     rows = net.flow_stats()  # the training job's connections
@@ -219,6 +258,7 @@ def main() -> None:
     parser.add_argument("--skip-iterations", action="store_true")
     parser.add_argument("--only", choices=TRANSPORTS, action="append", help="run only these transports")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--progress-s", type=float, default=30.0, help="iteration part: a progress line this often")
     args = parser.parse_args()
     args.servers = args.servers or args.hosts
     if args.servers not in (1, args.hosts) and not args.skip_iterations:

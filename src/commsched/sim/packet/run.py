@@ -9,7 +9,7 @@ the package.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ def simulate_packet(
     *,
     options: SimOptions | Mapping[str, Any] | None = None,
     trace: bool = True,
+    on_network: Callable[[PacketNetwork], None] | None = None,
     **knobs: Any,
 ) -> PacketRun:
     """``simulate(workload, cluster, policy, ...)`` on the packet network ``config`` describes.
@@ -55,7 +56,9 @@ def simulate_packet(
     Same plan, scheduler and measurements as :func:`commsched.sim.simulate`;
     ``options.network`` must be ``packet`` (the default here). Raises
     ScheduleError where ``simulate`` does, and for a config the cluster
-    cannot take (the ``ps`` algorithm without servers).
+    cannot take (the ``ps`` algorithm without servers). ``on_network`` is
+    called with the packet network once it is built, before it runs (for a
+    caller that reports progress from its ``fabric``: ``now``, ``processed``).
     """
     sim_options = SimOptions.from_mapping({"network": "packet", **_as_dict(options)})
     if sim_options.network != "packet":
@@ -65,6 +68,8 @@ def simulate_packet(
 
     def network(context: NetworkContext) -> PacketNetwork:
         made.append(packet_factory(config)(context))
+        if on_network is not None:
+            on_network(made[-1])
         return made[-1]
 
     result = simulate_plan(plan, cluster, iterations, warmup, options=sim_options, trace=trace, network=network)
