@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from commsched.sim.packet import PacketConfig, TcpParams
+from commsched.sim.packet.fabric import Packet
 from commsched.sim.packet.scenario import Flow, run_flows
 
 from packet_builders import fabric
@@ -75,3 +76,16 @@ def test_a_timer_scheduled_while_running_runs_before_a_later_packet_event() -> N
     fab.schedule(3e-6, ran.append, "packet")
     fab.run(stop=lambda: len(ran) == 1)
     assert ran == ["timer"] and fab.now == 2e-6
+
+
+def test_a_port_is_busy_for_its_merged_transmissions_within_a_window() -> None:
+    # two back-to-back packets make one period, a third after a gap another; the window clips both
+    fab = fabric(2, PacketConfig())
+    port = fab.hosts[0].nic
+    assert port is not None
+    for when, size in ((0.0, 1250), (1e-6, 1250), (5e-6, 2500)):  # 10 Gbit/s: 1 µs per 1250 bytes
+        fab.now = when
+        port._transmit(Packet(0, size, size, when), when)
+    assert list(port.busy_lo) == [0.0, 5e-6] and list(port.busy_hi) == pytest.approx([2e-6, 7e-6])
+    assert port.busy_within(1e-6, 6e-6) == pytest.approx(2e-6)
+    assert port.busy_within(0.0, 1.0) == pytest.approx(4e-6)
