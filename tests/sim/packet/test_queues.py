@@ -4,6 +4,7 @@ import random
 
 from commsched.sim.packet import PacketConfig, RedParams, TcpParams
 from commsched.sim.packet.fabric import Fabric, Packet
+from commsched.sim.packet.pfabric import COMPACT_SLACK, PfabricQueue
 from commsched.sim.packet.scenario import Flow, run_flows
 
 from packet_builders import fabric
@@ -80,3 +81,68 @@ def test_a_tcp_flow_recovers_from_drops_and_delivers_everything() -> None:
     results = run_flows(fab, [Flow(s, 4, 1_000_000) for s in range(4)], config)
     assert sum(r.drops for r in results) > 0 and sum(r.retransmits for r in results) > 0
     assert fab.injected_bytes == fab.delivered_bytes + fab.dropped_bytes
+
+
+class _ScanQueue:
+    """pFabric's rules by scanning a list per band (the port's old code): the reference for PfabricQueue."""
+
+    def __init__(self, bands: int) -> None:
+        self.bands: list[list[Packet]] = [[] for _ in range(bands)]
+
+    def push(self, pkt: Packet, band: int) -> None:
+        self.bands[band].append(pkt)
+
+    def pop(self) -> Packet | None:
+        for band in self.bands:
+            if band:
+                best = min(band, key=lambda q: q.prio)  # the first of the most urgent...
+                i = next(i for i, q in enumerate(band) if q.conn is best.conn)  # ...its connection's oldest
+                return band.pop(i)
+        return None
+
+    def least_urgent(self) -> Packet | None:
+        worst: tuple[float, int, int] | None = None
+        for b, band in enumerate(self.bands):
+            for i, q in enumerate(band):
+                if worst is None or q.prio >= worst[0]:
+                    worst = (q.prio, b, i)
+        return None if worst is None else self.bands[worst[1]][worst[2]]
+
+    def drop_least_urgent(self) -> Packet:
+        victim = self.least_urgent()
+        assert victim is not None
+        for band in self.bands:
+            if victim in band:
+                band.remove(victim)
+        return victim
+
+
+def test_the_pfabric_queue_decides_as_a_scan_of_every_queued_packet_would() -> None:
+    # random traffic with many equal priorities (ties), several connections and bands, drops and pops mixed
+    rng = random.Random(7)
+    conns = [_Sink() for _ in range(6)]
+    fast, scan = PfabricQueue(3), _ScanQueue(3)
+    qseq = 0
+    queued: list[Packet] = []
+    for _ in range(20_000):
+        action = rng.random()
+        if action < 0.5 or not queued:
+            pkt = Packet(0, 100, 100, 0.0, prio=float(rng.randrange(8)))
+            pkt.conn = rng.choice(conns)
+            band = rng.randrange(3)
+            qseq += 1
+            fast.push(pkt, band, qseq)
+            scan.push(pkt, band)
+            queued.append(pkt)
+        elif action < 0.85:
+            got = fast.pop()
+            assert got is scan.pop()
+            queued.remove(got)
+        else:
+            victim = fast.least_urgent()
+            assert victim is scan.least_urgent()
+            assert fast.drop_least_urgent() is victim and scan.drop_least_urgent() is victim
+            queued.remove(victim)
+        assert fast.count == len(queued) == sum(b.count for b in fast.bands)
+    # the heaps' stale entries stay bounded: rebuilt once they outnumber the packets
+    assert len(fast._least) <= 2 * fast.count + COMPACT_SLACK + 1

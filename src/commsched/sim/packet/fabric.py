@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from commsched.sim.packet.config import PacketConfig, RedParams
+from commsched.sim.packet.pfabric import PfabricQueue
 
 
 class Packet:
@@ -67,6 +68,7 @@ class Packet:
         "path",
         "payload_bytes",
         "prio",
+        "qseq",
         "route",
         "seq",
         "size_bytes",
@@ -109,6 +111,7 @@ class Packet:
         self.hop = 0
         self.path = -1
         self.info: Any = None
+        self.qseq = -1  # queued at a pFabric port under this number (-1: not)
 
 
 class Port:
@@ -138,7 +141,7 @@ class Port:
         "marks",
         "name",
         "pending",
-        "pfabric",
+        "pf",
         "prop_s",
         "queued_bytes",
         "rate_bytes_per_s",
@@ -167,7 +170,7 @@ class Port:
         self.bands: list[deque[Packet]] = [deque() for _ in range(classes)]
         self.acks: deque[Packet] | None = deque() if acks_first else None
         self.red = red
-        self.pfabric = pfabric
+        self.pf = PfabricQueue(classes) if pfabric else None  # then ``bands`` stays empty
         self._red_avg = 0.0
         self.queued_bytes = 0
         self.busy_until = 0.0
@@ -206,11 +209,16 @@ class Port:
             else:
                 self._drop(pkt)
                 return
-        if self.queued_bytes + size > self.buffer_bytes and (not self.pfabric or not self._pfabric_evict(pkt)):
+        pf = self.pf
+        if self.queued_bytes + size > self.buffer_bytes and (pf is None or not self._pfabric_evict(pf, pkt)):
             self._drop(pkt)
             return
         band = pkt.cls if pkt.cls < len(self.bands) else len(self.bands) - 1
-        self.bands[band].append(pkt)
+        if pf is None:
+            self.bands[band].append(pkt)
+        else:
+            fabric.qseq += 1
+            pf.push(pkt, band, fabric.qseq)
         self.queued_bytes += size
         if self.samples is not None:
             self.samples.append((now, self.queued_bytes))
@@ -234,20 +242,14 @@ class Port:
         pkt.conn.drops += 1
         self.fabric.dropped_bytes += pkt.size_bytes
 
-    def _pfabric_evict(self, pkt: Packet) -> bool:
+    def _pfabric_evict(self, pf: PfabricQueue, pkt: Packet) -> bool:
         """Make room for ``pkt`` by dropping less urgent packets; False if ``pkt`` is the least urgent."""
         need = self.queued_bytes + pkt.size_bytes - self.buffer_bytes
         while need > 0:
-            worst: tuple[float, int, int] | None = None
-            for b, band in enumerate(self.bands):
-                for i, q in enumerate(band):
-                    if worst is None or q.prio >= worst[0]:
-                        worst = (q.prio, b, i)
-            if worst is None or worst[0] <= pkt.prio:
+            victim = pf.least_urgent()
+            if victim is None or victim.prio <= pkt.prio:
                 return False
-            _, b, i = worst
-            victim = self.bands[b][i]
-            del self.bands[b][i]
+            pf.drop_least_urgent()
             self.queued_bytes -= victim.size_bytes
             need -= victim.size_bytes
             self._drop(victim)
@@ -256,15 +258,11 @@ class Port:
     def _dequeue(self) -> Packet | None:
         if self.acks:
             return self.acks.popleft()
+        if self.pf is not None:
+            return self.pf.pop()  # the most urgent connection's oldest packet (pfabric.py)
         for band in self.bands:
             if band:
-                if not self.pfabric:
-                    return band.popleft()
-                best = min(band, key=lambda q: q.prio)  # the most urgent packet...
-                for i, q in enumerate(band):  # ...but the oldest of its connection goes first (no reordering)
-                    if q.conn is best.conn:
-                        del band[i]
-                        return q
+                return band.popleft()
         return None
 
     def _tx_done(self, _: None) -> None:
@@ -337,6 +335,7 @@ class Fabric:
         self.injected_bytes = 0
         self.delivered_bytes = 0
         self.dropped_bytes = 0
+        self.qseq = 0  # numbers packets as pFabric ports queue them (unique across ports)
         self._spray = config.load_balancing == "spray"
 
     # ---- building ----
