@@ -17,6 +17,7 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.schedule import CommPlan, build_plan, scheduler_for
+from commsched.sim.collector import collector_paused
 from commsched.sim.compute import PROFILE, ComputeModel
 from commsched.sim.costs import CommModel
 from commsched.sim.network import NetworkFactory
@@ -78,7 +79,8 @@ def simulate_plan(
         network=network,
         batch_sizes=batch_sizes,
     )
-    sim.run()
+    with collector_paused():
+        sim.run()
     return sim.result(plan.knobs.to_dict(), time.perf_counter() - start)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from commsched.sim.collector import collector_paused
 from commsched.sim.packet.config import PacketConfig
 from commsched.sim.packet.connection import Connection
 from commsched.sim.packet.fabric import Fabric
@@ -65,7 +66,8 @@ def run_flows(fabric: Fabric, flows: list[Flow], config: PacketConfig) -> list[F
             conn.message(flow.nbytes, done, MessageSpec(flow.loss_bound, flow.cls))
 
         fabric.schedule_timer(flow.start_s, start, None)
-    fabric.run()
+    with collector_paused():
+        fabric.run()
     out = []
     for flow, conn, end in zip(flows, conns, end_s, strict=True):
         if end < 0:
