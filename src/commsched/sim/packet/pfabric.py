@@ -36,7 +36,7 @@ COMPACT_SLACK = 64
 
 
 class PfabricBand:
-    """One strict-priority band of a pFabric port: ``len()`` packets, most urgent connection's oldest first."""
+    """One strict-priority band of a pFabric port: ``count`` packets, the most urgent connection's oldest first."""
 
     __slots__ = ("_fifo", "_urgent", "count")
 
@@ -44,9 +44,6 @@ class PfabricBand:
         self._urgent: list[tuple[float, int, Packet]] = []  # (prio, qseq, packet): a min-heap
         self._fifo: dict[Any, deque[Packet]] = {}  # connection -> its packets here, oldest first
         self.count = 0
-
-    def __len__(self) -> int:
-        return self.count
 
     def push(self, pkt: Packet, qseq: int) -> None:
         pkt.qseq = qseq
