@@ -1,7 +1,7 @@
 """Which modules run compiled by mypyc, and whether they still match their sources.
 
 Two packages hold them: the packet-level network's core
-(:mod:`commsched.sim.packet`: ``pfabric`` (its switch queue), ``fabric``, ``transport``, ``newreno``,
+(:mod:`commsched.sim.packet`: ``pfabric`` (its switch queue), ``port``, ``fabric``, ``transport``, ``newreno``,
 ``variants``, ``registry``, ``connection`` and ``dlcp``, the driver of DLCP's
 state machines) and DLCP's clock-free state machines themselves
 (:mod:`commsched.transport.dlcp`: ``protocol`` and ``rate``), which the UDP
@@ -37,6 +37,7 @@ MODULES = (
     "commsched.transport.dlcp.protocol",
     "commsched.transport.dlcp.rate",
     "commsched.sim.packet.pfabric",
+    "commsched.sim.packet.port",
     "commsched.sim.packet.fabric",
     "commsched.sim.packet.transport",
     "commsched.sim.packet.newreno",

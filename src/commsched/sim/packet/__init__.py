@@ -20,8 +20,9 @@ COMPILED = _compiled.compiled() and not _STALE
 from commsched.sim.packet import dlcp as _dlcp  # noqa: E402, F401  (registers the "dlcp" transport)
 from commsched.sim.packet.config import PacketConfig, RedParams, TcpParams  # noqa: E402
 from commsched.sim.packet.connection import Connection  # noqa: E402
-from commsched.sim.packet.fabric import Fabric, Packet, Port  # noqa: E402
+from commsched.sim.packet.fabric import Fabric, Packet  # noqa: E402
 from commsched.sim.packet.model import PacketNetwork, packet_factory, packet_network  # noqa: E402
+from commsched.sim.packet.port import Port  # noqa: E402
 from commsched.sim.packet.registry import TRANSPORTS, register_transport  # noqa: E402
 from commsched.sim.packet.topology import build  # noqa: E402
 from commsched.sim.packet.transport import MessageSpec  # noqa: E402

@@ -63,7 +63,7 @@ from commsched.sim.engine import COMM
 from commsched.sim.packet.config import PacketConfig
 from commsched.sim.packet.connection import Connection
 from commsched.sim.packet.extra import ExtraTraffic
-from commsched.sim.packet.fabric import Port
+from commsched.sim.packet.port import Port
 from commsched.sim.packet.registry import TRANSPORTS
 from commsched.sim.packet.scenario import Flow
 from commsched.sim.packet.topology import build

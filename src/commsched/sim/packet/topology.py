@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from commsched.cluster import Cluster, Link
 from commsched.sim.packet.config import PacketConfig
-from commsched.sim.packet.fabric import Fabric, Port
+from commsched.sim.packet.fabric import Fabric
+from commsched.sim.packet.port import Port
 
 
 @dataclass(frozen=True)
