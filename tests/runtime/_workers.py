@@ -300,6 +300,41 @@ def task_overlap(rank: int, world: int, port: int, out: str, rounds: int) -> Non
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 
 
+def decisions_broken(rank: int, world: int, port: int, out: str, how: str) -> None:
+    """Rank 0 sends one message, then breaks the stream (``how``: "garbage", a frame of too many values, or
+    "close"); each follower reports the message and the error its next receive raised."""
+    import struct
+
+    from commsched.errors import RuntimeCommError
+    from commsched.runtime.decisions import FRAME, MAGIC, MAX_VALUES, DecisionChannel
+    from commsched.transport import TransportOptions
+
+    init(rank, world, port)
+    result: dict[str, Any] = {}
+    try:
+        channel = DecisionChannel(None, 20.0, TransportOptions(bind="127.0.0.1"))
+        if rank == 0:
+            channel.send([7, 8, 9])
+            if how == "close":
+                channel.close()
+            else:
+                bad = b"\xff" * FRAME.size if how == "garbage" else FRAME.pack(MAGIC, MAX_VALUES + 1)
+                for sock in channel.sockets:
+                    sock.sendall(bad + struct.pack("<q", 1))
+        else:
+            result["got"] = channel.receive()
+            try:
+                result["next"] = channel.receive()
+            except RuntimeCommError as exc:
+                result["raised"] = str(exc)
+        dist.barrier()
+        channel.close()
+    except Exception:
+        result["error"] = traceback.format_exc()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
 def decisions(rank: int, world: int, port: int, out: str, count: int) -> None:
     """The leader sends ``count`` messages of growing length; every follower reports what it received, in order,
     and whether its connections took the cluster timers."""
@@ -313,7 +348,7 @@ def decisions(rank: int, world: int, port: int, out: str, count: int) -> None:
     try:
         channel = DecisionChannel(None, 20.0, TransportOptions(bind="127.0.0.1"))
         floors = []
-        for sock in channel._link._sockets:  # read while every connection is open
+        for sock in channel.sockets:  # read while every connection is open
             with contextlib.suppress(OSError):
                 floors.append(sock.getsockopt(_socket.IPPROTO_TCP, tcp_options._TCP_RTO_MIN_US))
         result["floors"] = floors

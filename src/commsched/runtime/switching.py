@@ -220,6 +220,10 @@ class AutoPlanner:
 
         cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)
         per_task, per_mb = network.cpu_per_message_s * 1e3, network.cpu_s_per_byte * 2**20 * 1e3
+        log.info(
+            "commsched auto: measured α %.1f µs, %.0f Mbit/s; communication's CPU %.3f ms per task, %.3f ms per MiB",
+            network.latency_s * 1e6, network.bandwidth_bytes_per_s * 8 / 1e6, per_task, per_mb,
+        )  # fmt: skip
 
         def options_for(policy: str, knobs: Mapping[str, Any]) -> SimOptions:
             return gloo_options(workload, cluster, policy, cpu_per_task_ms=per_task, cpu_ms_per_mb=per_mb, **knobs)
