@@ -112,7 +112,8 @@ def test_auto_records_the_plans_its_trials_measured_and_the_one_it_kept(tmp_path
     assert all(t["mean_ms"] > 0 for t in trials), trials
     assert policy_class(first["policy"]).update_mode != policy_class(second["policy"]).update_mode
     assert [t["policy"] for t in warmup] in ([], ["no_overlap"]), trials
-    assert run["plan"]["policy"] == min(trials, key=lambda t: t["mean_ms"])["policy"]  # the fastest is kept
+    fastest = min(trials, key=lambda t: t["mean_ms"])
+    assert run["plan"] == {"policy": fastest["policy"], "knobs": fastest["knobs"]}  # the fastest is kept, knobs too
     assert report["sessions"][0]["summary"]["auto"]["max_param_diff"] < 1e-5
     assert _mine() == []
 

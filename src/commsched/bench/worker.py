@@ -52,6 +52,7 @@ from commsched.bench.job import Job, Progress
 from commsched.bench.threads import per_iteration_ms, thread_cpu_s
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
+from commsched.schedule import CommPlan
 from commsched.trace import Trace
 from commsched.transport import TransportOptions
 
@@ -222,7 +223,12 @@ def _policy(
     replanner = getattr(getattr(wrapped, "engine", None), "replanner", None)
     if replanner is not None and replanner.trials:  # rank 0's: the plans auto measured, in order
         chosen["trials"] = [
-            {"policy": policy, "mean_ms": None if t is None else t * 1e3} for _, policy, t in replanner.trials
+            {
+                "policy": policy,
+                "knobs": CommPlan.from_json(plan_json, "a trial's plan").knobs.to_dict(),
+                "mean_ms": None if t is None else t * 1e3,
+            }
+            for plan_json, policy, t in replanner.trials
         ]
     params = _flat_params(model)
     close = getattr(wrapped, "close", None)
