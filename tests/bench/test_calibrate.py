@@ -48,7 +48,7 @@ def test_every_policy_and_reference_is_predicted_by_the_simulator_with_the_calib
     out = predict_session(_session(measured), cal, ["torch_ddp", "dear"], {"dear": {"threshold_mb": 4.0}})
     rows = out["rows"]
     assert set(rows) == {"torch_ddp", "dear", YARDSTICK, "compute", "allreduce"}
-    w, cluster = cal.workload, cal.cluster
+    w, cluster = cal.workload, cal.fitted(400.0).cluster  # the bandwidth fitted to the reference all-reduce
     # torch_ddp is DDP's initial bucketing (find_unused_parameters=True), the yardstick the same with
     # 1 MiB buckets; knobs reach the policy
     initial = {"rebuilt": False}
@@ -61,14 +61,32 @@ def test_every_policy_and_reference_is_predicted_by_the_simulator_with_the_calib
     assert rows["dear"]["predicted_ms"] == dear4 != predict(w, cluster, ["dear"], update_ms=7.0)["dear"]
     assert rows["compute"]["predicted_ms"] == pytest.approx(w.forward_ms + w.backward_ms + 7.0)
     all_reduce_ms = ring_all_reduce_s(w.total_bytes, 4, ALPHA_S, 1 / BETA) * 1e3
-    assert rows["allreduce"]["predicted_ms"] == pytest.approx(all_reduce_ms)
+    assert rows["allreduce"]["predicted_ms"] == pytest.approx(all_reduce_ms)  # the probe's own prediction, a check
     for name, row in rows.items():
         assert row["measured_ms"] == measured[name]
         assert row["error_pct"] == pytest.approx((row["predicted_ms"] - measured[name]) / measured[name] * 100)
     # the summary error covers the policies only, not the references
     policy_errors = sorted(abs(rows[p]["error_pct"]) for p in ("torch_ddp", "dear"))
     assert out["median_abs_error_pct"] == pytest.approx(sum(policy_errors) / 2)
-    assert out["calibration"]["bandwidth_mbit_s"] == pytest.approx(300.0)
+    assert out["calibration"]["probe_bandwidth_mbit_s"] == pytest.approx(300.0)
+    assert out["calibration"]["bandwidth_mbit_s"] == pytest.approx(8 / cal.fitted(400.0).beta_s_per_byte / 1e6)
+
+
+def test_the_bandwidth_is_fitted_to_the_reference_all_reduce_and_alpha_kept() -> None:
+    cal = Calibration(_calibration_data(), "test")
+    nbytes, probe_ms = cal.workload.total_bytes, cal.probe_allreduce_ms()
+    assert probe_ms == pytest.approx(ring_all_reduce_s(nbytes, 4, ALPHA_S, 1 / BETA) * 1e3)
+    for measured_ms in (0.8 * probe_ms, probe_ms, 1.3 * probe_ms):
+        fitted = cal.fitted(measured_ms)
+        assert fitted.alpha_s == cal.alpha_s
+        simulated_ms = ring_all_reduce_s(nbytes, 4, fitted.alpha_s, 1 / fitted.beta_s_per_byte) * 1e3
+        assert simulated_ms == pytest.approx(measured_ms)
+        assert fitted.cluster.ring_bottleneck_gbps == pytest.approx(8 / fitted.beta_s_per_byte / 1e9)
+        assert fitted.probe_allreduce_ms() == pytest.approx(probe_ms)  # the probe's own fit is kept beside it
+    slower = cal.fitted(1.3 * probe_ms)
+    assert slower.beta_s_per_byte > cal.beta_s_per_byte == pytest.approx(BETA)  # a copy: the probe's is unchanged
+    # no reference, or one that α alone exceeds (6 ring steps of 300 µs): the probe's bandwidth
+    assert cal.fitted(None).beta_s_per_byte == cal.fitted(1.0).beta_s_per_byte == pytest.approx(BETA)
 
 
 def test_the_calibrated_cluster_reproduces_the_probed_all_reduce() -> None:
