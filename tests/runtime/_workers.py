@@ -335,6 +335,51 @@ def decisions_broken(rank: int, world: int, port: int, out: str, how: str) -> No
     dist.destroy_process_group()
 
 
+def decisions_strangers(rank: int, world: int, port: int, out: str) -> None:
+    """While the channel opens, two strangers reach the follower's listener before rank 0 does: one sends
+    junk, one stays silent; the follower rejects both and still takes rank 0's connection and orders."""
+    import socket as _socket
+    import time as _time
+
+    from commsched.runtime import decisions as D
+    from commsched.transport import TransportOptions
+
+    init(rank, world, port)
+    result: dict[str, Any] = {}
+    strangers: list[_socket.socket] = []
+    real_share = D.share_addresses
+
+    def share(*args: Any) -> Any:
+        key, infos = real_share(*args)
+        if rank == 1:  # before this rank accepts anything
+            for junk in (b"GET / HTTP/1.0\r\n\r\n" * 8, b""):
+                s = _socket.create_connection(tuple(infos[1][:2]))
+                if junk:
+                    s.sendall(junk)
+                strangers.append(s)
+        else:
+            _time.sleep(1.0)  # rank 0 dials after the strangers are queued
+        return key, infos
+
+    D.share_addresses = share  # type: ignore[assignment]
+    D.HANDSHAKE_S = 0.5
+    try:
+        channel = D.DecisionChannel(None, 20.0, TransportOptions(bind="127.0.0.1"))
+        if rank == 0:
+            channel.send([1, 2, 3])
+        else:
+            result["got"] = channel.receive()
+            result["rejected"] = channel.rejected
+        dist.barrier()
+        channel.close()
+    except Exception:
+        result["error"] = traceback.format_exc()
+    for s in strangers:
+        s.close()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
 def decisions(rank: int, world: int, port: int, out: str, count: int) -> None:
     """The leader sends ``count`` messages of growing length; every follower reports what it received, in order,
     and whether its connections took the cluster timers."""

@@ -42,3 +42,9 @@ def test_a_follower_raises_when_the_leaders_stream_breaks(tmp_path: Path, how: s
     follower = results[1]
     assert follower.get("got") == [7, 8, 9], follower
     assert "next" not in follower and says in follower.get("raised", ""), follower
+
+
+def test_strangers_at_the_followers_listener_are_rejected_and_rank_0_still_connects(tmp_path: Path) -> None:
+    results = spawn(W.decisions_strangers, 2, tmp_path, timeout_s=60)
+    assert "error" not in results[0], results[0]
+    assert results[1] == {"got": [1, 2, 3], "rejected": 2}, results[1]

@@ -52,6 +52,9 @@ FRAME = struct.Struct("<II")
 MAGIC = 0x43534431  # "CSD1"
 #: The most values one message may hold (8 MiB): a follower never buffers more.
 MAX_VALUES = 1 << 20
+#: The longest a follower waits for one connection's handshake while the channel opens (a silent stranger
+#: delays rank 0's connection this long at most, not the whole timeout).
+HANDSHAKE_S = 5.0
 
 
 class DecisionChannel:
@@ -102,7 +105,7 @@ class DecisionChannel:
                 sock, _ = listener.accept()
             except TimeoutError:
                 continue
-            if authenticate(sock, key, self._rank, world, self._timeout_s) == 0:
+            if authenticate(sock, key, self._rank, world, min(self._timeout_s, HANDSHAKE_S)) == 0:
                 return sock
             self.rejected += 1
             sock.close()
