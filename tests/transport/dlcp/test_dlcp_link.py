@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from commsched.errors import RuntimeCommError, UnsupportedError
-from commsched.transport.dlcp.link import DlcpLink, _chunk_norms
+from commsched.transport.dlcp import link as link_module
+from commsched.transport.dlcp.link import DlcpLink, _chunk_norms, small_mtu_warning
 from commsched.transport.dlcp.sockets import LinkSockets
 from commsched.transport.dlcp.wire import packet_numel
 from commsched.transport.links import Link, Received, TransferKey
@@ -454,3 +455,19 @@ def test_front_layer_sends_and_quantile_zero_skip_the_norms_every_packet_importa
         for link in every:
             link.close()
     assert seen == [5000]  # quantile 0: every packet important, no norms either
+
+
+def test_small_datagrams_are_warned_about_once_per_process(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below jumbo frames the data path's rate per core, not the link, bounds a transfer: the user is told
+    what to do (jumbo frames, or ps), once."""
+    said = small_mtu_warning(1500)
+    assert said is not None and "1500 bytes" in said and "mtu_bytes=9000" in said and "policy='ps'" in said
+    assert small_mtu_warning(9000) is None and small_mtu_warning(link_module.SMALL_MTU_BYTES) is None
+    monkeypatch.setattr(link_module, "_warned_small_mtu", False)
+    with caplog.at_level("WARNING", logger="commsched"):
+        made = pair(timeout_s=10.0) + pair(timeout_s=10.0)
+    for link in made:
+        link.close()
+    assert [r.getMessage() for r in caplog.records if "datagrams of 1500 bytes" in r.getMessage()] == [said]

@@ -71,6 +71,25 @@ log = logging.getLogger("commsched")
 #: 8 KiB burst lets one go per turn and per system call. docs/dlcp.md ("The data path") has the measurements.
 BURST_DATAGRAMS = 4
 _warned_rcvbuf = False  # the kernel's cap is reported once per process
+_warned_small_mtu = False  # and datagrams too small for the data path's rate
+#: Below this path MTU the data path's rate per core, not the link, bounds a transfer on links of a few hundred
+#: Mbit/s: about 15,000-18,000 datagrams per CPU second (BENCHMARKS.md, "DLCP's tails again"), so about 180-210
+#: Mbit/s of payload at 1500-byte frames, where resnet5m's training at 300 Mbit/s took 1.18 s per iteration
+#: against `ps`'s 0.71 (BENCHMARKS.md, "Every policy on today's code").
+SMALL_MTU_BYTES = 4000
+
+
+def small_mtu_warning(mtu_bytes: int) -> str | None:
+    """What a user of ``mtu_bytes``-byte datagrams should know about the data path's speed, or None."""
+    if mtu_bytes >= SMALL_MTU_BYTES:
+        return None
+    mbit = 16_500 * (mtu_bytes - 28) * 8 / 1e6
+    return (
+        f"dlcp: datagrams of {mtu_bytes} bytes: the data path moves about 15,000-18,000 datagrams per CPU second, "
+        f"about {mbit:.0f} Mbit/s of gradient per core at this size, so on faster links it, not the link, sets "
+        "the pace; give jumbo frames where the links carry them (TransportOptions(mtu_bytes=9000), "
+        "commsched bench --mtu 9000), or use policy='ps' (TCP)"
+    )
 
 
 def pacer_burst_bytes(mtu_bytes: int) -> float:
@@ -179,6 +198,11 @@ class DlcpLink:
                 "a receiver stall of 100 ms at 1.25 GB/s would lose datagrams (raise net.core.rmem_max)",
                 sockets.rcvbuf_granted_bytes, sockets.rcvbuf_requested_bytes, sockets.rmem_max_bytes,
             )  # fmt: skip
+        global _warned_small_mtu
+        small = small_mtu_warning(mtu_bytes)
+        if small is not None and not _warned_small_mtu:
+            _warned_small_mtu = True
+            log.warning(small)
         # acknowledge about every 48 KiB, and let the window hold what a receiver holds unacknowledged
         ack_every = datagrams_per_ack(mtu_bytes)
         rate = rate if rate is not None else RateParams(ack_slack=ack_every, burst_bytes=pacer_burst_bytes(mtu_bytes))
