@@ -7,8 +7,8 @@ almost nothing to free (a 16-host iteration run of
 same peak memory, 0.30 GB, with the collector off), but its full passes walk
 every live object, and at scale they dominated: ``perf`` on the 144-host
 DLCP iteration run found 64 % of its CPU in ``gc_collect_main`` and its
-visitors, 14 % of DCTCP's. The collector is restored, and then collects
-what cycles were left, when the simulation ends.
+visitors, 14 % of DCTCP's. The collector is re-enabled when the simulation
+ends, and its next pass frees what cycles were left.
 """
 
 from __future__ import annotations

@@ -105,12 +105,7 @@ class Port:
         size = pkt.size_bytes
         if pkt.is_ack and self.acks is not None:  # ahead of the data (a host's fq serves the sparse ACK flow first)
             self.acks.append(pkt)
-            self.queued_bytes += size
-            if self.samples is not None:
-                self.samples.append((now, self.queued_bytes))
-            if not self.pending:
-                self.pending = True
-                fabric.schedule(self.busy_until if self.busy_until > now else now, self._tx_done, None)
+            self._queued(size, now)
             return
         red = self.red
         if red is not None and self._red_hit(red, pkt):
@@ -131,12 +126,16 @@ class Port:
         else:
             fabric.qseq += 1
             pf.push(pkt, band, fabric.qseq)
+        self._queued(size, now)
+
+    def _queued(self, size: int, now: float) -> None:
+        """A packet of ``size`` bytes joined the queue: count it, sample, and make sure a transmission is due."""
         self.queued_bytes += size
         if self.samples is not None:
             self.samples.append((now, self.queued_bytes))
         if not self.pending:
             self.pending = True
-            fabric.schedule(self.busy_until if self.busy_until > now else now, self._tx_done, None)
+            self.fabric.schedule(self.busy_until if self.busy_until > now else now, self._tx_done, None)
 
     def _red_hit(self, red: RedParams, pkt: Packet) -> bool:
         q = self.queued_bytes
