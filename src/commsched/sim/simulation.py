@@ -70,7 +70,7 @@ from commsched.sim.network import NETWORK_MODELS, Collective, NetworkContext, Ne
 from commsched.sim.options import SimOptions
 from commsched.sim.pricing import price_tasks
 from commsched.sim.result import SimResult, measure
-from commsched.sim.timeline import GATE, STEP, Timeline, backward_spans, ready_batches
+from commsched.sim.timeline import GATE, STEP, Timeline, backward_spans, check_finished, ready_batches
 from commsched.trace import Trace, TraceEvent
 from commsched.workload import Workload
 
@@ -174,29 +174,7 @@ class Simulation:
         for tl in self.timelines:
             self.loop.schedule(0.0, self._begin_iteration, tl, 0)
         self.loop.run()
-        self._check_finished()
-
-    def _check_finished(self) -> None:
-        policy = self.plan.policy
-        for tl in self.timelines:
-            if not tl.finished:
-                what = tl.describe_block(self.workload, self.plan)
-                raise ScheduleError(
-                    f"{policy}: the simulation stalled: worker {tl.wc.rank} {what}; {tl.dispatcher.describe()}"
-                )
-        done = self.timelines[0].dispatcher.done_count
-        for task, count in enumerate(done):
-            if count < self.total:
-                name = self.plan.tasks[task].name
-                raise ScheduleError(
-                    f"{policy}: task {name!r} completed {count} time(s) in {self.total} iterations "
-                    "(never launched, or launched once too few)"
-                )
-        for tl in self.timelines:
-            d = tl.dispatcher
-            # Launches past the last iteration (from the trailing forward and flush) stay held.
-            if not d.scheduler_idle or any(inst < self.total for _, inst in d.held):
-                raise ScheduleError(f"{policy}: the simulation ended but {d.describe()}")
+        check_finished(self.timelines, self.workload, self.plan, self.total)
 
     # ---- the dispatcher's starts ----
 

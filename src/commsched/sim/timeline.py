@@ -3,7 +3,8 @@
 Workers with the same compute speed and batch size behave identically, so
 the simulation keeps one :class:`Timeline` per
 :class:`~commsched.sim.compute.WorkerClass`: where it is in the iteration,
-what it is blocked on, and the CPU work it owes its compute. The backward
+what it is blocked on, and the CPU work it owes its compute; at the end
+:func:`check_finished` says whether every timeline got through. The backward
 pass is laid out once per class from the compute model's timings
 (:func:`ready_batches`, :func:`backward_spans`); times are in seconds.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from commsched.errors import ScheduleError
 from commsched.schedule import CommPlan, Dispatcher
 from commsched.sim.compute import WorkerClass
 from commsched.workload import Workload
@@ -77,6 +79,29 @@ class Timeline:
             missing = [plan.tasks[t].name for t in range(len(plan.tasks)) if done[t] <= self.block_k]
             return f"waits at step {self.block_k} for task(s) {missing[:5]}"
         return "stopped"
+
+
+def check_finished(timelines: Sequence[Timeline], workload: Workload, plan: CommPlan, total: int) -> None:
+    """After the event loop ran dry: every class finished its ``total`` iterations, every task completed that
+    often and nothing is left held; else ScheduleError naming what stalled."""
+    policy = plan.policy
+    for tl in timelines:
+        if not tl.finished:
+            what = tl.describe_block(workload, plan)
+            raise ScheduleError(
+                f"{policy}: the simulation stalled: worker {tl.wc.rank} {what}; {tl.dispatcher.describe()}"
+            )
+    for task, count in enumerate(timelines[0].dispatcher.done_count):
+        if count < total:
+            raise ScheduleError(
+                f"{policy}: task {plan.tasks[task].name!r} completed {count} time(s) in {total} iterations "
+                "(never launched, or launched once too few)"
+            )
+    for tl in timelines:
+        d = tl.dispatcher
+        # Launches past the last iteration (from the trailing forward and flush) stay held.
+        if not d.scheduler_idle or any(inst < total for _, inst in d.held):
+            raise ScheduleError(f"{policy}: the simulation ended but {d.describe()}")
 
 
 def ready_batches(order: Sequence[int], grad_ready_s: Sequence[float]) -> list[tuple[float, int, int]]:
