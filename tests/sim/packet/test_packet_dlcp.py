@@ -19,6 +19,7 @@ from commsched.sim.packet.registry import TRANSPORTS, register_transport
 from commsched.sim.packet.scenario import Flow, run_flows
 from commsched.sim.packet.transport import MessageSpec
 from commsched.transport.dlcp import protocol, rate
+from commsched.transport.dlcp import sender as sender_module
 from commsched.transport.dlcp.protocol import LAYER_DSCP, tos_byte
 
 from packet_builders import fabric
@@ -45,7 +46,7 @@ def test_the_simulator_drives_the_links_own_state_machines() -> None:
     out: list[Packet] = []
     sender.push(100_000, 0.0, out)
     [transfer] = sender.transfers  # type: ignore[attr-defined]
-    assert type(transfer.send) is protocol.SenderState and type(transfer.recv) is protocol.ReceiverState
+    assert type(transfer.send) is sender_module.SenderState and type(transfer.recv) is protocol.ReceiverState
 
 
 def test_zero_loss_bound_is_exact_and_needs_no_stop_before_every_element() -> None:

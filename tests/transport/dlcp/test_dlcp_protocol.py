@@ -22,12 +22,12 @@ from commsched.transport.dlcp.protocol import (
     PeerFeedback,
     Probe,
     ReceiverState,
-    SenderState,
     Stop,
     allowed_missing,
     classify,
     tos_byte,
 )
+from commsched.transport.dlcp.sender import SenderState
 from commsched.transport.dlcp.wire import NO_ECHO, NO_SAMPLE
 
 

@@ -4,7 +4,7 @@ The ``dlcp`` transport (:data:`~commsched.sim.packet.registry.TRANSPORTS`)
 is a :class:`DlcpSender` and a :class:`DlcpReceiver` per ordered pair of
 hosts, and they hold exactly what the UDP link's I/O thread holds
 (:mod:`commsched.transport.dlcp.engine`): per message a
-:class:`~commsched.transport.dlcp.protocol.SenderState` and a
+:class:`~commsched.transport.dlcp.sender.SenderState` and a
 :class:`~commsched.transport.dlcp.protocol.ReceiverState` (bounded-loss
 completion, by the link's rule or, with ``dlcp.stop_at_count``, MLT's: STOP
 at ``1 − loss_bound``; PROBE, BITMAP, selective re-send),
@@ -67,13 +67,13 @@ from commsched.transport.dlcp.protocol import (
     PeerFeedback,
     Probe,
     ReceiverState,
-    SenderState,
     Stop,
     classify,
     datagrams_per_ack,
     tos_byte,
 )
 from commsched.transport.dlcp.rate import RateControl, RateParams
+from commsched.transport.dlcp.sender import SenderState
 from commsched.transport.dlcp.wire import ACK, HEADER, HOLE, IPV4_UDP_BYTES, MAC_BYTES, packet_numel
 
 INF = math.inf

@@ -9,8 +9,9 @@ in any order and sprayed over every path; important ones (large chunks,
 urgent layers) go first, ECN-capable, at a higher DSCP class.
 
 - :mod:`~commsched.transport.dlcp.wire`: the datagram format and its checks.
-- :mod:`~commsched.transport.dlcp.protocol`: the clock-free sender and
-  receiver state machines, importance and TOS marking (what the packet-level
+- :mod:`~commsched.transport.dlcp.protocol` and
+  :mod:`~commsched.transport.dlcp.sender`: the clock-free receiver and
+  sender state machines, importance and TOS marking (what the packet-level
   simulator drives too).
 - :mod:`~commsched.transport.dlcp.rate`: the sender's ECN/loss rate control.
 - :mod:`~commsched.transport.dlcp.link`: :class:`DlcpLink`, the
@@ -25,24 +26,25 @@ from typing import TYPE_CHECKING
 from commsched import _compiled
 from commsched._lazy import lazy_getattr
 
-_compiled.use_sources_if_stale()  # ``protocol`` and ``rate`` may run compiled: from source if out of date
+_compiled.use_sources_if_stale()  # the state machines may run compiled: from source if out of date
 
 if TYPE_CHECKING:
     from commsched.transport.dlcp.link import DlcpLink, DlcpTransfer, open_dlcp_link
-    from commsched.transport.dlcp.protocol import ReceiverState, SenderState, classify, tos_byte
+    from commsched.transport.dlcp.protocol import ReceiverState, classify, tos_byte
     from commsched.transport.dlcp.rate import RateControl, RateParams
+    from commsched.transport.dlcp.sender import SenderState
     from commsched.transport.dlcp.slots import LinkStats, TransferRecord
     from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
     from commsched.transport.dlcp.wire import Codec, Datagram, Kind
 
-#: Where each public name lives, imported on first use (PEP 562): ``protocol`` and ``rate`` need
-#: neither torch nor sockets, and the packet-level simulator imports them alone.
+#: Where each public name lives, imported on first use (PEP 562): the state machines (``protocol``,
+#: ``sender``, ``rate``) need neither torch nor sockets, and the packet-level simulator imports them alone.
 _HOMES = {
     "DlcpLink": "link",
     "DlcpTransfer": "link",
     "open_dlcp_link": "link",
     "ReceiverState": "protocol",
-    "SenderState": "protocol",
+    "SenderState": "sender",
     "classify": "protocol",
     "tos_byte": "protocol",
     "RateControl": "rate",

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from commsched.transport.dlcp.protocol import ReceiverState, SenderState
+from commsched.transport.dlcp.protocol import ReceiverState
+from commsched.transport.dlcp.sender import SenderState
 from commsched.transport.links import TransferKey
 
 if TYPE_CHECKING:
