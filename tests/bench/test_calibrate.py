@@ -48,7 +48,8 @@ def test_every_policy_and_reference_is_predicted_by_the_simulator_with_the_calib
     out = predict_session(_session(measured), cal, ["torch_ddp", "dear"], {"dear": {"threshold_mb": 4.0}})
     rows = out["rows"]
     assert set(rows) == {"torch_ddp", "dear", YARDSTICK, "compute", "allreduce"}
-    w, cluster = cal.workload, cal.fitted(400.0).cluster  # the bandwidth fitted to the reference all-reduce
+    fitted = cal.fitted(400.0, 500.0)  # the bandwidth and the compute fitted to the references
+    w, cluster = fitted.workload, fitted.cluster
     # torch_ddp is DDP's initial bucketing (find_unused_parameters=True), the yardstick the same with
     # 1 MiB buckets; knobs reach the policy
     initial = {"rebuilt": False}
@@ -59,7 +60,8 @@ def test_every_policy_and_reference_is_predicted_by_the_simulator_with_the_calib
     assert rows[YARDSTICK]["predicted_ms"] == one_mib != rows["torch_ddp"]["predicted_ms"]
     dear4 = predict(w, cluster, ["dear"], knobs={"dear": {"threshold_mb": 4.0}}, update_ms=7.0)["dear"]
     assert rows["dear"]["predicted_ms"] == dear4 != predict(w, cluster, ["dear"], update_ms=7.0)["dear"]
-    assert rows["compute"]["predicted_ms"] == pytest.approx(w.forward_ms + w.backward_ms + 7.0)
+    profiled = cal.workload.forward_ms + cal.workload.backward_ms
+    assert rows["compute"]["predicted_ms"] == pytest.approx(profiled + 7.0)  # the profile's own prediction, a check
     all_reduce_ms = ring_all_reduce_s(w.total_bytes, 4, ALPHA_S, 1 / BETA) * 1e3
     assert rows["allreduce"]["predicted_ms"] == pytest.approx(all_reduce_ms)  # the probe's own prediction, a check
     for name, row in rows.items():
@@ -87,6 +89,27 @@ def test_the_bandwidth_is_fitted_to_the_reference_all_reduce_and_alpha_kept() ->
     assert slower.beta_s_per_byte > cal.beta_s_per_byte == pytest.approx(BETA)  # a copy: the probe's is unchanged
     # no reference, or one that α alone exceeds (6 ring steps of 300 µs): the probe's bandwidth
     assert cal.fitted(None).beta_s_per_byte == cal.fitted(1.0).beta_s_per_byte == pytest.approx(BETA)
+
+
+def test_the_compute_is_scaled_to_the_lock_step_reference_and_the_update_kept() -> None:
+    cal = Calibration(_calibration_data(), "test")
+    profiled = cal.workload.forward_ms + cal.workload.backward_ms
+    for measured_ms in (0.7 * profiled, profiled + 7.0, 1.4 * profiled):
+        fitted = cal.fitted(None, measured_ms)
+        w = fitted.workload
+        assert w.forward_ms + w.backward_ms + fitted.update_ms == pytest.approx(measured_ms)
+        assert fitted.update_ms == cal.update_ms == 7.0
+        assert fitted.compute_factor == pytest.approx((measured_ms - 7.0) / profiled)
+        # one factor for every layer: the profile's shape is kept
+        for mine, theirs in zip(w.layers, cal.workload.layers, strict=True):
+            assert mine.forward_ms == pytest.approx(theirs.forward_ms * fitted.compute_factor)
+            assert mine.backward_ms == pytest.approx(theirs.backward_ms * fitted.compute_factor)
+        assert fitted.summary()["compute_factor"] == fitted.compute_factor
+        assert fitted.summary()["profile_backward_ms"] == pytest.approx(cal.workload.backward_ms)
+    assert cal.compute_factor == 1.0 and cal.workload.forward_ms + cal.workload.backward_ms == profiled  # a copy
+    # no reference, or one the update alone exceeds: the profile as it is
+    for reference in (None, 5.0):
+        assert cal.fitted(None, reference).workload is cal.workload
 
 
 def test_the_calibrated_cluster_reproduces_the_probed_all_reduce() -> None:

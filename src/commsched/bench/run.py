@@ -221,9 +221,9 @@ def run_bench(
             _add_ratios(session, report.get("compute_alone"))
             if calibration is not None:
                 session["validation"] = predict_session(session, calibration, list(config.policies), knobs)
-                reference = session["summary"].get("allreduce", {}).get("median_ms")
-                # the inputs as validated: the bandwidth fitted to the session's reference all-reduce
-                save_inputs(calibration.fitted(reference), out_dir / f"calibration-{_slug(shape.label)}")
+                # the inputs as validated: bandwidth and compute fitted to the session's references
+                references = (session["summary"].get(ref, {}).get("median_ms") for ref in ("allreduce", "compute"))
+                save_inputs(calibration.fitted(*references), out_dir / f"calibration-{_slug(shape.label)}")
             session["traces"] = merge_traces(
                 session_dir, out_dir, shape.label, config.workers, {"model": config.model, "batch": config.batch}
             )
