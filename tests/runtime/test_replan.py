@@ -51,17 +51,16 @@ def test_the_fastest_trial_is_kept_unless_it_is_slower_than_the_warm_up_by_the_m
     assert choose([None, None], 0.1, TRIAL_MARGIN) == 1  # nothing measured: stay
 
 
-def test_the_trials_means_to_the_end_of_their_flush_choose_the_plan_and_the_others_are_left_out() -> None:
+def test_the_trials_means_choose_the_plan_and_the_others_are_left_out() -> None:
     from commsched.runtime.replan import Replanner
 
     r = Replanner(DriftPolicy(), world=2, measures=True)
-    # a steady plan over iterations 3-6, iteration 6 timed to its flush at 10.410 s
+    # a steady plan over iterations 3-6, iteration 6's step ending at 10.410 s
     r.periods = {1: 0.105, 3: 0.104, 4: 0.106, 5: 0.102}
     r._last_start = (6, 10.300)
     first = r.trial_mean(3, 10.410)
     assert first == pytest.approx((0.104 + 0.106 + 0.102 + 0.110) / 4)
-    # then one alternating fast and slow, whose deferred work makes its flush long: its median of the
-    # whole iterations (0.095) is below the first's, its mean to the end of the flush is not
+    # then one alternating fast and slow: its median (0.095) is below the first's, its mean is not
     r.periods.update({8: 0.090, 9: 0.150, 10: 0.095})
     r._last_start = (11, 20.000)
     second = r.trial_mean(8, 20.150)
@@ -72,6 +71,33 @@ def test_the_trials_means_to_the_end_of_their_flush_choose_the_plan_and_the_othe
     r.trials = [("plan-a", "ddp", first), ("plan-b", "dear", second)]
     assert r.after_trials(1, "warm-up") == ("plan-a", False)
     assert r.tried == {"dear"}  # the kept policy stays eligible when the plan is made again
+
+
+def test_a_trial_is_timed_to_its_last_step_and_the_flush_of_what_it_deferred_is_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from commsched.runtime import switching
+    from commsched.runtime.replan import Replanner
+
+    clock = [10.400]
+    monkeypatch.setattr(switching.time, "perf_counter", lambda: clock[0])
+
+    class Engine:
+        rank, flushed = 0, False
+
+        def flush(self) -> None:  # the deferred all-reduce still in flight: half a second, unoverlapped
+            self.flushed = True
+            clock[0] += 0.5
+
+    r = Replanner(DriftPolicy(), world=2, measures=True)
+    r.periods = {3: 0.100, 4: 0.100, 5: 0.100}
+    r._last_start = (6, 10.300)
+    engine = Engine()
+    mean_s, end = switching.trial_mean_then_flush(engine, r, 3)  # type: ignore[arg-type]
+    assert engine.flushed and end == 10.400 and clock[0] == pytest.approx(10.900)
+    assert mean_s == pytest.approx(0.100)  # not (0.3 + 0.6) / 4: the flush is no iteration's time
+    engine.rank = 1
+    assert switching.trial_mean_then_flush(engine, r, 3)[0] is None  # only rank 0 measures
 
 
 def test_one_fast_warm_up_iteration_gets_the_warm_ups_plan_measured_like_the_trials_not_kept_outright() -> None:

@@ -92,8 +92,8 @@ class DriftMonitor:
         return compute_factor, bandwidth_factor
 
 
-#: Iterations a plan runs in its trial after the one it is switched in at; their mean decides, the last
-#: timed to the end of a flush of the work it deferred (:meth:`Replanner.trial_mean`).
+#: Iterations a plan runs in its trial after the one it is switched in at; their mean decides, each
+#: from its start to the next (the last to the end of its step: :meth:`Replanner.trial_mean`).
 TRIAL_ITERATIONS = 4
 #: The warm-up's plan is measured as a trial of its own only when the fastest trial is slower than the last
 #: warm-up iteration by more than this (relative).
@@ -179,12 +179,11 @@ class Replanner:
 
         The mean, not the median: training time is the sum of the iterations, and a plan whose
         iterations alternate between fast and slow (DeAR's, whose all-gathers land in the next
-        forward) has a median below its mean. And up to ``now``, which the caller takes after flushing
-        what the trial deferred: a plan that defers work (updates, all-gathers) pushes part of its last
-        iterations' work past any window that ends with an iteration, and more of it the further it
-        looks ahead. In the two unshaped runs of ten repeats (benchmarks/results/auto-unshaped-10*), the
-        median of three iterations kept DeAR (lookahead 14-15) in four repeats where it then ran
-        1.07-1.26x the runtime's ``ddp`` of the same repeat.
+        forward) has a median below its mean: in the two unshaped runs of ten repeats
+        (benchmarks/results/auto-unshaped-10*), the median of three iterations kept DeAR (lookahead
+        14-15) in four repeats where it then ran 1.07-1.26x the runtime's ``ddp`` of the same
+        repeat. The caller takes ``now`` at the end of the last step, before any flush
+        (:func:`~commsched.runtime.switching.trial_mean_then_flush` says why).
         """
         if self._last_start is None or (first not in self.periods and first != self._last_start[0]):
             return None

@@ -87,12 +87,11 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
     the last trial (the fastest measured), or nothing (stay)."""
     first, _ = engine._trial or (0, 0)
     engine._trial = None
-    engine.flush()  # every rank: the work the trial deferred is done inside its measurement
-    start = time.perf_counter()
+    mean_s, start = trial_mean_then_flush(engine, replanner, first)
     payload: list[Any] = [None, False]
     if engine.rank == 0:
         current = engine.plan.to_json(indent=None)
-        replanner.trials.append((current, engine.plan.policy, replanner.trial_mean(first, start)))
+        replanner.trials.append((current, engine.plan.policy, mean_s))
         assert engine._plan_inputs is not None
         workload, network = engine._plan_inputs
         runner_up = None
@@ -113,9 +112,26 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
     if payload[0] is not None:
         engine.replans += 1
         engine.use_plan(CommPlan.from_json(payload[0], "the plan the trials chose"))
-        replanner.exclude(time.perf_counter() - start)
-        if payload[1]:
-            start_trial(engine)
+    replanner.exclude(time.perf_counter() - start)  # the flush and the decision are no plan's time
+    if payload[0] is not None and payload[1]:
+        start_trial(engine)
+
+
+def trial_mean_then_flush(engine: Engine, replanner: Replanner, first: int) -> tuple[float | None, float]:
+    """The trial's mean seconds per iteration (rank 0; None elsewhere), timed to the end of its last
+    step, then every rank's flush of what the trial deferred; with the time the trial ended.
+
+    The flush is left out of the measurement: in a steady run the work a plan defers past a step
+    overlaps the next iteration, and the trial's first iteration inherited the same from the
+    switch iteration before it. Counted (as it once was), it charged a plan that defers work
+    with the deferred work's whole time once per trial, unoverlapped: at 300 Mbit/s, 460-590 ms
+    on ByteScheduler's last trial iteration, whose trials read 771-829 ms per iteration where the
+    plan ran 678-688 ms on its own (BENCHMARKS.md, "auto's trials without the flush").
+    """
+    end = time.perf_counter()
+    mean_s = replanner.trial_mean(first, end) if engine.rank == 0 else None
+    engine.flush()  # every rank: the next plan starts with nothing pending
+    return mean_s, end
 
 
 def check_drift(engine: Engine, replanner: Replanner) -> None:
