@@ -112,6 +112,39 @@ def test_the_compute_is_scaled_to_the_lock_step_reference_and_the_update_kept() 
         assert cal.fitted(None, reference).workload is cal.workload
 
 
+def test_the_overlap_rounds_give_the_calibrated_devices_their_overlap_costs_and_slow_the_predictions() -> None:
+    from dataclasses import asdict
+
+    from commsched.bench.overlap import OverlapTimes
+    from commsched.bench.task_overlap import TaskOverlap
+
+    spread = (-2.0, 0.0, 1.0, -1.0, 3.0)  # the medians are the values
+
+    def layout(beside: float, tasks: int, mib: float) -> dict[str, Any]:
+        times = (tuple(500.0 + d for d in spread), tuple(beside + d for d in spread), (tasks,) * 5, (mib,) * 5)
+        return asdict(TaskOverlap(*times))
+
+    plain = Calibration(_calibration_data(), "test")
+    assert plain.overlap == {} and plain.cluster.worker_overlap_ms_per_mb() == (None,) * 4  # nothing timed
+    data = _calibration_data()
+    # backward 800 -> 900 ms beside an all-reduce of 20 MiB that took 300 ms beside it and 200 alone
+    data["overlap"] = asdict(OverlapTimes(20 * 2**20, *(tuple(v + d for d in spread) for v in (800, 900, 300, 200))))
+    # the runtime's tasks in two layouts: 6 tasks and 20 MiB grew the backward 170 ms; 1 task and 15 MiB, 110
+    data["task_overlap"], data["task_overlap_large"] = layout(670.0, 6, 20.0), layout(610.0, 1, 15.0)
+    cal = Calibration(data, "test")
+    assert cal.overlap["overlap_ms_per_task"] == pytest.approx(5.0)
+    assert cal.overlap["overlap_ms_per_mb"] == pytest.approx(7.0)
+    assert cal.overlap["overlap_comm_rate"] == pytest.approx(200.0 / 300.0)
+    cluster = cal.fitted(400.0, 500.0).cluster
+    assert cluster.worker_overlap_ms_per_mb() == pytest.approx((7.0,) * 4)
+    assert cluster.worker_overlap_ms_per_task() == pytest.approx((5.0,) * 4)
+    assert cal.summary()["overlap_ms_per_mb"] == pytest.approx(7.0)
+    session = _session({"ddp": 900.0, "compute": 500.0, "allreduce": 400.0})
+    with_overlap = predict_session(session, cal, ["ddp"], {})["rows"]["ddp"]["predicted_ms"]
+    without = predict_session(session, plain, ["ddp"], {})["rows"]["ddp"]["predicted_ms"]
+    assert with_overlap > without  # the backward pays for what it overlaps
+
+
 def test_the_calibrated_cluster_reproduces_the_probed_all_reduce() -> None:
     cal = Calibration(_calibration_data(), "test")
     cluster = cal.cluster

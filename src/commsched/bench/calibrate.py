@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import Any
 
 from commsched.bench.baselines import DDP_GRID, TORCH_DDP
+from commsched.bench.hetero_spec import overlap_fields
 from commsched.bench.validate import predict
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
@@ -110,6 +111,9 @@ class Calibration:
         self.update_ms = float(data["update_ms"])
         #: the CPU work of one all-reduce (None in reports saved before the probe recorded it)
         self.cpu = fit_cpu(self.samples, "all_reduce")
+        #: what communicating beside compute costs the device (:mod:`commsched.bench.overlap`): the cluster's
+        #: ``overlap_ms_per_mb``, ``overlap_ms_per_task``, ``overlap_comm_rate`` (none where not timed)
+        self.overlap = overlap_fields([data], source, self.cpu, [1.0])[0]
 
         #: the probe's own β (``beta_s_per_byte`` is fitted to the reference all-reduce by :meth:`fitted`)
         self.probe_beta_s_per_byte = self.beta_s_per_byte
@@ -119,7 +123,9 @@ class Calibration:
 
     @property
     def cluster(self) -> Cluster:
-        return measured_cluster(self.alpha_s, self.beta_s_per_byte, self.world_size, name="testbed (measured)")
+        return measured_cluster(
+            self.alpha_s, self.beta_s_per_byte, self.world_size, name="testbed (measured)", device_fields=self.overlap
+        )
 
     def probe_allreduce_ms(self) -> float:
         """The probe's α-β prediction of one ring all-reduce of every gradient."""
@@ -166,6 +172,7 @@ class Calibration:
             "update_ms": self.update_ms,
             "comm_cpu_per_task_ms": self.cpu.per_op_ms if self.cpu is not None else None,
             "comm_cpu_ms_per_mb": self.cpu.ms_per_mb if self.cpu is not None else None,
+            **self.overlap,
         }
 
 

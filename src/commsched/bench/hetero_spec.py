@@ -240,20 +240,12 @@ def measured_spec(
     nodes = []
     cpu = fit_cpu(samples, "all_reduce")
     speeds = [compute_ms[0] / ms for ms in compute_ms]
-    rounds = [_read(rank, "overlap", OverlapTimes, name) for rank in ranks]
-    costs = [_overlap_costs(rank, t, name, cpu, speed) for rank, t, speed in zip(ranks, rounds, speeds, strict=True)]
-    overlaps, per_task = [m for m, _ in costs], [t for _, t in costs]
-    rates = _overlap_comm_rates(rounds)
-    for r, (speed, overlap, link) in enumerate(zip(speeds, overlaps, links, strict=True)):
-        device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": speed, "memory_gib": memory_gib}
+    for r, (speed, overlap, link) in enumerate(
+        zip(speeds, overlap_fields(ranks, name, cpu, speeds), links, strict=True)
+    ):
+        device: dict[str, Any] = {"name": f"cpu-w{r}", "speed": speed, "memory_gib": memory_gib, **overlap}
         if len(curves[r]) >= 2:
             device["model_batch_ms"] = {ref.model: curves[r]}
-        if overlap is not None:
-            device["overlap_ms_per_mb"] = overlap
-        if per_task[r] is not None:
-            device["overlap_ms_per_task"] = per_task[r]
-        if rates[r] is not None:
-            device["overlap_comm_rate"] = rates[r]
         nic = {"bandwidth_gbps": link.throughput_mbit_s / 1e3, "latency_us": fit.alpha_s * 1e6}
         nodes.append({"name": f"w{r}", "count": 1, "device": device, "nic": nic})
     description = (
@@ -271,6 +263,21 @@ def measured_spec(
         allreduce_mbit_s=8.0 / fit.beta_s_per_byte / 1e6,
         cpu=cpu,
     )
+
+
+def overlap_fields(
+    ranks: Sequence[Mapping[str, Any]], name: str, cpu: CpuFit | None, speeds: Sequence[float]
+) -> list[dict[str, float]]:
+    """Per rank, the device fields its calibration's overlap rounds give (``overlap_ms_per_mb``,
+    ``overlap_ms_per_task``, ``overlap_comm_rate``; each only where measured, none without rounds)."""
+    rounds = [_read(rank, "overlap", OverlapTimes, name) for rank in ranks]
+    costs = [_overlap_costs(rank, t, name, cpu, speed) for rank, t, speed in zip(ranks, rounds, speeds, strict=True)]
+    rates = _overlap_comm_rates(rounds)
+    out = []
+    for (per_mb, per_task), rate in zip(costs, rates, strict=True):
+        fields = {"overlap_ms_per_mb": per_mb, "overlap_ms_per_task": per_task, "overlap_comm_rate": rate}
+        out.append({key: value for key, value in fields.items() if value is not None})
+    return out
 
 
 def _read(rank: Mapping[str, Any], key: str, kind: type[_Rounds], name: str) -> _Rounds | None:

@@ -26,6 +26,7 @@ from commsched.bench.calibrate import load_calibration, predict_session, save_in
 from commsched.bench.calibrate_task import calibration_sizes
 from commsched.bench.collect import _collect, _slug, merge_traces
 from commsched.bench.config import BenchConfig
+from commsched.bench.overlap import OVERLAP_REPEATS
 from commsched.bench.provenance import machine_info, source_info
 from commsched.bench.summary import DEFINITIONS, _add_ratios
 from commsched.bench.worker import session_order
@@ -144,7 +145,9 @@ def run_bench(
             session_order(list(config.policies), 0, references=config.references, ddp_grid=config.ddp_grid)
         ) + (2 if config.references else 0)
         per_session = config.repeats * steps * runs_per_repeat
-        calibrate_steps = len(calibration_sizes(numel)) + 1 + 2 * steps if config.validate else 0
+        # the probe's sizes, the profile, the optimizer step, the overlap rounds and the three task layouts
+        overlap_steps = 2 + OVERLAP_REPEATS + 3 * (2 + OVERLAP_REPEATS)
+        calibrate_steps = len(calibration_sizes(numel)) + 1 + 2 * steps + overlap_steps if config.validate else 0
         total = len(shapes) * (per_session + calibrate_steps) + (config.repeats * steps if config.references else 0)
         progress_task = progress.add_task("starting", total=total) if progress is not None else None
 
@@ -201,7 +204,7 @@ def run_bench(
             calibration = None
             if config.validate:
                 calibration_dir = session_dir / "calibrate"
-                run_job("calibrate", calibration_dir, f"{shape.description} calibrating", calibrate_steps)
+                run_job("calibrate", calibration_dir, f"{shape.description} calibrating", calibrate_steps, overlap=True)
                 calibration = load_calibration(calibration_dir)
                 session["calibration"] = calibration.data  # raw, so a saved report can be re-validated
                 session["calibration_files"] = save_inputs(calibration, out_dir / f"calibration-{_slug(shape.label)}")

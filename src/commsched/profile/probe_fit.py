@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -216,6 +216,7 @@ def measured_cluster(
     name: str | None = None,
     device: str = "cpu",
     memory_gib: float = 1.0,
+    device_fields: Mapping[str, float] | None = None,
 ) -> Cluster:
     """A cluster of ``world_size`` one-device nodes whose ring all-reduce costs what was measured.
 
@@ -223,7 +224,8 @@ def measured_cluster(
     machines applies unscaled) and a NIC with ``latency_us = alpha_s·1e6``,
     ``per_message_overhead_us = 0``, ``bandwidth_gbps = 8 / beta_s_per_byte / 1e9``
     (the inverse of ``sim/costs.py``; see the module docstring). ``memory_gib``
-    only fills a required field. Raises SpecError for values a Link rejects.
+    only fills a required field; ``device_fields`` adds measured fields to every
+    device (e.g. ``overlap_ms_per_mb``). Raises SpecError for values a Link rejects.
     """
     if not (beta_s_per_byte > 0 and math.isfinite(beta_s_per_byte)):
         raise SpecError("measured cluster", [f"beta_s_per_byte: must be > 0, got {beta_s_per_byte!r}"])
@@ -239,7 +241,12 @@ def measured_cluster(
                 f"beta = {beta_s_per_byte:.3g} s/byte ({gbps:.3g} Gbit/s), {world_size} workers, one per node"
             ),
             "nodes": [
-                {"name": f"node{r}", "count": 1, "device": {"name": device, "memory_gib": memory_gib}, "nic": nic}
+                {
+                    "name": f"node{r}",
+                    "count": 1,
+                    "device": {"name": device, "memory_gib": memory_gib, **(device_fields or {})},
+                    "nic": nic,
+                }
                 for r in range(world_size)
             ],
         },
