@@ -136,14 +136,17 @@ class Calibration:
 
     @property
     def cluster(self) -> Cluster:
-        return measured_cluster(self.alpha_s, self.beta_s_per_byte, self.world_size, name="testbed (measured)")
+        return self._cluster(None)
 
     @property
     def cluster_with_overlap(self) -> Cluster:
         """:attr:`cluster` with the devices' measured overlap costs (:attr:`overlap`): recorded and shown,
         not what the validation predicts with (the module docstring says why)."""
+        return self._cluster(self.overlap)
+
+    def _cluster(self, device_fields: dict[str, float] | None) -> Cluster:
         return measured_cluster(
-            self.alpha_s, self.beta_s_per_byte, self.world_size, name="testbed (measured)", device_fields=self.overlap
+            self.alpha_s, self.beta_s_per_byte, self.world_size, name="testbed (measured)", device_fields=device_fields
         )
 
     def probe_allreduce_ms(self) -> float:
@@ -162,10 +165,11 @@ class Calibration:
         update alone exceeds it).
         """
         out = copy.copy(self)
-        profiled_ms = self.workload.forward_ms + self.workload.backward_ms
+        profile = self.profile_workload  # the factor is always against the profile, also on a fitted copy
+        profiled_ms = profile.forward_ms + profile.backward_ms
         if compute_ms is not None and compute_ms > self.update_ms and profiled_ms > 0:
             out.compute_factor = (compute_ms - self.update_ms) / profiled_ms
-            out.workload = self.workload.scaled(1.0 / out.compute_factor)
+            out.workload = profile.scaled(1.0 / out.compute_factor)
         if allreduce_ms is None or self.world_size < 2:
             return out
         steps, _ = ring_factors("all_reduce", self.world_size)
