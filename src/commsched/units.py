@@ -13,6 +13,11 @@ def mb_to_bytes(mb: float) -> int:
     return int(mb * MiB)
 
 
+def kib_to_bytes(kib: float) -> int:
+    """A knob in KiB (``fuse_kb``) as whole bytes."""
+    return int(kib * 1024)
+
+
 def gbps_to_bytes_per_s(gbps: float) -> float:
     """Gbit/s (10⁹ bit/s, as links are sold) to bytes/s."""
     return gbps * 1e9 / BITS_PER_BYTE

@@ -248,8 +248,8 @@ def test_every_policy_launches_every_task_exactly_once_per_iteration(
         "prophet": {"partition_mb": scale / 4, "credit_mb": scale},
         "dear": {"threshold_mb": scale},
         "no_overlap": {},
-        "ps": {"partition_mb": scale / 4, "credit_mb": scale},
-        "dlcp": {"partition_mb": scale / 4, "credit_mb": scale},
+        "ps": {"partition_mb": scale / 4, "credit_mb": scale, "fuse_kb": scale * 100},
+        "dlcp": {"partition_mb": scale / 4, "credit_mb": scale, "fuse_kb": scale * 100},
         "wfbp": {},
         "mgwfbp": {"alpha_ms": scale},
     }[policy]
@@ -309,3 +309,25 @@ def test_ps_pushes_front_layers_first_within_the_credit_and_pulls_right_after_ea
     assert launched(s.on_comm_done(11)) == [2]
     assert launched(s.on_comm_done(0)) == [1]
     assert launched(s.on_comm_done(1)) == [4]
+
+
+def test_ps_fuses_small_tensors_into_the_partition_before_them_and_pushes_it_when_all_are_ready() -> None:
+    kib = 1024 // 4  # elements of fp32
+    w = workload([256 * kib, 4 * kib, 4 * kib, 1200 * kib, 8 * kib, 12 * kib])
+    s = build_scheduler("ps", w, NET, partition_mb=0.5, credit_mb=100, fuse_kb=10)
+    pushes = [t for t in s.plan.tasks if t.kind == "push"]
+    assert [t.tensors for t in pushes] == [(0, 1, 2), (3,), (3,), (3, 4), (5,)]  # 12K is not below 10 KiB
+    assert [t.name for t in pushes] == ["push:w0#0+w1+w2", "push:w3#0", "push:w3#1", "push:w3#2+w4", "push:w5#0"]
+    assert [t.priority for t in pushes] == [0, 3, 3, 3, 5]
+    assert sum(t.bytes for t in pushes) == sum(t.bytes for t in w.tensors)
+    for step in range(2):  # the same readiness in every iteration
+        assert launched(s.on_grad_ready(5)) == [8]
+        assert launched(s.on_grad_ready(4)) == []  # w3's last partition waits for w3
+        assert launched(s.on_grad_ready(3)) == [2, 4, 6]
+        assert launched(s.on_grad_ready(2)) == [] and launched(s.on_grad_ready(1)) == []
+        assert launched(s.on_grad_ready(0)) == [0], step
+        s.on_backward_done()
+        s.on_step()
+    unfused = build_scheduler("ps", w, NET, partition_mb=0.5, credit_mb=100)
+    unfused_pushes = [t.tensors for t in unfused.plan.tasks if t.kind == "push"]
+    assert unfused_pushes == [(0,), (1,), (2,), (3,), (3,), (3,), (4,), (5,)]

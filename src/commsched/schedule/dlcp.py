@@ -48,7 +48,7 @@ from commsched.schedule.base import NetworkEstimate
 from commsched.schedule.knobs import Knobs, knob
 from commsched.schedule.plan import CommPlan
 from commsched.schedule.ps import PSKnobs, PSScheduler, push_pull_tasks
-from commsched.units import mb_to_bytes
+from commsched.units import kib_to_bytes, mb_to_bytes
 from commsched.workload import Workload
 
 #: Transport of ``mode="collective"``: bounded-loss datagrams, a shard of each partition on every rank.
@@ -89,6 +89,6 @@ class DLCPScheduler(PSScheduler):
                 transport=transport,
                 loss_bound=knobs.loss_bound if task.kind == "push" else knobs.pull_loss_bound,
             )
-            for task in push_pull_tasks(workload, mb_to_bytes(knobs.partition_mb))
+            for task in push_pull_tasks(workload, mb_to_bytes(knobs.partition_mb), kib_to_bytes(knobs.fuse_kb))
         ]
         return CommPlan(cls.name, workload, network, tuple(tasks), "forward", knobs)

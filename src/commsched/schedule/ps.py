@@ -8,7 +8,10 @@ scheduling of Peng et al., ByteScheduler, SOSP 2019
 (:mod:`commsched.schedule.bytescheduler`).
 
 Each tensor is cut into partitions of at most ``partition_mb`` (BytePS cuts
-at about 4 MB by default). A partition is one **push** (every rank sends its
+at about 4 MB by default); neighbouring tensors smaller than ``fuse_kb``
+(biases, norms, small layers) share one partition while it stays below
+``fuse_kb``, so that a layer's bias does not cost a push, a pull and their
+messages of its own. A partition is one **push** (every rank sends its
 gradient to the servers that own it; they sum) and one **pull** (every rank
 fetches the sums), both on the ``"ps"`` transport
 (:data:`~commsched.schedule.base.PS_TRANSPORT`). In the runtime a server runs
@@ -42,7 +45,7 @@ Guarantee: lossless (every task's ``loss_bound`` is 0): each element is
 summed once, by the server that owns it, and every rank receives that sum,
 so training equals synchronous SGD up to the float association order.
 Knobs: ``partition_mb`` (4), ``credit_mb`` (16: four default partitions in
-flight).
+flight), ``fuse_kb`` (0: every tensor alone).
 """
 
 from __future__ import annotations
@@ -51,12 +54,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from commsched.schedule.base import PS_TRANSPORT, Action, CommTask, Launch, NetworkEstimate, Scheduler, UpdateMode
+from commsched.schedule.base import (
+    PS_TRANSPORT,
+    Action,
+    CommTask,
+    Launch,
+    NetworkEstimate,
+    ReadyTracker,
+    Scheduler,
+    Segment,
+    UpdateMode,
+)
 from commsched.schedule.bytescheduler import CreditQueue
-from commsched.schedule.fusion import layer_priority, make_task, partition
+from commsched.schedule.fusion import layer_priority, make_task, partition, segments_bytes
 from commsched.schedule.knobs import Knobs, knob
 from commsched.schedule.plan import CommPlan
-from commsched.units import mb_to_bytes
+from commsched.units import kib_to_bytes, mb_to_bytes
 from commsched.workload import Workload
 
 
@@ -65,22 +78,33 @@ class PSKnobs(Knobs):
     policy: ClassVar[str] = "ps"
     partition_mb: float = knob(4.0, gt=0, doc="largest partition, MiB")
     credit_mb: float = knob(16.0, gt=0, doc="bytes of partitions in flight (push to pull), MiB")
+    fuse_kb: float = knob(0.0, ge=0, doc="neighbouring tensors below this share a partition, KiB (0: none)")
 
 
-def push_pull_tasks(workload: Workload, partition_bytes: int) -> list[CommTask]:
-    """Per partition of every tensor: a push (id ``2k``) and its pull (id ``2k + 1``, depending on the push)."""
-    tasks: list[CommTask] = []
+def push_pull_tasks(workload: Workload, partition_bytes: int, fuse_bytes: int = 0) -> list[CommTask]:
+    """Per partition: a push (id ``2k``) and its pull (id ``2k + 1``, depending on the push).
+
+    Tensors are taken in order and cut into pieces of at most ``partition_bytes``; a tensor smaller than
+    ``fuse_bytes`` joins the partition before it instead (a layer's bias and norm join its weight) where that
+    stays within ``partition_bytes``. A partition is ready when all of its tensors are, and a small tensor
+    after a large one is ready before it in backward, so fusing delays no partition.
+    """
+    pieces: list[tuple[list[str], list[Segment]]] = []  # each partition's name parts and segments
     for t, tensor in enumerate(workload.tensors):
-        for k, seg in enumerate(partition(workload, t, partition_bytes)):
-            push_id = len(tasks)
-            prio = layer_priority(workload, [seg])
-            name = f"{tensor.name}#{k}"
-            tasks.append(make_task(workload, push_id, "push", [seg], f"push:{name}", prio, transport=PS_TRANSPORT))
-            tasks.append(
-                make_task(
-                    workload, push_id + 1, "pull", [seg], f"pull:{name}", prio, deps=(push_id,), transport=PS_TRANSPORT
-                )
-            )
+        last = pieces[-1][1] if pieces else []
+        if last and tensor.bytes < fuse_bytes and segments_bytes(workload, last) + tensor.bytes <= partition_bytes:
+            pieces[-1][0].append(tensor.name)
+            last.append(Segment(t, 0, tensor.numel))
+        else:
+            pieces += [([f"{tensor.name}#{k}"], [seg]) for k, seg in enumerate(partition(workload, t, partition_bytes))]
+    tasks: list[CommTask] = []
+    for names, segs in pieces:
+        name = "+".join(names)
+        push_id = len(tasks)
+        prio = layer_priority(workload, segs)
+        tasks.append(make_task(workload, push_id, "push", segs, f"push:{name}", prio, transport=PS_TRANSPORT))
+        deps = (push_id,)
+        tasks.append(make_task(workload, push_id + 1, "pull", segs, f"pull:{name}", prio, deps, transport=PS_TRANSPORT))
     return tasks
 
 
@@ -97,22 +121,23 @@ class PSScheduler(Scheduler):
     @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
         assert isinstance(knobs, PSKnobs)
-        tasks = push_pull_tasks(workload, mb_to_bytes(knobs.partition_mb))
+        tasks = push_pull_tasks(workload, mb_to_bytes(knobs.partition_mb), kib_to_bytes(knobs.fuse_kb))
         return CommPlan(cls.name, workload, network, tuple(tasks), "forward", knobs)
 
     def __init__(self, plan: CommPlan) -> None:
         super().__init__(plan)
         assert isinstance(plan.knobs, PSKnobs)
         self._queue = CreditQueue(plan, mb_to_bytes(plan.knobs.credit_mb))
-        self._pushes_of_tensor: list[list[int]] = [[] for _ in plan.workload.tensors]
-        for task in plan.tasks:
-            if task.kind == "push":
-                self._pushes_of_tensor[task.segments[0].tensor].append(task.id)
+        self._tracker = ReadyTracker(plan, (task.id for task in plan.tasks if task.kind == "push"))
 
     def on_grad_ready(self, tensor: int) -> Sequence[Action]:
-        for task in self._pushes_of_tensor[tensor]:
+        for task in self._tracker.mark(tensor):  # a push once every tensor of its partition is ready
             self._queue.push(task)
         return self._queue.drain()
+
+    def on_step(self) -> Sequence[Action]:
+        self._tracker.reset(self.plan)
+        return ()
 
     def on_comm_done(self, task: int) -> Sequence[Action]:
         if self.plan.tasks[task].kind == "push":
