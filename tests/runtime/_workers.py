@@ -46,7 +46,7 @@ SMALL_KNOBS: dict[str, dict[str, Any]] = {
     "dear": {"threshold_mb": 0.0015},
     "no_overlap": {"bucket_cap_mb": 0.002},
     "ps": {"partition_mb": 0.0004, "credit_mb": 0.001},
-    "dlcp": {"partition_mb": 0.0004, "credit_mb": 0.001, "loss_bound": 0.0},
+    "dlcp": {"partition_mb": 0.0004, "credit_mb": 0.001, "fuse_kb": 0.1, "loss_bound": 0.0},  # biases fused
     "wfbp": {},
     "mgwfbp": {"alpha_ms": 0.0, "bandwidth_gbps": 1000.0},
 }

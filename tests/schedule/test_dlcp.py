@@ -8,7 +8,8 @@ from commsched.cluster import load_cluster
 from commsched.errors import ScheduleError
 from commsched.plan import advise
 from commsched.schedule import LOSSLESS, NetworkEstimate, build_plan
-from commsched.schedule.dlcp import DLCP_PS_TRANSPORT, DLCP_TRANSPORT
+from commsched.schedule.dlcp import DLCP_PS_TRANSPORT, DLCP_TRANSPORT, DLCPKnobs
+from commsched.schedule.ps import PSKnobs
 from commsched.sim import simulate
 from commsched.zoo import load as load_zoo
 
@@ -35,12 +36,21 @@ def test_mode_chooses_the_transport(resnet18: object) -> None:
 
 
 def test_same_partitions_and_order_as_the_lossless_parameter_server(resnet18: object) -> None:
-    ps = build_plan("ps", resnet18, NET, partition_mb=2.0)  # type: ignore[arg-type]
+    ps = build_plan("ps", resnet18, NET, partition_mb=2.0, fuse_kb=64)  # type: ignore[arg-type]
     dlcp = build_plan("dlcp", resnet18, NET, partition_mb=2.0, loss_bound=0.0)  # type: ignore[arg-type]
     assert [(t.kind, t.segments, t.priority, t.deps) for t in ps.tasks] == [
         (t.kind, t.segments, t.priority, t.deps) for t in dlcp.tasks
     ]
     assert dlcp.lossless  # a zero bound is lossless
+    assert len(dlcp.tasks) < len(build_plan("ps", resnet18, NET, partition_mb=2.0).tasks)  # type: ignore[arg-type]
+
+
+def test_a_run_recorded_before_fusion_is_rebuilt_unfused() -> None:
+    assert DLCPKnobs().fuse_kb == 64
+    assert DLCPKnobs.as_recorded({"partition_mb": 4.0})["fuse_kb"] == 0  # recorded before the knob existed
+    assert DLCPKnobs.as_recorded(None) == {"fuse_kb": 0.0}
+    assert DLCPKnobs.as_recorded({"fuse_kb": 64.0}) == {"fuse_kb": 64.0}
+    assert PSKnobs.as_recorded({"partition_mb": 4.0}) == {"partition_mb": 4.0}  # ps's default never changed
 
 
 @pytest.mark.parametrize(

@@ -92,7 +92,7 @@ from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.formulas import ring_all_reduce_s, ring_factors
 from commsched.profile.probe_fit import ProbeSample, fit_alpha_beta, fit_cpu, measured_cluster
-from commsched.schedule import AUTO, TORCH_DDP_AS_POLICY
+from commsched.schedule import AUTO, POLICIES, TORCH_DDP_AS_POLICY
 from commsched.workload import Workload
 
 __all__ = ["Calibration", "load_calibration", "predict_session", "revalidate", "save_inputs"]
@@ -234,9 +234,10 @@ def predict_session(
         if name not in summary:
             continue
         simulated, extra = _SIMULATED_AS.get(name, (name, {}))
-        cases = [(simulated, {**knobs.get(name, {}), **extra})]
+        ran = _chosen_plans(session, name)
+        cases = [(simulated, {**_older(simulated, ran[0][1] if ran else None), **knobs.get(name, {}), **extra})]
         if name == AUTO:  # predicted as the plans it ran: the median over its repeats' plans
-            cases = _chosen_plans(session, name)
+            cases = [(policy, {**_older(policy, policy_knobs), **policy_knobs}) for policy, policy_knobs in ran]
             if not cases:
                 rows[name] = {"error": "the runs did not record the plan auto chose", "simulated_as": AUTO,
                               "measured_ms": summary[name]["median_ms"]}  # fmt: skip
@@ -267,6 +268,15 @@ def predict_session(
         "median_abs_error_pct": statistics.median(errors) if errors else None,
         "calibration": calibration.summary(),
     }
+
+
+def _older(policy: str, recorded: dict[str, Any] | None) -> dict[str, Any]:
+    """The knobs a run's code did not have yet (absent from its recorded plan, or no plan recorded), at the values
+    that do what the policy did then (``knob(before=...)``): a default changed since must not move its prediction."""
+    if policy not in POLICIES:
+        return {}
+    filled = POLICIES[policy].knob_type.as_recorded(recorded)
+    return {k: v for k, v in filled.items() if k not in (recorded or {})}
 
 
 def _chosen_plans(session: dict[str, Any], name: str) -> list[tuple[str, dict[str, Any]]]:

@@ -34,9 +34,10 @@ DLCP gains; its gain is the tail of retransmissions and incast, which only
 the packet-level network shows), so its predictions there are unvalidated;
 with ``network=packet`` its tasks run on DLCP's own state machines and are not.
 
-Knobs: ``partition_mb`` (4) and ``credit_mb`` (16) as the parameter
-server's, ``loss_bound`` (0.01), ``pull_loss_bound`` (0), ``mode``
-(``collective``), ``paths`` (1).
+Knobs: ``partition_mb`` (4), ``credit_mb`` (16) and ``fuse_kb`` (64) as the
+parameter server's (a small tensor rides in the partition before it: every
+transfer costs DLCP a STOP, ACKs and often a PROBE), ``loss_bound`` (0.01),
+``pull_loss_bound`` (0), ``mode`` (``collective``), ``paths`` (1).
 """
 
 from __future__ import annotations
@@ -60,9 +61,14 @@ DLCP_TRANSPORTS: dict[str, str] = {"collective": DLCP_TRANSPORT, "ps": DLCP_PS_T
 
 @dataclass(frozen=True)
 class DLCPKnobs(PSKnobs):
-    """The parameter server's knobs (``partition_mb``, ``credit_mb``) and DLCP's."""
+    """The parameter server's knobs (``partition_mb``, ``credit_mb``, ``fuse_kb``) and DLCP's."""
 
     policy: ClassVar[str] = "dlcp"
+    #: Fused by default, unlike ``ps``: a transfer's control messages cost DLCP's Python data path far more than
+    #: TCP's (BENCHMARKS.md, "Small tensors fused": ``dlcp`` 1.30-1.45x ``ps`` unfused, 1.12-1.18x fused at 64).
+    fuse_kb: float = knob(
+        64.0, ge=0, doc="a tensor below this joins the partition before it, KiB (0: none)", before=0.0
+    )
     loss_bound: float = knob(0.01, ge=0, lt=1, doc="largest fraction of each push's elements not waited for")
     pull_loss_bound: float = knob(0.0, ge=0, lt=1, doc="the same for each pull of the sums (0: reliable)")
     mode: str = knob("collective", choices=("collective", "ps"), doc="shards on every rank, or one server")

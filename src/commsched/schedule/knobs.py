@@ -38,10 +38,13 @@ def knob(
     le: float | None = None,
     choices: tuple[str, ...] = (),
     doc: str = "",
+    before: Any = None,
 ) -> Any:
     """A knob field: its default, its range (``gt``/``ge``/``lt``/``le``) or, for text, its ``choices``,
-    and a one-line doc."""
-    return field(default=default, metadata={"gt": gt, "ge": ge, "lt": lt, "le": le, "choices": choices, "doc": doc})
+    and a one-line doc. ``before``: for a knob added after runs were recorded, the value that does what the
+    policy did before it existed, where that is not its default (:meth:`Knobs.as_recorded`)."""
+    metadata = {"gt": gt, "ge": ge, "lt": lt, "le": le, "choices": choices, "doc": doc, "before": before}
+    return field(default=default, metadata=metadata)
 
 
 def _kind(annotation: Any) -> tuple[type, bool]:
@@ -145,6 +148,16 @@ class Knobs:
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         return {f.name: f.default for f in fields(cls)}
+
+    @classmethod
+    def as_recorded(cls, recorded: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The knobs a recorded run used: ``recorded`` (a plan's knobs, None where the run recorded none), with
+        every knob it lacks that has a ``before`` value set to that value (the run's code had no such knob)."""
+        given = dict(recorded or {})
+        return {
+            **{f.name: f.metadata["before"] for f in dataclasses.fields(cls) if f.metadata.get("before") is not None},
+            **given,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -8,10 +8,10 @@ scheduling of Peng et al., ByteScheduler, SOSP 2019
 (:mod:`commsched.schedule.bytescheduler`).
 
 Each tensor is cut into partitions of at most ``partition_mb`` (BytePS cuts
-at about 4 MB by default); neighbouring tensors smaller than ``fuse_kb``
-(biases, norms, small layers) share one partition while it stays below
-``fuse_kb``, so that a layer's bias does not cost a push, a pull and their
-messages of its own. A partition is one **push** (every rank sends its
+at about 4 MB by default); a tensor smaller than ``fuse_kb`` (a bias, a
+norm's scale and shift, a small layer) joins the partition before it while
+that stays within ``partition_mb``, so that it does not cost a push, a pull
+and their messages of its own. A partition is one **push** (every rank sends its
 gradient to the servers that own it; they sum) and one **pull** (every rank
 fetches the sums), both on the ``"ps"`` transport
 (:data:`~commsched.schedule.base.PS_TRANSPORT`). In the runtime a server runs
@@ -45,7 +45,7 @@ Guarantee: lossless (every task's ``loss_bound`` is 0): each element is
 summed once, by the server that owns it, and every rank receives that sum,
 so training equals synchronous SGD up to the float association order.
 Knobs: ``partition_mb`` (4), ``credit_mb`` (16: four default partitions in
-flight), ``fuse_kb`` (0: every tensor alone).
+flight), ``fuse_kb`` (0: every tensor on its own, as BytePS; ``dlcp`` fuses at 64).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class PSKnobs(Knobs):
     policy: ClassVar[str] = "ps"
     partition_mb: float = knob(4.0, gt=0, doc="largest partition, MiB")
     credit_mb: float = knob(16.0, gt=0, doc="bytes of partitions in flight (push to pull), MiB")
-    fuse_kb: float = knob(0.0, ge=0, doc="neighbouring tensors below this share a partition, KiB (0: none)")
+    fuse_kb: float = knob(0.0, ge=0, doc="a tensor below this joins the partition before it, KiB (0: none)")
 
 
 def push_pull_tasks(workload: Workload, partition_bytes: int, fuse_bytes: int = 0) -> list[CommTask]:
