@@ -1,0 +1,98 @@
+"""The DLCP link's own counters (``LinkStats``) over a ``commsched bench`` run, per rank and per step.
+
+    sudo .venv/bin/python benchmarks/dlcp_link_counters.py --model cnn --workers 2 --bandwidth 300mbit --mtu 9000 \\
+        --policies dlcp --iters 100 --warmup 5 --repeats 1 --no-ddp-grid --no-references --no-probe --out /tmp/counters
+
+Every argument goes to ``commsched bench`` unchanged (one ``dlcp`` policy,
+one repeat: the counters of one link per rank). The bench workers import a
+``sitecustomize`` from a temporary directory put first on ``PYTHONPATH``
+(the bench passes the environment on to its workers); it wraps
+``DlcpLink.__init__`` so that a daemon thread writes the link's counters to
+that directory every 0.5 s. What the last write held is printed per rank,
+in total and per step (divided by ``--warmup`` + ``--iters``: the link also
+carried the runtime's start-up, so per-step figures are upper bounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+HOOK = r"""
+import dataclasses, json, os, sys, threading, time
+import builtins
+
+_out = os.environ["DLCP_LINK_COUNTERS_DIR"]
+
+
+def _dump(link):
+    while True:
+        time.sleep(0.5)
+        s = link.stats
+        counters = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)
+                    if isinstance(getattr(s, f.name), int) and not isinstance(getattr(s, f.name), bool)}
+        tmp = os.path.join(_out, f".rank{link.rank}.tmp")
+        with open(tmp, "w") as f:
+            json.dump(counters, f)
+        os.replace(tmp, os.path.join(_out, f"rank{link.rank}.json"))
+
+
+_import = builtins.__import__
+
+
+def _hook(name, *args, **kwargs):
+    module = _import(name, *args, **kwargs)
+    link = sys.modules.get("commsched.transport.dlcp.link")
+    if link is not None and hasattr(link, "DlcpLink") and not getattr(link.DlcpLink, "_counted", False):
+        init = link.DlcpLink.__init__
+
+        def counted_init(self, *a, **k):
+            init(self, *a, **k)
+            threading.Thread(target=_dump, args=(self,), daemon=True, name="link-counters").start()
+
+        link.DlcpLink.__init__ = counted_init
+        link.DlcpLink._counted = True
+        builtins.__import__ = _import
+    return module
+
+
+builtins.__import__ = _hook
+"""
+
+SHOWN = ("sent", "resent", "received", "written", "early_buffered", "control_datagrams_sent", "control_sent",
+         "control_received", "control_duplicate", "probes", "bitmaps", "send_calls", "recv_calls")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    known, _ = parser.parse_known_args()
+    steps = known.iters + known.warmup
+    with tempfile.TemporaryDirectory(prefix="dlcp-counters-") as hook_dir:
+        Path(hook_dir, "sitecustomize.py").write_text(HOOK)
+        env = dict(os.environ, DLCP_LINK_COUNTERS_DIR=hook_dir)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (hook_dir, env.get("PYTHONPATH", "")) if p)
+        bench = [sys.executable, "-c", "from commsched.cli import main; main()", "bench", *sys.argv[1:]]
+        code = subprocess.run(bench, env=env, cwd=ROOT).returncode
+        dumps = sorted(Path(hook_dir).glob("rank*.json"))
+        if not dumps:
+            sys.exit(f"no link counters were written (bench exited {code}; did it run the dlcp policy?)")
+        counters = [json.loads(p.read_text()) for p in dumps]
+    print(f"{'counter':24}" + "".join(f"{'rank ' + str(r) + ' total':>14}{'per step':>10}" for r in range(len(dumps))))
+    for name in SHOWN:
+        cells = "".join(f"{c.get(name, 0):>14,}{c.get(name, 0) / steps:>10.1f}" for c in counters)
+        print(f"{name:24}{cells}")
+    print(f"per step: divided by --warmup + --iters = {steps}")
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
