@@ -8,7 +8,8 @@ one repeat: the counters of one link per rank). The bench workers import a
 ``sitecustomize`` from a temporary directory put first on ``PYTHONPATH``
 (the bench passes the environment on to its workers); it wraps
 ``DlcpLink.__init__`` so that a daemon thread writes the link's counters to
-that directory every 0.5 s. What the last write held is printed per rank,
+that directory every 0.5 s, and ``DlcpLink.close`` to write them once more
+as the link ends. What the last write held is printed per rank,
 in total and per step (divided by ``--warmup`` + ``--iters``: the link also
 carried the runtime's start-up, so per-step figures are upper bounds).
 """
@@ -32,16 +33,24 @@ import builtins
 _out = os.environ["DLCP_LINK_COUNTERS_DIR"]
 
 
-def _dump(link):
-    while True:
-        time.sleep(0.5)
-        s = link.stats
-        counters = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)
-                    if isinstance(getattr(s, f.name), int) and not isinstance(getattr(s, f.name), bool)}
+_lock = threading.Lock()
+
+
+def _write(link):
+    s = link.stats
+    counters = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)
+                if isinstance(getattr(s, f.name), int) and not isinstance(getattr(s, f.name), bool)}
+    with _lock:
         tmp = os.path.join(_out, f".rank{link.rank}.tmp")
         with open(tmp, "w") as f:
             json.dump(counters, f)
         os.replace(tmp, os.path.join(_out, f"rank{link.rank}.json"))
+
+
+def _dump(link):
+    while True:
+        time.sleep(0.5)
+        _write(link)
 
 
 _import = builtins.__import__
@@ -57,7 +66,14 @@ def _hook(name, *args, **kwargs):
             init(self, *a, **k)
             threading.Thread(target=_dump, args=(self,), daemon=True, name="link-counters").start()
 
+        close = link.DlcpLink.close
+
+        def counted_close(self):
+            _write(self)  # the counters as the link ends (a process may exit before the next periodic write)
+            close(self)
+
         link.DlcpLink.__init__ = counted_init
+        link.DlcpLink.close = counted_close
         link.DlcpLink._counted = True
         builtins.__import__ = _import
     return module
