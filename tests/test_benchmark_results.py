@@ -172,3 +172,32 @@ def test_the_dlcp_cpu_a_b_table_is_recomputed_from_its_runs(
     script_loader("benchmarks/dlcp_cpu_ab.py").main([str(p) for p in paths])
     for line in capsys.readouterr().out.splitlines():
         assert line in DOCUMENT, line
+
+
+@pytest.mark.parametrize(
+    ("folder", "count"), [("dlcp-fuse-ab", 8), ("dlcp-burst-ab", 4), ("dlcp-switch-ab", 4), ("dlcp-compiled-ab", 4)]
+)
+def test_the_dlcp_fusion_and_data_path_a_b_tables_are_recomputed_from_their_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], folder: str, count: int
+) -> None:
+    paths = sorted((ROOT / "benchmarks" / "results" / folder).glob("*.json"))
+    assert len(paths) == count
+    script_loader("benchmarks/dlcp_cpu_ab.py").main([str(p) for p in paths])
+    for line in capsys.readouterr().out.splitlines():
+        assert line in DOCUMENT, line
+
+
+def test_the_summary_over_every_run_of_the_fused_code_is_recomputed(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = ROOT / "benchmarks" / "results"
+    paths = [
+        *sorted((results / "dlcp-fuse-ab").glob("fuse64*.json")),
+        *sorted((results / "dlcp-burst-ab").glob("burst4-*.json")),
+        *sorted((results / "dlcp-switch-ab").glob("*.json")),
+        *sorted((results / "dlcp-compiled-ab").glob("*.json")),
+        results / "dlcp-train-lossless-fuse" / "bench.json",
+    ]
+    script_loader("benchmarks/dlcp_cpu_ab.py").main(["--summary", *map(str, paths)])
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert summary.startswith("dlcp / ps over 15 reports") and summary in DOCUMENT, summary
