@@ -48,7 +48,7 @@ from typing import ClassVar
 from commsched.schedule.base import NetworkEstimate
 from commsched.schedule.knobs import Knobs, knob
 from commsched.schedule.plan import CommPlan
-from commsched.schedule.ps import PSKnobs, PSScheduler, push_pull_tasks
+from commsched.schedule.ps import FUSE_DOC, PSKnobs, PSScheduler, push_pull_tasks
 from commsched.units import kib_to_bytes, mb_to_bytes
 from commsched.workload import Workload
 
@@ -66,9 +66,7 @@ class DLCPKnobs(PSKnobs):
     policy: ClassVar[str] = "dlcp"
     #: Fused by default, unlike ``ps``: a transfer's control messages cost DLCP's Python data path far more than
     #: TCP's (BENCHMARKS.md, "Small tensors fused": ``dlcp`` 1.30-1.45x ``ps`` unfused, 1.12-1.18x fused at 64).
-    fuse_kb: float = knob(
-        64.0, ge=0, doc="a tensor below this joins the partition before it, KiB (0: none)", before=0.0
-    )
+    fuse_kb: float = knob(64.0, ge=0, doc=FUSE_DOC, before=0.0)
     loss_bound: float = knob(0.01, ge=0, lt=1, doc="largest fraction of each push's elements not waited for")
     pull_loss_bound: float = knob(0.0, ge=0, lt=1, doc="the same for each pull of the sums (0: reliable)")
     mode: str = knob("collective", choices=("collective", "ps"), doc="shards on every rank, or one server")

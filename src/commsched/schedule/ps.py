@@ -72,13 +72,15 @@ from commsched.schedule.plan import CommPlan
 from commsched.units import kib_to_bytes, mb_to_bytes
 from commsched.workload import Workload
 
+FUSE_DOC = "a tensor below this joins the partition before it, KiB (0: none)"
+
 
 @dataclass(frozen=True)
 class PSKnobs(Knobs):
     policy: ClassVar[str] = "ps"
     partition_mb: float = knob(4.0, gt=0, doc="largest partition, MiB")
     credit_mb: float = knob(16.0, gt=0, doc="bytes of partitions in flight (push to pull), MiB")
-    fuse_kb: float = knob(0.0, ge=0, doc="a tensor below this joins the partition before it, KiB (0: none)")
+    fuse_kb: float = knob(0.0, ge=0, doc=FUSE_DOC)
 
 
 def push_pull_tasks(workload: Workload, partition_bytes: int, fuse_bytes: int = 0) -> list[CommTask]:

@@ -1,106 +1,19 @@
 """DLCP's sender rate control: DCTCP's reaction to congestion (Alizadeh et al., SIGCOMM'10) on a paced rate.
 
 One :class:`RateControl` per destination, clock-free (every method takes
-``now_s``). It never reads the configured link rate: it starts at
-``initial_rate_bytes_per_s`` and learns from the receiver's cumulative
-:class:`~commsched.transport.dlcp.protocol.Ack` counts — DATA datagrams
-sent (the highest sequence number the receiver saw, + 1), received, and
-received CE-marked — and from round-trip samples.
-
-**Rounds.** A round starts with the next datagram's sequence number ``S``
-and ends with the first Ack showing that the receiver saw ``S`` or a later
-datagram: about one round trip, queueing included, at any rate. At its end
-
-    F = (ce + lost) / (received + lost),     α ← (1 − g)·α + g·F
-
-over the round's counts (DCTCP's estimate, ``g`` = ``gain``; a lost
-datagram counts as a mark: a RED port drops a datagram that is not
-ECN-capable exactly where it marks an ECN-capable one, which is how DLCP
-uses it for unimportant gradients).
-
-**Decrease**, at once, on the first Ack that reports a CE mark or confirms
-a loss of a datagram sent after the recovery point (the sequence number of
-the next datagram when the rate was last cut: at most one cut per round
-trip, never two for the same congestion, as TCP's recovery):
-
-- ``rate ← rate·(1 − α/2)`` (DCTCP's cut) for a mark, and for a loss on a
-  path that has marked before (its losses are an AQM's early drops);
-- ``rate ← rate/2`` for a loss on a path that has never marked: there a loss
-  means a buffer overflowed, and a proportional cut would settle at a loss
-  rate of about 2/window per round trip, as DCTCP settles at that marking
-  rate; halving is TCP's answer, and Linux DCTCP's on loss.
-
-**Loss is not reordering.** DLCP's datagrams are written at their offsets
-and sprayed over paths and priority bands, so one overtaken by a later one
-is not lost. ``missing = sent − received`` is the losses so far plus the
-datagrams still overtaken, which arrive later. As RACK (RFC 8985) does with
-each segment, a datagram counts as lost only once it has stayed missing for
-a reordering window ``reo_wnd = min(k·min_rtt/4, srtt)``: the losses
-confirmed are the largest ``m`` such that ``missing ≥ m`` held for all of
-the last ``reo_wnd`` (between Acks, ``missing`` is what the last one said).
-When ``missing`` falls below the losses confirmed, datagrams counted lost
-arrived after all (RACK's DSACK): the count is corrected and ``k`` (from 1)
-grows by one, at most once per round, so a path that reorders more than the
-window widens it (unlike RACK, it never narrows again: DLCP reorders by
-design, across priority bands and paths, for as long as it sends). If every
-loss the last cut answered proves to be reordering, the cut is undone: the
-rate from before it comes back (TCP's undo on a spurious retransmission,
-RFC 3522).
-
-**Increase**, at the end of a clean round (no mark, no loss, no cut): in
-slow start (before the first cut) the rate doubles; after it, one more
-datagram per round trip, ``rate += datagram / srtt`` (TCP's congestion
-avoidance, one segment per round trip, in rate terms: no step size to
-choose). A sender that did not test
-its rate in the round holds it instead: one that used less than half its
-allowance (application-limited, as RFC 7661 validates a window) or that the
-window stopped.
-
-**Window.** Datagrams sent after the highest one the receiver saw number at
-most ``2·r·max(min_rtt, rtt_floor_s)/datagram + ack_slack`` (``ack_slack``:
-what a receiver may hold before it acknowledges), as BBR caps what is in
-flight at twice its bandwidth estimate times the round trip: a rate alone
-keeps sending into a standing queue until feedback catches up; the window
-makes the sender self-clocked. Before the first round trip is measured, the
-window is ``max(initial_window, ack_slack)`` datagrams (TCP's initial
-window). ``r`` is the rate, except in slow start,
-where it is at most twice the best delivery rate of the last 10 rounds (a
-round the application limited counting only if it beat it): the rate
-doubles every round, and a window on it would let in flight four times what
-the last round delivered, twice what TCP's slow start does (an incast of
-senders in slow start overflows a buffer the marks would have protected).
-After slow start the window follows the rate alone, which the cuts keep
-fair (a window on each sender's own delivery rate would keep a sender that
-got a small share small).
-
-**Feedback timeout.** While datagrams are in flight, if no Ack made progress
-for ``rto = max(feedback_timeout_s, srtt + 4·rttvar)`` (RFC 6298's timer,
-started by the first datagram in flight and restarted by each Ack that makes
-progress), what is in flight is given up on, so the window reopens. If
-datagrams were sent since the last Ack that made progress (the sender kept
-sending into silence), the rate also halves and the timer doubles until an
-Ack makes progress; if not (the last datagrams of a burst were lost), the
-rate stays. Either way the timer re-arms only with a new send, so a sender
-that its window blocks is cut at most once per timeout period.
-
-**Round trips** come from Acks (not from a repeated one, ``NO_SAMPLE``: its
-delay is the receiver's timer): one that echoes the datagram that triggered
-it gives an exact sample; one a receiver's timer sent gives, when it reports
-a new highest datagram, the time since that datagram was sent (longer by at
-most the receiver's Ack interval), so a sender too slow to trigger Acks
-still measures its path. ``srtt`` and ``rttvar`` are RFC 6298's.
-
-**Floor.** The rate never falls below two datagrams per smoothed round
-trip (TCP's least window, two segments), nor below ``min_rate_bytes_per_s``:
-a sender cut to less would take longer than a round trip between datagrams,
-so its rounds, and its increases, would slow down with its rate, and a
-sender that joined a queue the others had already filled would be cut round
-after round and starve. It stays below ``max_rate_bytes_per_s``.
-Pacing is a token bucket of ``burst_bytes``: a datagram may go while the
-bucket is positive (:meth:`RateControl.delay_s` is 0) and its bytes are
-taken when it goes (:meth:`RateControl.on_send`, which also numbers the
-datagrams toward this destination). Re-sends pay like first sends, so
-retransmissions never add load beyond the rate.
+``now_s``), driven by the link and by the packet-level simulator alike. It
+never reads the configured link rate: it learns from the receiver's
+cumulative :class:`~commsched.transport.dlcp.protocol.Ack` counts and from
+round-trip samples. Per round (about one round trip) it estimates DCTCP's
+``α`` from marks and confirmed losses; it cuts at once on a mark or a loss
+(``rate·(1 − α/2)``, or halving on a path that never marked), at most once
+per round trip; it tells loss from reordering with a RACK-style window and
+undoes a cut that reordering caused; it grows after a clean round (doubling
+in slow start, one datagram per round trip after); a window of twice rate
+times round trip keeps it self-clocked; a feedback timeout gives up on what
+is in flight; the rate stays between a floor and ``max_rate_bytes_per_s``,
+paced by a token bucket. The full rules, with their sources, are in
+docs/dlcp.md, "Rate control".
 """
 
 from __future__ import annotations
