@@ -11,7 +11,6 @@ job's key is trusted by design.
 
 from __future__ import annotations
 
-import hashlib
 import socket
 import threading
 import time
@@ -24,7 +23,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import commsched.transport.dlcp.udp as dlcp_udp
-from commsched.transport.dlcp.wire import DTYPE_CODES, HEADER, MAC_BYTES, MAGIC, VERSION, Codec, Kind, job_id
+from commsched.transport.dlcp.wire import DTYPE_CODES, HEADER, MAGIC, VERSION, Codec, Kind, job_id
 
 KEY = bytes(range(7, 39))
 F32 = DTYPE_CODES["float32"]
@@ -77,7 +76,7 @@ def signed(job: int | None = None, payload: bytes = b"", **fields: int) -> bytes
              stride=4)  # fmt: skip
     f.update(fields)
     body = HEADER.pack(*f.values()) + payload
-    return body + hashlib.blake2b(body, key=KEY, digest_size=MAC_BYTES).digest()
+    return body + Codec(KEY, 2).seal(body)
 
 
 Address = tuple[str, int]

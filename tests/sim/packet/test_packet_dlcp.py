@@ -21,10 +21,12 @@ from commsched.sim.packet.transport import MessageSpec
 from commsched.transport.dlcp import protocol, rate
 from commsched.transport.dlcp import sender as sender_module
 from commsched.transport.dlcp.protocol import LAYER_DSCP, tos_byte
+from commsched.transport.dlcp.wire import packet_numel
 
 from packet_builders import fabric
 
 DLCP = PacketConfig(transport="dlcp")
+STRIDE = packet_numel(DLCP.tcp.segment_bytes + DLCP.tcp.header_bytes, 4)  # float32 elements per full DATA datagram
 
 
 def _one(config: PacketConfig, spec: MessageSpec, nbytes: int) -> tuple[Fabric, DlcpSender, DlcpReceiver, float]:
@@ -152,7 +154,7 @@ def test_a_loss_free_path_loses_nothing_unless_the_count_rule_stops_early(stop_a
 
 def test_holes_beyond_the_bound_are_resent_after_a_probe() -> None:
     # the first pass loses every 4th packet (25 % > the 1 % bound): a PROBE, a BITMAP, the holes re-sent
-    with tapped(lambda pkt: pkt.info[1].resend or pkt.info[1].offset // 2226 % 4 != 0) as config:
+    with tapped(lambda pkt: pkt.info[1].resend or pkt.info[1].offset // STRIDE % 4 != 0) as config:
         [result] = run_flows(fabric(2, config), [Flow(0, 1, 1_000_000, loss_bound=0.01)], config)
     sender = result.sender.inner
     [(numel, lost, _, _)] = result.receiver.inner.records
@@ -184,12 +186,12 @@ def test_magnitudes_decide_importance_through_classify() -> None:
     sender = DlcpSender(DLCP, 0)
     out: list[Packet] = []
     norms = np.arange(10, dtype=np.float64)
-    sender.push(10 * 2226 * 4, 0.0, out, MessageSpec(loss_bound=0.5, priority=2, norms=lambda stride, numel: norms))
+    sender.push(10 * STRIDE * 4, 0.0, out, MessageSpec(loss_bound=0.5, priority=2, norms=lambda stride, numel: norms))
     [transfer] = sender.transfers
     important = np.asarray(transfer.send._important)
     assert important.tolist() == [0] * 5 + [1] * 5  # the median and above
     first = [p for p in out if p.payload_bytes]
-    assert first and first[0].ect and first[0].info[1].offset == 5 * 2226  # the important ones first, ECN-capable
+    assert first and first[0].ect and first[0].info[1].offset == 5 * STRIDE  # the important ones first, ECN-capable
 
 
 def test_spraying_spreads_one_dlcp_message_over_every_spine() -> None:
@@ -265,6 +267,6 @@ def test_a_message_that_may_lose_nothing_sends_every_packet_important() -> None:
     for bound, expect_unimportant in ((0.0, False), (0.1, True)):
         sender = DlcpSender(PacketConfig(transport="dlcp", dlcp=DlcpParams(quantile=0.5)), 0)
         out: list[Packet] = []
-        sender.push(100 * 2226 * 4, 0.0, out, MessageSpec(loss_bound=bound, priority=2))
+        sender.push(100 * STRIDE * 4, 0.0, out, MessageSpec(loss_bound=bound, priority=2))
         [transfer] = sender.transfers
         assert (not np.asarray(transfer.send._important).all()) is expect_unimportant

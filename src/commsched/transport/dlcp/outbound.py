@@ -200,10 +200,10 @@ class Outbound:
             for seq, act in group:
                 start = act.offset * itemsize
                 payload = view[start : start + act.numel * itemsize]
-                header, tag = codec.data_parts(k.step, k.task, k.phase, self.rank, slot.prio, act.important,
-                                               slot.dtype, seq, act.offset, act.numel, slot.numel, slot.stride,
-                                               payload)  # fmt: skip
-                parts += (header, payload, tag)
+                body, mac = codec.data_parts(k.step, k.task, k.phase, self.rank, slot.prio, act.important,
+                                             slot.dtype, seq, act.offset, act.numel, slot.numel, slot.stride,
+                                             payload)  # fmt: skip
+                parts += (body, mac)
                 stats.sent += 1
                 stats.resent += act.resend
                 stats.sent_bytes += len(payload) + FRAMING_BYTES
@@ -223,7 +223,7 @@ class Outbound:
                     self._gso_refused(path, address, exc)  # and send them one by one, below
             for i, (_seq, act) in enumerate(group):
                 try:
-                    udp.send_batch(sock, parts[3 * i : 3 * i + 3], tos_value, 0, address)
+                    udp.send_batch(sock, parts[2 * i : 2 * i + 2], tos_value, 0, address)
                     stats.send_calls += 1
                 except BlockingIOError:
                     self._requeue(slot, [(_seq, act)])
