@@ -11,7 +11,9 @@ one repeat: the counters of one link per rank). The bench workers import a
 that directory every 0.5 s, and ``DlcpLink.close`` to write them once more
 as the link ends. What the last write held is printed per rank,
 in total and per step (divided by ``--warmup`` + ``--iters``: the link also
-carried the runtime's start-up, so per-step figures are upper bounds).
+carried the runtime's start-up, so per-step figures are upper bounds), then
+each rank's rate control toward each peer (``DlcpLink.rate_counters``: cuts,
+feedback timeouts, losses, the rate and round trips as the link ended).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def _write(link):
     s = link.stats
     counters = {f.name: getattr(s, f.name) for f in dataclasses.fields(s)
                 if isinstance(getattr(s, f.name), int) and not isinstance(getattr(s, f.name), bool)}
+    counters["rate"] = {str(peer): c for peer, c in link.rate_counters().items()}
     with _lock:
         tmp = os.path.join(_out, f".rank{link.rank}.tmp")
         with open(tmp, "w") as f:
@@ -107,6 +110,16 @@ def main() -> None:
         cells = "".join(f"{c.get(name, 0):>14,}{c.get(name, 0) / steps:>10.1f}" for c in counters)
         print(f"{name:24}{cells}")
     print(f"per step: divided by --warmup + --iters = {steps}")
+    print("rate control toward each peer, as the link ended (RateControl's counters):")
+    for rank, c in enumerate(counters):
+        for peer, rate in sorted(c.get("rate", {}).items()):
+            print(
+                f"  rank {rank} -> {peer}: {rate['decreases']:.0f} cuts ({rate['undone']:.0f} undone), "
+                f"{rate['timeouts']:.0f} feedback timeouts, {rate['lost']:.0f} lost, "
+                f"{rate['reordered']:.0f} reordered, {rate['rounds']:.0f} rounds; rate "
+                f"{rate['rate_bytes_per_s'] * 8e-6:.0f} Mbit/s, srtt {rate['srtt_s'] * 1e3:.2f} ms, "
+                f"min rtt {rate['min_rtt_s'] * 1e3:.2f} ms"
+            )
     sys.exit(code)
 
 

@@ -176,7 +176,15 @@ def test_the_dlcp_cpu_a_b_table_is_recomputed_from_its_runs(
 
 @pytest.mark.parametrize(
     ("folder", "count"),
-    [("dlcp-fuse-ab", 8), ("dlcp-burst-ab", 4), ("dlcp-switch-ab", 4), ("dlcp-compiled-ab", 4), ("dlcp-mac-ab", 4)],
+    [
+        ("dlcp-fuse-ab", 8),
+        ("dlcp-burst-ab", 4),
+        ("dlcp-switch-ab", 4),
+        ("dlcp-compiled-ab", 4),
+        ("dlcp-mac-ab", 4),
+        ("dlcp-ack-ab", 10),
+        ("dlcp-ack-loss-ab", 2),
+    ],
 )
 def test_the_dlcp_fusion_and_data_path_a_b_tables_are_recomputed_from_their_runs(
     script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], folder: str, count: int

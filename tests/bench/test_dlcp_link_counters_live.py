@@ -5,6 +5,7 @@ Root only (namespaces, tc); skipped otherwise, with the reason.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,3 +37,5 @@ def test_the_counters_of_each_ranks_link_are_printed_per_step(tmp_path: Path) ->
         assert per_step == pytest.approx([t / 6 for t in totals], abs=0.05), (name, rows[name])
     written, sent = (rows[name][::2] for name in ("written", "sent"))
     assert 0 < int(written[0].replace(",", "")) <= int(sent[1].replace(",", "")), rows  # what the peer sent, at most
+    rates = dict(re.findall(r"^  rank (\d) -> \d: .*?, (\d+) rounds; rate", done.stdout, re.MULTILINE))
+    assert sorted(rates) == ["0", "1"] and all(int(rounds) > 0 for rounds in rates.values()), done.stdout

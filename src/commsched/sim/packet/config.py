@@ -162,7 +162,7 @@ class DlcpParams:
     ``important_layer_classes`` (:func:`~commsched.transport.dlcp.protocol.classify`).
     PROBE ``probe_delay_s`` after the last packet, again every
     ``probe_timeout_s`` unanswered. The receiver ACKs every ``ack_every``
-    datagrams (0: as the link does, one per 48 KiB), at the latest after
+    datagrams (0: one per 48 KiB; the real link ACKs every 96 KiB), at the latest after
     ``ack_interval_s``. Rate control (:class:`~commsched.transport.dlcp.rate.RateParams`,
     whose docstring justifies each default): starts at ``initial_gbps`` and
     doubles per round trip until the first congestion signal, then DCTCP's
@@ -184,7 +184,8 @@ class DlcpParams:
     # - probe_timeout_s: control packets travel in the top band, so a PROBE's answer waits behind no data
     #   queue; 500 µs is over 10 base round trips of the fabrics simulated here (µs links, 10-100 Gbit/s),
     #   so it fires only for a lost control packet.
-    # - ack_every 0: the link's rule (one Ack per 48 KiB); ack_interval_s: a few base round trips, so a
+    # - ack_every 0: one Ack per 48 KiB (sim.packet.dlcp.FABRIC_ACK_EVERY_BYTES: the link's 96 KiB answers a
+    #   Python host's per-ACK cost); ack_interval_s: a few base round trips, so a
     #   sender too slow to trigger Acks still hears within its round trip's order of magnitude.
     # - initial_gbps: a fixed start, not the NIC's rate; slow start doubles it each round trip (at
     #   100 Gbit/s the line rate is reached in four round trips).
@@ -198,7 +199,7 @@ class DlcpParams:
     important_layer_classes: int = option(1, "layer classes below this are important whatever their norms", ge=0)
     probe_delay_s: float = option(20e-6, "PROBE this long after the last packet was sent", ge=0)
     probe_timeout_s: float = option(500e-6, "PROBE again after this long unanswered", gt=0)
-    ack_every: int = option(0, "ACK every n datagrams (0: one per 48 KiB, as the link)", ge=0)
+    ack_every: int = option(0, "ACK every n datagrams (0: one per 48 KiB)", ge=0)
     ack_interval_s: float = option(50e-6, "longest a received datagram waits for its ACK", gt=0)
     initial_gbps: float = option(10.0, "rate a sender starts at (slow start doubles it per round trip)", gt=0)
     min_gbps: float = option(0.008, "lowest rate (a floor below any fair share; recovery does not depend on it)", gt=0)

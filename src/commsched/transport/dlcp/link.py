@@ -203,7 +203,7 @@ class DlcpLink:
         if small is not None and not _warned_small_mtu:
             _warned_small_mtu = True
             log.warning(small)
-        # acknowledge about every 48 KiB, and let the window hold what a receiver holds unacknowledged
+        # acknowledge about every 96 KiB (ACK_EVERY_BYTES); the window holds what a receiver holds unacknowledged
         ack_every = datagrams_per_ack(mtu_bytes)
         rate = rate if rate is not None else RateParams(ack_slack=ack_every, burst_bytes=pacer_burst_bytes(mtu_bytes))
         self._engine = Engine(

@@ -254,13 +254,16 @@ def _runs(got: np.ndarray, stride: int, numel: int) -> tuple[tuple[int, int], ..
     return tuple((int(a) * stride, min(int(b) * stride, numel)) for a, b in zip(starts, ends, strict=True))
 
 
-#: A receiver acknowledges about every this many bytes of datagrams (:func:`datagrams_per_ack`).
-ACK_EVERY_BYTES = 48 * 1024
+#: A receiver acknowledges about every this many bytes of datagrams (:func:`datagrams_per_ack`). Each ACK costs
+#: both I/O threads a system call, a MAC and a wake-up on the core the training computes on: at 48 KiB (5
+#: datagrams of 9000 bytes) `dlcp` ran 1.03-1.22x `ps`'s iteration, at 96 KiB 0.97-1.13x (BENCHMARKS.md,
+#: "Fewer ACKs").
+ACK_EVERY_BYTES = 96 * 1024
 
 
-def datagrams_per_ack(mtu_bytes: int) -> int:
-    """How many datagrams a receiver takes before it ACKs: about 48 KiB of them, at least 4."""
-    return max(4, ACK_EVERY_BYTES // mtu_bytes)
+def datagrams_per_ack(mtu_bytes: int, every_bytes: int = ACK_EVERY_BYTES) -> int:
+    """How many datagrams a receiver takes before it ACKs: about ``every_bytes`` of them, at least 4."""
+    return max(4, every_bytes // mtu_bytes)
 
 
 class PeerFeedback:
