@@ -117,6 +117,7 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
         "dlcp-tails-2s-mtu9000-rto",
         "dlcp-tails-2s-mtu9000-probe",
         "dlcp-tails-2s-mtu9000-cpu",
+        "dlcp-tails-2s-mtu9000-ack",
         *(f"dlcp-tails-burst/{run}" for run in ("new-1", "new-2", "one-1", "one-2")),
     ],
 )
@@ -145,6 +146,7 @@ def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) 
         ("dlcp-train-lossless", "dlcp-train-loss1"),
         ("dlcp-train-lossless-rto", "dlcp-train-loss1-rto"),
         ("dlcp-train-lossless-cpu", "dlcp-train-loss1-cpu"),
+        ("dlcp-train-lossless-ack", "dlcp-train-loss1-ack"),
     ],
 )
 def test_the_dlcp_training_figures_are_recomputed_from_their_runs(
@@ -184,6 +186,7 @@ def test_the_dlcp_cpu_a_b_table_is_recomputed_from_its_runs(
         ("dlcp-mac-ab", 4),
         ("dlcp-ack-ab", 10),
         ("dlcp-ack-loss-ab", 2),
+        ("dlcp-window-ab", 6),
     ],
 )
 def test_the_dlcp_fusion_and_data_path_a_b_tables_are_recomputed_from_their_runs(
@@ -210,3 +213,16 @@ def test_the_summary_over_every_run_of_the_fused_code_is_recomputed(
     script_loader("benchmarks/dlcp_cpu_ab.py").main(["--summary", *map(str, paths)])
     summary = capsys.readouterr().out.splitlines()[-1]
     assert summary.startswith("dlcp / ps over 15 reports") and summary in DOCUMENT, summary
+
+
+def test_the_summary_over_every_run_of_the_code_with_fewer_acks_is_recomputed(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = ROOT / "benchmarks" / "results"
+    paths = [
+        *sorted((results / "dlcp-ack-ab").glob("ack-ack-*.json")),
+        results / "dlcp-train-lossless-ack" / "bench.json",
+    ]
+    script_loader("benchmarks/dlcp_cpu_ab.py").main(["--summary", *map(str, paths)])
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert summary.startswith("dlcp / ps over 6 reports") and summary in DOCUMENT, summary
