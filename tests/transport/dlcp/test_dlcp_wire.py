@@ -17,6 +17,8 @@ from commsched.transport.dlcp.wire import (
     MAC_BYTES,
     MAGIC,
     MAX_HOLES,
+    NONCE_BYTES,
+    TAG_BYTES,
     VERSION,
     Codec,
     Kind,
@@ -109,6 +111,19 @@ def reason(datagram: bytes) -> str:
 def test_another_jobs_key_fails_the_mac() -> None:
     other = Codec(bytes(32), WORLD)
     assert reason(other.encode(Kind.STOP, 0, 0, 0, 0, dtype=F32, total=1)) == "mac"
+
+
+def test_every_datagram_has_a_fresh_nonce_and_every_codec_of_the_job_verifies_it() -> None:
+    first, second = data(), data()  # the same message twice
+    assert first[:-MAC_BYTES] == second[:-MAC_BYTES]
+    nonces = {first[-MAC_BYTES:-TAG_BYTES], second[-MAC_BYTES:-TAG_BYTES]}
+    assert len(nonces) == 2 and all(len(n) == NONCE_BYTES for n in nonces)
+    assert first[-TAG_BYTES:] != second[-TAG_BYTES:]
+    peer = Codec(KEY, WORLD)  # another rank of the job: a nonce range of its own, the same key
+    assert CODEC.decode(peer.encode(Kind.STOP, 0, 0, 0, 2, dtype=F32, total=1)).rank == 2
+    assert peer.decode(first).seq == 9
+    swapped = first[:-MAC_BYTES] + second[-MAC_BYTES:-TAG_BYTES] + first[-TAG_BYTES:]  # another nonce, same tag
+    assert reason(swapped) == "mac"
 
 
 @given(st.binary(max_size=2000))
