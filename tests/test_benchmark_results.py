@@ -199,30 +199,22 @@ def test_the_dlcp_fusion_and_data_path_a_b_tables_are_recomputed_from_their_runs
         assert line in DOCUMENT, line
 
 
-def test_the_summary_over_every_run_of_the_fused_code_is_recomputed(
-    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
-) -> None:
-    results = ROOT / "benchmarks" / "results"
-    paths = [
-        *sorted((results / "dlcp-fuse-ab").glob("fuse64*.json")),
-        *sorted((results / "dlcp-burst-ab").glob("burst4-*.json")),
-        *sorted((results / "dlcp-switch-ab").glob("*.json")),
-        *sorted((results / "dlcp-compiled-ab").glob("*.json")),
-        results / "dlcp-train-lossless-fuse" / "bench.json",
-    ]
-    script_loader("benchmarks/dlcp_cpu_ab.py").main(["--summary", *map(str, paths)])
-    summary = capsys.readouterr().out.splitlines()[-1]
-    assert summary.startswith("dlcp / ps over 15 reports") and summary in DOCUMENT, summary
+FUSED = ("dlcp-fuse-ab/fuse64*.json", "dlcp-burst-ab/burst4-*.json", "dlcp-switch-ab/*.json", "dlcp-compiled-ab/*.json",
+         "dlcp-train-lossless-fuse/bench.json")  # fmt: skip
+FEWER_ACKS = ("dlcp-ack-ab/ack-ack-*.json", "dlcp-train-lossless-ack/bench.json")
 
 
-def test_the_summary_over_every_run_of_the_code_with_fewer_acks_is_recomputed(
-    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("patterns", "count"), [(FUSED, 15), (FEWER_ACKS, 6), ((*FEWER_ACKS, "dlcp-window-ab/win-ack2-*.json"), 9)]
+)
+def test_the_summaries_over_every_run_of_one_code_are_recomputed(
+    script_loader: Callable[[str], ModuleType],
+    capsys: pytest.CaptureFixture[str],
+    patterns: tuple[str, ...],
+    count: int,
 ) -> None:
     results = ROOT / "benchmarks" / "results"
-    paths = [
-        *sorted((results / "dlcp-ack-ab").glob("ack-ack-*.json")),
-        results / "dlcp-train-lossless-ack" / "bench.json",
-    ]
+    paths = [path for pattern in patterns for path in sorted(results.glob(pattern))]
     script_loader("benchmarks/dlcp_cpu_ab.py").main(["--summary", *map(str, paths)])
     summary = capsys.readouterr().out.splitlines()[-1]
-    assert summary.startswith("dlcp / ps over 6 reports") and summary in DOCUMENT, summary
+    assert summary.startswith(f"dlcp / ps over {count} reports") and summary in DOCUMENT, summary
