@@ -187,6 +187,7 @@ def test_the_dlcp_cpu_a_b_table_is_recomputed_from_its_runs(
         ("dlcp-ack-ab", 10),
         ("dlcp-ack-loss-ab", 2),
         ("dlcp-window-ab", 6),
+        ("dlcp-floor-ab", 8),
     ],
 )
 def test_the_dlcp_fusion_and_data_path_a_b_tables_are_recomputed_from_their_runs(
