@@ -166,19 +166,10 @@ def test_the_dlcp_training_figures_are_recomputed_from_their_runs(
         assert session["summary"]["dlcp"]["steps"] >= 200
 
 
-def test_the_dlcp_cpu_a_b_table_is_recomputed_from_its_runs(
-    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
-) -> None:
-    paths = sorted((ROOT / "benchmarks" / "results" / "dlcp-cpu-ab").glob("*.json"))
-    assert len(paths) == 10
-    script_loader("benchmarks/dlcp_cpu_ab.py").main([str(p) for p in paths])
-    for line in capsys.readouterr().out.splitlines():
-        assert line in DOCUMENT, line
-
-
 @pytest.mark.parametrize(
     ("folder", "count"),
     [
+        ("dlcp-cpu-ab", 10),
         ("dlcp-fuse-ab", 8),
         ("dlcp-burst-ab", 4),
         ("dlcp-switch-ab", 4),
@@ -190,7 +181,7 @@ def test_the_dlcp_cpu_a_b_table_is_recomputed_from_its_runs(
         ("dlcp-floor-ab", 8),
     ],
 )
-def test_the_dlcp_fusion_and_data_path_a_b_tables_are_recomputed_from_their_runs(
+def test_the_dlcp_a_b_tables_are_recomputed_from_their_runs(
     script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], folder: str, count: int
 ) -> None:
     paths = sorted((ROOT / "benchmarks" / "results" / folder).glob("*.json"))
