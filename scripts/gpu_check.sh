@@ -5,8 +5,8 @@
 #     bash scripts/gpu_check.sh [OUT_DIR [PYTEST_ARGS...]]
 # The log and the profiles go to OUT_DIR (default: gpu-check/); PYTEST_ARGS replace the default test list.
 # PROFILE_BATCHES (default "32") lists the batch sizes profiled. A machine without the package index can
-# take the wheels of a missing dependency from WHEELS_DIR (pip download them elsewhere). docs/gpu.md
-# records what it gave.
+# take a missing dependency from WHEELS_DIR/<module>/ (the wheels of it and of what it needs, pip downloaded
+# elsewhere). docs/gpu.md records what it gave.
 set -uo pipefail
 out=${1:-gpu-check}
 shift $(( $# > 0 ? 1 : 0 ))
@@ -21,9 +21,14 @@ fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 COMMSCHED_TEST_DEVICE=cuda
 {
     nvidia-smi -L
-    if ! python3 -c "import cryptography" 2>/dev/null && [ -n "${WHEELS_DIR:-}" ]; then
+    if [ -n "${WHEELS_DIR:-}" ]; then  # WHEELS_DIR/<module>/*.whl: a module and what it needs
         deps=$(mktemp -d)
-        python3 -m pip install -q --no-index --no-deps --target "$deps" "$WHEELS_DIR"/*.whl
+        for dir in "$WHEELS_DIR"/*/; do
+            module=$(basename "$dir")
+            python3 -c "import $module" 2>/dev/null && continue
+            echo "installing $module from $dir"
+            python3 -m pip install -q --no-index --no-deps --target "$deps" "$dir"*.whl
+        done
         export PYTHONPATH="$PYTHONPATH:$deps"
     fi
     python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(), 'nccl', torch.cuda.nccl.version())"

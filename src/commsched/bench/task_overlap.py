@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import scipy.optimize
 import torch
 import torch.distributed as dist
 
@@ -130,6 +129,8 @@ def fit_costs(*timed: TaskOverlap) -> tuple[float, float]:
         raise ValueError(f"layouts: two or more are needed to tell a task's cost from its bytes', got {len(timed)}")
     a = np.array([[statistics.median(o.tasks), statistics.median(o.mib)] for o in timed], dtype=float)
     b = np.array([max(0.0, o.extra_ms) for o in timed], dtype=float)
+    import scipy.optimize  # here, not at the top: scipy adds ~0.2 s to every CLI start
+
     (per_task, per_mb), _ = scipy.optimize.nnls(a, b)
     return float(per_task), float(per_mb)
 
