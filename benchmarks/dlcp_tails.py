@@ -59,12 +59,12 @@ def _csv(value: str) -> tuple[str, ...]:
     "--plot",
     "plot_path",
     type=click.Path(dir_okay=False, path_type=Path),
-    default=ROOT / "docs" / "img" / "dlcp-tails.png",
+    help="[default: OUT/tails.png]",
 )
 def main(
     senders: int, rounds: int, warmup: int, model: str, compute_ms: float | None, grad_mib: float | None,
     partition_mib: float, loss_bound: float, rate: str, loss: float, queue_pkts: int, buffer_pkts: int,
-    scenarios: str, methods: str, timeout: float, mtu: int, out: Path, plot_path: Path,
+    scenarios: str, methods: str, timeout: float, mtu: int, out: Path, plot_path: Path | None,
 ) -> None:  # fmt: skip
     """Round-time tails of ps, DLCP and gloo on the emulated testbed (see the module docstring)."""
     reason = netns_unavailable_reason()
@@ -87,6 +87,7 @@ def main(
     if reason is not None:
         raise click.UsageError(reason)
     report = run_tails(config, out, command_line=shlex.join(["python", *sys.argv]))
+    plot_path = plot_path or out / "tails.png"
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot(report, plot_path)
     print(f"{'scenario':10} {'method':8} {'p50 ms':>8} {'p99 ms':>8} {'comm p99':>9}  datagrams/CPU-s")

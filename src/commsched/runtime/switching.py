@@ -253,7 +253,10 @@ class AutoPlanner:
             options_for=options_for if self.gloo else None,
         )
         log.info(
-            "commsched auto: %d simulations in %.1f s of a %.1f s budget",
+            "commsched auto: %d simulations in %.1f s of a %.1f s budget%s; ranked %s",
             advice.simulations, advice.search_s, self.budget_s,
+            " (it cut the search short: the choice may differ from a longer search's)"
+            if advice.budget_exhausted else "",
+            ", ".join(f"{c.policy} {c.iteration_ms:.3f} ms" for c in advice.candidates[:4]),
         )  # fmt: skip
         return [(c.policy, dict(c.knobs), c.iteration_ms) for c in advice.candidates]

@@ -6,8 +6,8 @@ never reads the configured link rate: it learns from the receiver's
 cumulative :class:`~commsched.transport.dlcp.protocol.Ack` counts and from
 round-trip samples. Per round (about one round trip) it estimates DCTCP's
 ``α`` from marks and confirmed losses; it cuts at once on a mark or a loss
-(``rate·(1 − α/2)``, or halving on a path that never marked), at most once
-per round trip; it tells loss from reordering with a RACK-style window and
+(``rate·(1 − α/2)``; halving for a loss on a path that never marked once
+its losses exceed ``loss_tolerance``), at most once per round trip; it tells loss from reordering with a RACK-style window and
 undoes a cut that reordering caused; it grows after a clean round (doubling
 in slow start, one datagram per round trip after); a window of twice rate
 times round trip keeps it self-clocked; a feedback timeout gives up on what
@@ -47,6 +47,15 @@ class RateParams:
     - ``alpha_init``: α before any round (1, Linux DCTCP's
       ``dctcp_alpha_on_init``): nothing is known of the path, so the first
       mark halves the rate, as TCP leaves slow start.
+    - ``loss_tolerance``: on a path that has never marked, the loss fraction
+      (α's estimate) up to which a loss is answered in proportion, like a
+      mark, and above which it halves the rate. A link's random loss drops
+      a steady fraction whatever the rate, and halving for each of them
+      keeps the rate far below the link; a sender overflowing a drop-tail
+      buffer loses more and more until α passes the tolerance. 5 %: DLCP
+      tolerates loss (what it costs is re-sends and the bound, not
+      collapse), so its own losses are held near this, not near TCP's
+      2/window per round trip (docs/dlcp.md, "Rate control").
     - ``burst_bytes``: the pacer's bucket; at least one datagram.
     - ``feedback_timeout_s``: the least time without feedback before giving
       up on what is in flight (RFC 6298's minimum RTO). 50 ms: a Python
@@ -67,6 +76,7 @@ class RateParams:
     max_rate_bytes_per_s: float = float("inf")
     gain: float = 1 / 16
     alpha_init: float = 1.0
+    loss_tolerance: float = 0.05
     burst_bytes: float = 8 * 1024
     feedback_timeout_s: float = 0.05
     ack_slack: int = 32
@@ -245,7 +255,8 @@ class RateControl:
             self._cut(self.alpha, now_s)
         elif lost_below >= 0 and _after((lost_below - 1) % U32, self._recover_seq):
             undo_rate = self.rate_bytes_per_s
-            self._cut(self.alpha if self.marking_path else 1.0, now_s)
+            overflow = not self.marking_path and self.alpha > self.p.loss_tolerance
+            self._cut(1.0 if overflow else self.alpha, now_s)
             self._undo_rate, self._undo_lost = undo_rate, lost_before
         if _after(top, self._round_seq):
             self._end_round(now_s)
