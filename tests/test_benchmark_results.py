@@ -118,7 +118,9 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
         "dlcp-tails-2s-mtu9000-probe",
         "dlcp-tails-2s-mtu9000-cpu",
         "dlcp-tails-2s-mtu9000-ack",
+        "dlcp-tails-2s-mtu9000-tol",
         *(f"dlcp-tails-burst/{run}" for run in ("new-1", "new-2", "one-1", "one-2")),
+        *(f"dlcp-loss-cut-ab/{run}" for run in ("halve-1", "halve-2", "proportional-1", "proportional-2")),
     ],
 )
 def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) -> None:
@@ -147,6 +149,7 @@ def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) 
         ("dlcp-train-lossless-rto", "dlcp-train-loss1-rto"),
         ("dlcp-train-lossless-cpu", "dlcp-train-loss1-cpu"),
         ("dlcp-train-lossless-ack", "dlcp-train-loss1-ack"),
+        ("dlcp-train-lossless-ack", "dlcp-train-loss1-tol"),
     ],
 )
 def test_the_dlcp_training_figures_are_recomputed_from_their_runs(
