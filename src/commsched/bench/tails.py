@@ -157,7 +157,8 @@ def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:
     }  # fmt: skip
     if stats is not None:  # whole-run counters, and the datagrams of the timed rounds
         keep = ("sent", "resent", "received", "written", "ecn_capable", "ce_marked", "duplicate", "late",
-                "early_dropped", "probes", "bitmaps", "rcvbuf_requested_bytes", "rcvbuf_granted_bytes")  # fmt: skip
+                "early_dropped", "probes", "bitmaps", "probes_held_out", "rcvbuf_requested_bytes",
+                "rcvbuf_granted_bytes")  # fmt: skip
         timed = {"timed_sent": stats.sent - base[0], "timed_received": stats.received - base[1]}
         out["dlcp"] = {k: getattr(stats, k) for k in keep} | timed | {"rejected": dict(stats.rejected)}
         out["dlcp"]["rate"] = {str(peer): c for peer, c in link.rate_counters().items()}  # each destination's

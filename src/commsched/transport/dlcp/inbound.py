@@ -235,6 +235,7 @@ class Inbound:
                 continue
             arrived = (self.feedback[recv.peer].sent - sent_before) % U32 < 2**31
             if arrived or now >= answer_by:
+                self.stats.probes_held_out += not arrived
                 acts: list[Action] = []
                 recv.state.on_probe(seq, acts)
                 self._emit(recv.peer, acts, recv)

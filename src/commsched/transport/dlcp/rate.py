@@ -7,8 +7,9 @@ cumulative :class:`~commsched.transport.dlcp.protocol.Ack` counts and from
 round-trip samples. Per round (about one round trip) it estimates DCTCP's
 ``α`` from marks and confirmed losses; it cuts at once on a mark or a loss
 (``rate·(1 − α/2)``; halving for a loss on a path that never marked once
-its losses exceed ``loss_tolerance``), at most once per round trip; it tells loss from reordering with a RACK-style window and
-undoes a cut that reordering caused; it grows after a clean round (doubling
+its losses exceed ``loss_tolerance``), at most once per round trip; it
+tells loss from reordering with a RACK-style window and undoes a cut that
+reordering caused; it grows after a clean round (doubling
 in slow start, one datagram per round trip after); a window of twice rate
 times round trip keeps it self-clocked; a feedback timeout gives up on what
 is in flight; the rate stays between a floor and ``max_rate_bytes_per_s``,

@@ -39,7 +39,10 @@ class LinkStats:
     size or grid for the posted receive), ``early_buffered`` /
     ``early_dropped`` (for a receive not yet posted): valid datagrams not
     written. ``probes`` sent (a sender that ran out of datagrams asking for
-    the holes) and ``bitmaps`` sent (this receiver's answers naming holes).
+    the holes) and ``bitmaps`` sent (this receiver's answers naming holes);
+    ``probes_held_out``: probes answered because ``inbound.PROBE_HOLD_S``
+    passed before the datagrams sent before them arrived (lost, or still
+    queued).
     ``control_sent`` / ``control_received``: control messages written on
     the TCP connections / read from them or, as datagrams, from the data
     sockets; ``control_datagrams_sent``: those sent as datagrams;
@@ -74,6 +77,7 @@ class LinkStats:
     control_duplicate: int = 0
     probes: int = 0
     bitmaps: int = 0
+    probes_held_out: int = 0
     control_unmatched: int = 0
     connections_refused: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
