@@ -183,6 +183,7 @@ def test_the_dlcp_training_figures_are_recomputed_from_their_runs(
         ("dlcp-ack-loss-ab", 2),
         ("dlcp-window-ab", 6),
         ("dlcp-floor-ab", 8),
+        ("dlcp-probe-delay-ab", 4),
     ],
 )
 def test_the_dlcp_a_b_tables_are_recomputed_from_their_runs(
