@@ -4,7 +4,7 @@
 # profiler with CUDA events. Run from the repository root on a machine with a GPU and PyTorch installed:
 #     bash scripts/gpu_check.sh [OUT_DIR [PYTEST_ARGS...]]
 # The log and the profiles go to OUT_DIR (default: gpu-check/); PYTEST_ARGS replace the default test list.
-# PROFILE_BATCHES (default "32") lists the batch sizes profiled. A machine without the package index can
+# PROFILE_BATCHES (default "32") lists the batch sizes profiled; PYTEST_LIMIT_S (default 540) bounds pytest. A machine without the package index can
 # take a missing dependency from WHEELS_DIR/<module>/ (the wheels of it and of what it needs, pip downloaded
 # elsewhere). docs/gpu.md records what it gave.
 set -uo pipefail
@@ -23,13 +23,15 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 COMMS
     nvidia-smi -L
     if [ -n "${WHEELS_DIR:-}" ]; then  # WHEELS_DIR/<module>/*.whl: a module and what it needs
         deps=$(mktemp -d)
+        trap 'rm -rf "$deps"' EXIT
+        export PYTHONPATH="$PYTHONPATH:$deps"  # so that a module installed for another is seen, not installed again
         for dir in "$WHEELS_DIR"/*/; do
+            [ -d "$dir" ] || continue
             module=$(basename "$dir")
             python3 -c "import $module" 2>/dev/null && continue
             echo "installing $module from $dir"
-            python3 -m pip install -q --no-index --no-deps --target "$deps" "$dir"*.whl
+            python3 -m pip install -q --no-index --no-deps --upgrade --target "$deps" "$dir"*.whl
         done
-        export PYTHONPATH="$PYTHONPATH:$deps"
     fi
     python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name(), 'nccl', torch.cuda.nccl.version())"
     for batch in ${PROFILE_BATCHES:-32}; do

@@ -162,11 +162,12 @@ def test_the_rate_grows_from_its_initial_value_to_a_fast_unknown_link() -> None:
 
 @pytest.mark.parametrize("loss", [0.005, 0.01, 0.02])
 def test_random_loss_below_the_tolerance_keeps_the_link_full(loss: float) -> None:
-    out = bottleneck(1, CAPACITY, ecn_bytes=60_000, buffer_bytes=300_000, random_loss=loss, params=PARAMS)
+    # no marks: the path never marks, so the loss rule alone answers the link's random loss
+    out = bottleneck(1, CAPACITY, ecn_bytes=None, buffer_bytes=300_000, random_loss=loss, params=PARAMS)
     assert sum(out.delivered_bytes) / 0.2 >= 0.95 * CAPACITY
     # halving for every loss, as TCP does (a tolerance of 0), leaves much of the link unused
     halving = bottleneck(
-        1, CAPACITY, ecn_bytes=60_000, buffer_bytes=300_000, random_loss=loss,
+        1, CAPACITY, ecn_bytes=None, buffer_bytes=300_000, random_loss=loss,
         params=dataclasses.replace(PARAMS, loss_tolerance=0.0),
     )  # fmt: skip
     assert sum(halving.delivered_bytes) < 0.9 * sum(out.delivered_bytes)
@@ -178,6 +179,8 @@ def test_without_ecn_a_shallow_buffer_keeps_goodput_up_and_losses_bounded(flows:
     out = bottleneck(flows, CAPACITY, ecn_bytes=None, buffer_bytes=30_000, params=PARAMS)
     assert sum(out.delivered_bytes) / 0.2 >= 0.9 * CAPACITY
     assert out.dropped <= 2 * PARAMS.loss_tolerance * out.sent
+    # less even than with halving for every loss (0.98 for 2 flows), which the tolerance gives up: docs/dlcp.md
+    assert jain(out.delivered_bytes) >= 0.75
 
 
 def test_the_rate_starts_at_the_initial_rate_and_backs_off_without_feedback() -> None:

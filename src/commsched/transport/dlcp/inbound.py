@@ -235,7 +235,8 @@ class Inbound:
                 continue
             arrived = (self.feedback[recv.peer].sent - sent_before) % U32 < 2**31
             if arrived or now >= answer_by:
-                self.stats.probes_held_out += not arrived
+                if not arrived:
+                    self.stats.probes_held_out += 1
                 acts: list[Action] = []
                 recv.state.on_probe(seq, acts)
                 self._emit(recv.peer, acts, recv)

@@ -72,29 +72,30 @@ log = logging.getLogger("commsched")
 BURST_DATAGRAMS = 4
 _warned_rcvbuf = False  # the kernel's cap is reported once per process
 _warned_small_mtu = False  # and datagrams too small for the data path's rate
-#: Below this path MTU the data path's rate per core, not the link, bounds a transfer on links of a few hundred
-#: Mbit/s: about 20,000-34,000 datagrams per CPU second through the testbed with 9000-byte datagrams
-#: (BENCHMARKS.md, "DLCP's tails and training with the loss tolerance"), so at that rate 1500-byte frames carry
-#: 220-380 Mbit/s of gradient per core. Smaller datagrams cost less each (over loopback 2.2-2.5 times as many per
-#: CPU second at 1500 bytes as at 9000: docs/dlcp.md, "The data path"), but not in proportion to their size: at
-#: 1500 bytes resnet5m's training at 300 Mbit/s took 1.18 s per iteration against `ps`'s 0.71 (BENCHMARKS.md,
-#: "Every policy on today's code", with an older data path of 15,000-18,000 datagrams per CPU second).
+#: The data path's datagrams per CPU second through the testbed with 9000-byte datagrams (BENCHMARKS.md, "DLCP's
+#: tails and training with the loss tolerance"): at that rate a 1500-byte datagram carries 260-380 Mbit/s of
+#: gradient per core, a 3999-byte one 720-1,060. Smaller datagrams cost less each (over loopback 2.2-2.5 times as
+#: many per CPU second at 1500 bytes as at 9000: docs/dlcp.md, "The data path"), but not in proportion to their
+#: size: at 1500 bytes resnet5m's training at 300 Mbit/s took 1.18 s per iteration against `ps`'s 0.71
+#: (BENCHMARKS.md, "Every policy on today's code", with an older data path).
+DATAGRAMS_PER_CPU_S = (23_000, 34_000)
+#: Below this path MTU the warning below is given: the data path's rate per core, not the link, can set the pace on
+#: the links of a few hundred Mbit/s to 1 Gbit/s this project is measured on, where jumbo frames lift it to 1.6-2.4
+#: Gbit/s.
 SMALL_MTU_BYTES = 4000
-#: The datagrams per CPU second the warning below quotes (the middle of that range).
-DATAGRAMS_PER_CPU_S = 27_000
 
 
 def small_mtu_warning(mtu_bytes: int) -> str | None:
     """What a user of ``mtu_bytes``-byte datagrams should know about the data path's speed, or None."""
     if mtu_bytes >= SMALL_MTU_BYTES:
         return None
-    payload = mtu_bytes - IPV4_UDP_BYTES - HEADER.size - MAC_BYTES
-    mbit = DATAGRAMS_PER_CPU_S * payload * 8 / 1e6
+    payload_bytes = mtu_bytes - IPV4_UDP_BYTES - HEADER.size - MAC_BYTES
+    low, high = (rate * payload_bytes * 8 / 1e6 for rate in DATAGRAMS_PER_CPU_S)
     return (
-        f"dlcp: datagrams of {mtu_bytes} bytes: the data path moves about 20,000-34,000 datagrams of 9000 bytes "
-        "per CPU second (smaller ones somewhat more), "
-        f"at that rate {mbit:.0f} Mbit/s of gradient per core at this size, so on faster links it, not the link, sets "
-        "the pace; give jumbo frames where the links carry them (TransportOptions(mtu_bytes=9000), "
+        f"dlcp: datagrams of {mtu_bytes} bytes: the data path moves about {DATAGRAMS_PER_CPU_S[0]:,}-"
+        f"{DATAGRAMS_PER_CPU_S[1]:,} datagrams of 9000 bytes per CPU second (smaller ones somewhat more), at that "
+        f"rate {low:.0f}-{high:.0f} Mbit/s of gradient per core at this size, so on faster links it, not the link, "
+        "sets the pace; give jumbo frames where the links carry them (TransportOptions(mtu_bytes=9000), "
         "commsched bench --mtu 9000), or use policy='ps' (TCP)"
     )
 
