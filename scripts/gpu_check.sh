@@ -6,7 +6,7 @@
 # The log and the profiles go to OUT_DIR (default: gpu-check/); PYTEST_ARGS replace the default test list.
 # PROFILE_BATCHES (default "32") lists the batch sizes profiled; PYTEST_LIMIT_S (default 540) bounds pytest. A machine without the package index can
 # take a missing dependency from WHEELS_DIR/<module>/ (the wheels of it and of what it needs, pip downloaded
-# elsewhere). docs/gpu.md records what it gave.
+# elsewhere). It exits with pytest's status. docs/gpu.md records what it gave.
 set -uo pipefail
 out=${1:-gpu-check}
 shift $(( $# > 0 ? 1 : 0 ))
@@ -41,5 +41,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 COMMS
     done
     timeout "${PYTEST_LIMIT_S:-540}" python3 -m pytest -v -p no:cacheprovider -o addopts=-ra --durations=10 \
         "${tests[@]}"
-    echo "pytest exit $?"
+    status=$?
+    echo "pytest exit $status"
+    exit "$status"  # the script's own status (pipefail): a failed test fails the check
 } 2>&1 | tee "$out/log.txt"
