@@ -4,9 +4,10 @@
 # profiler with CUDA events. Run from the repository root on a machine with a GPU and PyTorch installed:
 #     bash scripts/gpu_check.sh [OUT_DIR [PYTEST_ARGS...]]
 # The log and the profiles go to OUT_DIR (default: gpu-check/); PYTEST_ARGS replace the default test list.
-# PROFILE_BATCHES (default "32") lists the batch sizes profiled; PYTEST_LIMIT_S (default 540) bounds pytest. A machine without the package index can
-# take a missing dependency from WHEELS_DIR/<module>/ (the wheels of it and of what it needs, pip downloaded
-# elsewhere). It exits with pytest's status. docs/gpu.md records what it gave.
+# PROFILE_BATCHES (default "32") lists the batch sizes profiled; PYTEST_LIMIT_S (default 540) bounds pytest.
+# A machine without the package index can take a missing dependency from WHEELS_DIR/<module>/ (the wheels of
+# it and of what it needs, pip downloaded elsewhere). It exits with pytest's status. docs/gpu.md records what
+# it gave.
 set -uo pipefail
 out=${1:-gpu-check}
 shift $(( $# > 0 ? 1 : 0 ))
