@@ -150,7 +150,7 @@ def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) 
         ("dlcp-train-lossless-rto", "dlcp-train-loss1-rto"),
         ("dlcp-train-lossless-cpu", "dlcp-train-loss1-cpu"),
         ("dlcp-train-lossless-ack", "dlcp-train-loss1-ack"),
-        ("dlcp-train-lossless-ack", "dlcp-train-loss1-tol"),
+        ("dlcp-train-lossless-tol", "dlcp-train-loss1-tol"),
     ],
 )
 def test_the_dlcp_training_figures_are_recomputed_from_their_runs(
