@@ -200,17 +200,11 @@ def test_auto_runs_what_advise_ranks_first_and_replans_without_changing_the_resu
     # tensors, as on a GPU machine, is priced like NCCL, and there near-ties make another ranking), and off the CPU
     # a plan whose transports take CPU tensors only is passed over (the test's model is on one device)
     on_gloo_cpu = first.workload.device == "cpu"
-    advice = advise(
-        first.workload,
-        cluster,
-        budget_s=30.0,
-        sim_options=SimOptions(cpu_per_task_ms=cpu["cpu_per_task_ms"], cpu_ms_per_mb=cpu["cpu_ms_per_mb"])
-        if on_gloo_cpu
-        else None,
-        options_for=(lambda policy, knobs: gloo_options(first.workload, cluster, policy, **cpu, **knobs))
-        if on_gloo_cpu
-        else None,
-    )
+    gloo_pricing: dict[str, Any] = {
+        "sim_options": SimOptions(cpu_per_task_ms=cpu["cpu_per_task_ms"], cpu_ms_per_mb=cpu["cpu_ms_per_mb"]),
+        "options_for": lambda policy, knobs: gloo_options(first.workload, cluster, policy, **cpu, **knobs),
+    }
+    advice = advise(first.workload, cluster, budget_s=30.0, **(gloo_pricing if on_gloo_cpu else {}))
     assert not advice.budget_exhausted
     runnable = [
         c

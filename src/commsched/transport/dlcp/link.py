@@ -61,7 +61,7 @@ from commsched.transport.dlcp.protocol import classify, datagrams_per_ack
 from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
 from commsched.transport.dlcp.sockets import Endpoints, LinkSockets, path_mtu_problems
-from commsched.transport.dlcp.wire import DTYPE_CODES, HEADER, IPV4_UDP_BYTES, MAC_BYTES, packet_numel
+from commsched.transport.dlcp.wire import DTYPE_CODES, packet_numel
 from commsched.transport.links import COMPLETE, Received, TransferKey
 from commsched.transport.wire import default_bind_address
 
@@ -89,7 +89,7 @@ def small_mtu_warning(mtu_bytes: int) -> str | None:
     """What a user of ``mtu_bytes``-byte datagrams should know about the data path's speed, or None."""
     if mtu_bytes >= SMALL_MTU_BYTES:
         return None
-    payload_bytes = mtu_bytes - IPV4_UDP_BYTES - HEADER.size - MAC_BYTES
+    payload_bytes = packet_numel(mtu_bytes, 1)  # a datagram's gradient bytes
     low, high = (rate * payload_bytes * 8 / 1e6 for rate in DATAGRAMS_PER_CPU_S)
     return (
         f"dlcp: datagrams of {mtu_bytes} bytes: the data path moves about {DATAGRAMS_PER_CPU_S[0]:,}-"
