@@ -85,8 +85,9 @@ def _hook(name, *args, **kwargs):
 builtins.__import__ = _hook
 """
 
-SHOWN = ("sent", "resent", "received", "written", "early_buffered", "control_datagrams_sent", "control_sent",
-         "control_received", "control_duplicate", "probes", "bitmaps", "send_calls", "recv_calls")  # fmt: skip
+SHOWN = ("sent", "resent", "send_errors", "received", "written", "early_buffered", "control_datagrams_sent",
+         "control_sent", "control_received", "control_duplicate", "probes", "probes_held_out", "bitmaps",
+         "send_calls", "recv_calls")  # fmt: skip
 
 
 def main() -> None:
@@ -116,6 +117,7 @@ def main() -> None:
             print(
                 f"  rank {rank} -> {peer}: {rate['decreases']:.0f} cuts ({rate['undone']:.0f} undone), "
                 f"{rate['timeouts']:.0f} feedback timeouts, {rate['lost']:.0f} lost, "
+                f"{rate.get('refused', 0):.0f} refused by this host, "
                 f"{rate['reordered']:.0f} reordered, {rate['rounds']:.0f} rounds; rate "
                 f"{rate['rate_bytes_per_s'] * 8e-6:.0f} Mbit/s, srtt {rate['srtt_s'] * 1e3:.2f} ms, "
                 f"min rtt {rate['min_rtt_s'] * 1e3:.2f} ms"

@@ -227,3 +227,32 @@ def test_an_application_limited_sender_does_not_inflate_its_rate() -> None:
         rc.on_send(PACKET_BYTES, now)
         rc.on_ack(i, i, 0, i - 1, now)
     assert rc.rate_bytes_per_s == 10e6
+
+
+@pytest.mark.parametrize("told", [True, False])
+def test_datagrams_the_host_refused_are_not_counted_lost(told: bool) -> None:
+    """A batch the send buffer refused (EAGAIN) was numbered but never left: a gap, not a loss (when told)."""
+    rc = RateControl(RateParams(initial_rate_bytes_per_s=50e6), 0.0)
+    receiver = PeerFeedback(every=8)
+    now, refused = 0.0, 0
+    for batch in range(60):
+        seqs = [rc.on_send(PACKET_BYTES, now) for _ in range(8)]
+        if batch % 5 == 2:  # every fifth batch: the host's send buffer is full; it goes again, renumbered
+            refused += len(seqs)
+            if told:
+                for seq in seqs:
+                    rc.on_unsent(seq, now)
+            continue
+        now += 0.0002
+        acks: list[Action] = []
+        for seq in seqs:
+            receiver.on_data(seq, False, now, acks)
+        for ack in acks:
+            assert isinstance(ack, Ack)
+            rc.on_ack(ack.sent, ack.received, ack.ce, ack.echo, now + 0.0002)
+        now += 0.001
+    assert refused == 96
+    if told:  # congestion in this host (cut, counted as refused), not loss
+        assert rc.lost == 0 and rc.refused == refused and rc.decreases > 0
+    else:  # what an untold gap looks like: every refused datagram counted lost
+        assert rc.lost == refused and rc.refused == 0

@@ -226,11 +226,11 @@ class DlcpLink:
 
     def rate_counters(self) -> dict[int, dict[str, float]]:
         """Each destination's rate control so far (:class:`~commsched.transport.dlcp.rate.RateControl`'s
-        counters): ``decreases``, ``undone``, ``timeouts``, ``rounds``, ``lost``, ``reordered``, and now the
-        ``rate_bytes_per_s``, ``srtt_s`` and ``min_rtt_s``. Read from the I/O thread's state without a lock:
+        counters): ``decreases``, ``undone``, ``timeouts``, ``rounds``, ``lost``, ``refused``, ``reordered``, and
+        now the ``rate_bytes_per_s``, ``srtt_s`` and ``min_rtt_s``. Read from the I/O thread's state without a lock:
         a reading taken while it runs may mix two moments."""
-        names = ("decreases", "undone", "timeouts", "rounds", "lost", "reordered", "rate_bytes_per_s", "srtt_s",
-                 "min_rtt_s")  # fmt: skip
+        names = ("decreases", "undone", "timeouts", "rounds", "lost", "refused", "reordered", "rate_bytes_per_s",
+                 "srtt_s", "min_rtt_s")  # fmt: skip
         rates = self._engine.outbound.rates
         return {peer: {n: getattr(rates[peer], n) for n in names} for peer in range(self.world) if peer != self.rank}
 

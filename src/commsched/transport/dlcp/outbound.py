@@ -180,10 +180,10 @@ class Outbound:
                 # on the wire: the payload, DLCP's header and MAC, IPv4 and UDP
                 numbered.append((rate.on_send(act.numel * itemsize + FRAMING_BYTES + IPV4_UDP_BYTES, now), act))
         if numbered:
-            self._transmit(slot, numbered)
+            self._transmit(slot, numbered, now)
         return taken
 
-    def _transmit(self, slot: SendSlot, numbered: list[tuple[int, Data]]) -> None:
+    def _transmit(self, slot: SendSlot, numbered: list[tuple[int, Data]], now: float) -> None:
         """Send numbered datagrams of ``slot``: one GSO send per (local path, peer path, TOS byte)."""
         local, remote = len(self._paths), self._peers[slot.peer].data
         tos = (tos_byte(slot.prio, False), tos_byte(slot.prio, True))
@@ -214,7 +214,7 @@ class Outbound:
                     stats.send_calls += 1
                     continue
                 except BlockingIOError:  # this host's send buffer is full: back-pressure, not loss; they go again
-                    self._requeue(slot, group)
+                    self._requeue(slot, group, now)
                     continue
                 except OSError as exc:
                     if exc.errno not in udp.GSO_REFUSED:
@@ -226,14 +226,16 @@ class Outbound:
                     udp.send_batch(sock, parts[2 * i : 2 * i + 2], tos_value, 0, address)
                     stats.send_calls += 1
                 except BlockingIOError:
-                    self._requeue(slot, [(_seq, act)])
+                    self._requeue(slot, [(_seq, act)], now)
                 except OSError as exc:
                     self._lost(slot, [(_seq, act)], exc)
 
-    def _requeue(self, slot: SendSlot, group: list[tuple[int, Data]]) -> None:
+    def _requeue(self, slot: SendSlot, group: list[tuple[int, Data]], now: float) -> None:
         self.stats.send_errors += len(group)
-        for _seq, act in reversed(group):  # requeue puts each first: the batch keeps its order
+        rate = self.rates[slot.peer]
+        for seq, act in reversed(group):  # requeue puts each first: the batch keeps its order
             slot.state.requeue(act.offset)
+            rate.on_unsent(seq, now)  # a gap in the numbers the receiver sees that is not a loss
 
     def _lost(self, slot: SendSlot, group: list[tuple[int, Data]], exc: OSError) -> None:
         """The host refused datagrams: too large for the route (the send fails), or lost as on a broken link."""
