@@ -88,3 +88,18 @@ def test_probe_on_two_local_gloo_processes_fits_a_cluster_the_simulator_accepts(
     cluster = probe.cluster()
     result = simulate(zoo.load("resnet18"), cluster, "ddp", iterations=2, warmup=1)
     assert result.num_workers == 2 and result.iteration_ms > 0
+
+
+def test_the_probe_times_the_parameter_server_transport_when_asked_and_fits_its_cpu_work() -> None:
+    from commsched.profile.network import OPS, PS_OP
+    from commsched.profile.probe_fit import fit_cpu
+
+    probe = probe_local(2, (16 << 10, 1 << 20, 4 << 20), repeats=3, warmup=1, timeout_s=120, ops=(*OPS, PS_OP))
+    ps = [s for s in probe.samples if s.op == PS_OP]
+    assert [s.nbytes for s in ps] == [16 << 10, 1 << 20, 4 << 20]
+    assert all(len(s.seconds) == 3 and s.median_s > 0 and len(s.cpu_seconds) == 3 for s in ps)
+    # 4 MiB pushed and pulled take longer than 16 KiB (on loopback too: the bytes are copied and summed)
+    assert ps[-1].median_s > ps[0].median_s
+    fit = fit_cpu(probe.samples, PS_OP)
+    assert fit is not None and fit.op == PS_OP and fit.per_op_s >= 0 and fit.per_byte_s >= 0
+    assert fit.per_op_s + fit.per_byte_s * (4 << 20) > 0

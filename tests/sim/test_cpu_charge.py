@@ -150,3 +150,30 @@ def test_the_overlap_costs_survive_a_round_trip_through_yaml(tmp_path: Path) -> 
     cluster = load_cluster(str(tmp_path / "c.yaml"))
     assert cluster.worker_overlap_ms_per_mb() == (None, 5.0)
     assert cluster.worker_overlap_ms_per_task() == (3.0, None)
+
+
+def test_a_transport_measured_apart_is_charged_its_own_cpu_work() -> None:
+    # ps moves every layer by push and pull ("ps" transport): its own figures replace the general ones
+    general = _iteration_ms("ps", cpu_per_task_ms=3.0, cpu_ms_per_mb=2.0)
+    own = simulate(WORKLOAD, LINK, "ps", 6, 2, trace=False, options=SimOptions(
+        cpu_per_task_ms=3.0, cpu_ms_per_mb=2.0, transport_cpu=(("ps", 0.0, 0.0),))).iteration_ms  # fmt: skip
+    assert own == pytest.approx(_iteration_ms("ps"))  # nothing charged: as free as with no options
+    assert general > own
+    # a collective policy is untouched by an entry for another transport
+    assert simulate(WORKLOAD, LINK, "wfbp", 6, 2, trace=False, options=SimOptions(
+        cpu_per_task_ms=3.0, transport_cpu=(("ps", 0.0, 0.0),))).iteration_ms == _iteration_ms(
+        "wfbp", cpu_per_task_ms=3.0)  # fmt: skip
+    # the entry alone (no general charge) charges ps
+    alone = simulate(WORKLOAD, LINK, "ps", 6, 2, trace=False,
+                     options=SimOptions(transport_cpu=(("ps", 3.0, 2.0),))).iteration_ms  # fmt: skip
+    assert alone == pytest.approx(general)
+
+
+@pytest.mark.parametrize("entry", [("ps", -1.0, 0.0), ("ps", 0.0, float("nan")), (1, 0.0, 0.0), ("ps", 1.0)])
+def test_bad_transport_cpu_entries_are_refused(entry: object) -> None:
+    with pytest.raises(ScheduleError, match="transport_cpu"):
+        SimOptions(transport_cpu=(entry,))  # type: ignore[arg-type]
+
+
+def test_transport_cpu_from_json_lists_is_kept_as_tuples() -> None:
+    assert SimOptions(transport_cpu=[["ps", 1, 2.5]]).transport_cpu == (("ps", 1, 2.5),)  # type: ignore[arg-type]

@@ -91,6 +91,7 @@ from commsched.bench.validate import predict
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.formulas import ring_all_reduce_s, ring_factors
+from commsched.profile.network import OPS, PS_OP
 from commsched.profile.probe_fit import ProbeSample, fit_alpha_beta, fit_cpu, measured_cluster
 from commsched.schedule import AUTO, POLICIES, TORCH_DDP_AS_POLICY
 from commsched.workload import Workload
@@ -123,6 +124,9 @@ class Calibration:
         self.update_ms = float(data["update_ms"])
         #: the CPU work of one all-reduce (None in reports saved before the probe recorded it)
         self.cpu = fit_cpu(self.samples, "all_reduce")
+        #: the CPU work of a push and its pull through the "ps" transport (None in reports saved before the
+        #: probe timed them: the ps tasks are then charged as all-reduces)
+        self.ps_cpu = fit_cpu(self.samples, PS_OP)
         #: what communicating beside compute costs the device (:mod:`commsched.bench.overlap`): the cluster's
         #: ``overlap_ms_per_mb``, ``overlap_ms_per_task``, ``overlap_comm_rate`` (none where not timed);
         #: recorded, not predicted with (:attr:`cluster_with_overlap`)
@@ -181,7 +185,7 @@ class Calibration:
 
     def summary(self) -> dict[str, Any]:
         """The numbers a reader checks first (written into bench.json)."""
-        fits = {op: fit_alpha_beta(self.samples, op) for op in sorted({s.op for s in self.samples})}
+        fits = {op: fit_alpha_beta(self.samples, op) for op in sorted({s.op for s in self.samples} & set(OPS))}
         extra = self.workload.extra
         return {
             "alpha_us": self.alpha_s * 1e6,
@@ -195,6 +199,8 @@ class Calibration:
             "update_ms": self.update_ms,
             "comm_cpu_per_task_ms": self.cpu.per_op_ms if self.cpu is not None else None,
             "comm_cpu_ms_per_mb": self.cpu.ms_per_mb if self.cpu is not None else None,
+            "ps_cpu_per_pair_ms": self.ps_cpu.per_op_ms if self.ps_cpu is not None else None,
+            "ps_cpu_ms_per_mb": self.ps_cpu.ms_per_mb if self.ps_cpu is not None else None,
             **self.overlap,
         }
 
@@ -245,7 +251,7 @@ def predict_session(
         try:
             predictions = [
                 predict(workload, cluster, [policy], knobs={policy: policy_knobs}, update_ms=calibration.update_ms,
-                        cpu=calibration.cpu)[policy]
+                        cpu=calibration.cpu, ps_cpu=calibration.ps_cpu)[policy]
                 for policy, policy_knobs in cases
             ]  # fmt: skip
         except CommschedError as exc:  # a prediction that fails must not cost the measurements

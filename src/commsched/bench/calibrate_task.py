@@ -6,7 +6,8 @@ the same CPUs as in the session:
 
 1. the α-β fit of the shaped links (:func:`commsched.profile.network.probe_network`:
    gloo's ring all-reduce and the runtime's ring reduce-scatter/all-gather over
-   a sweep of sizes, :func:`calibration_sizes`);
+   a sweep of sizes, :func:`calibration_sizes`; and a push with its pull through
+   the ``"ps"`` transport, whose CPU work prices that transport's tasks);
 2. every rank profiles its own replica layer by layer
    (:func:`commsched.profile.profile_model`) at the same time, in lock-step (a
    barrier per iteration), so the profile has the CPU sharing of a real run;
@@ -58,13 +59,17 @@ def calibration_sizes(numel: int) -> list[int]:
 def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
     """The steps of the module docstring on this rank (every rank of the process group calls it together)."""
     from commsched.profile import profile_model
-    from commsched.profile.network import probe_network
+    from commsched.profile.network import OPS, PS_OP, probe_network
 
     progress = Progress(Path(job.out) / "progress.jsonl", rank == 0)
     model = build_model(job.model, job.seed)
     numel = sum(p.numel() for p in model.parameters())
     probe = probe_network(
-        sizes_bytes=calibration_sizes(numel), repeats=job.iters, warmup=1, progress=lambda _: progress("probe", 0, 0)
+        sizes_bytes=calibration_sizes(numel),
+        repeats=job.iters,
+        warmup=1,
+        ops=(*OPS, PS_OP),  # the "ps" transport's CPU work per task is its own, not gloo's
+        progress=lambda _: progress("probe", 0, 0),
     )
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)
 

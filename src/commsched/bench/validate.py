@@ -18,10 +18,18 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.plan.gloo import gloo_options
 from commsched.profile.probe_fit import CpuFit
+from commsched.schedule.base import PS_TRANSPORT
 from commsched.sim import SimOptions, simulate
 from commsched.workload import Workload
 
-__all__ = ["predict"]
+__all__ = ["predict", "ps_transport_cpu"]
+
+
+def ps_transport_cpu(ps_cpu: CpuFit | None) -> tuple[tuple[str, float, float], ...]:
+    """``SimOptions.transport_cpu`` from the probe's fit of a push and its pull (two tasks: half each)."""
+    if ps_cpu is None:
+        return ()
+    return ((PS_TRANSPORT, ps_cpu.per_op_ms / 2, ps_cpu.ms_per_mb / 2),)
 
 
 def predict(
@@ -35,13 +43,17 @@ def predict(
     knobs: Mapping[str, Mapping[str, Any]] | None = None,
     update_ms: float = 0.0,
     cpu: CpuFit | None = None,
+    ps_cpu: CpuFit | None = None,
 ) -> dict[str, float]:
     """Predicted iteration time in ms of each policy, by :func:`commsched.sim.simulate`.
 
     ``options``: simulator options for every policy; default
     :func:`gloo_options` per policy (the runtime on gloo) with ``update_ms``
     and, given the probe's ``cpu`` fit, communication's CPU work charged to
-    compute (``SimOptions.cpu_per_task_ms``/``cpu_ms_per_mb``).
+    compute (``SimOptions.cpu_per_task_ms``/``cpu_ms_per_mb``); given
+    ``ps_cpu``, the probe's fit of a push and its pull through the ``"ps"``
+    transport (:data:`~commsched.profile.network.PS_OP`), that transport's
+    tasks are charged half of it each (``SimOptions.transport_cpu``).
     ``knobs``: per policy, its knobs. Raises what ``simulate`` raises.
     """
     out: dict[str, float] = {}
@@ -55,6 +67,7 @@ def predict(
                 update_ms=update_ms,
                 cpu_per_task_ms=cpu.per_op_ms if cpu is not None else 0.0,
                 cpu_ms_per_mb=cpu.ms_per_mb if cpu is not None else 0.0,
+                transport_cpu=ps_transport_cpu(ps_cpu),
                 **policy_knobs,
             )
         else:

@@ -27,6 +27,7 @@ def gloo_options(
     cpu_per_task_ms: float = 0.0,
     cpu_ms_per_mb: float = 0.0,
     cpu_scales_with_speed: bool = False,
+    transport_cpu: tuple[tuple[str, float, float], ...] = (),
     **knobs: Any,
 ) -> SimOptions:
     """Simulator options for ``policy`` (with ``knobs``) run by the runtime on gloo.
@@ -47,6 +48,9 @@ def gloo_options(
       (:class:`~commsched.sim.SimOptions`); measured by the network probe or
       the runtime's warm-up; ``cpu_scales_with_speed`` where slower ranks are
       slower CPUs (:class:`~commsched.sim.SimOptions`).
+    * ``transport_cpu``: the same per transport, where one was measured apart
+      (the ``"ps"`` transport's push and pull: the probe's
+      :data:`~commsched.profile.network.PS_OP`).
     """
     plan = build_plan(policy, workload, CommModel.from_cluster(cluster).estimate(), **knobs)
     all_reduce_only = all(task.kind == "all_reduce" for task in plan.tasks)
@@ -57,4 +61,5 @@ def gloo_options(
         cpu_per_task_ms=cpu_per_task_ms,
         cpu_ms_per_mb=cpu_ms_per_mb,
         cpu_scales_with_speed=cpu_scales_with_speed,
+        transport_cpu=transport_cpu,
     )

@@ -45,6 +45,7 @@ def _local_rank(
     warmup: int,
     threads: int,
     timeout_s: float,
+    ops: tuple[str, ...],
     out: Any,
 ) -> None:
     """One process of :func:`probe_local`; rank 0 reports progress and the result through ``out``."""
@@ -59,7 +60,7 @@ def _local_rank(
         )
         try:
             report = (lambda line: out.put(("progress", line))) if rank == 0 else None
-            samples = _measure(None, sizes_bytes, repeats, warmup, OPS, report)
+            samples = _measure(None, sizes_bytes, repeats, warmup, ops, report)
             if rank == 0:
                 out.put(("result", samples))
         finally:
@@ -76,6 +77,7 @@ def probe_local(
     warmup: int = 2,
     threads: int = 1,
     timeout_s: float = 300.0,
+    ops: Sequence[str] = OPS,
     progress: Callable[[str], None] | None = None,
 ) -> NetworkProbe:
     """:func:`probe_network` across ``world_size`` new processes on this machine (gloo over 127.0.0.1).
@@ -91,7 +93,7 @@ def probe_local(
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()
-    args = (world_size, port, [int(s) for s in sizes_bytes], repeats, warmup, threads, timeout_s, out)
+    args = (world_size, port, [int(s) for s in sizes_bytes], repeats, warmup, threads, timeout_s, tuple(ops), out)
     procs = [ctx.Process(target=_local_rank, args=(r, *args), daemon=True) for r in range(world_size)]
     for p in procs:
         p.start()

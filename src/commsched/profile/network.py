@@ -9,8 +9,12 @@ process, across local gloo processes.)
 gloo's ``all_reduce`` is a ring (``gloo::allreduce`` with no algorithm set runs
 ``ring``), and the runtime's reduce-scatter and all-gather
 (:class:`commsched.transport.collectives.Collectives` on CPU tensors) are rings of
-point-to-point steps, so every op timed here follows the ring formulas that
-:mod:`commsched.profile.probe_fit` fits α and β with.
+point-to-point steps, so every op in :data:`OPS` follows the ring formulas that
+:mod:`commsched.profile.probe_fit` fits α and β with. :data:`PS_OP`, asked for
+by name, times the runtime's parameter-server transport instead (a push, then
+the pull of the sum): its CPU work per task is not gloo's
+(:func:`~commsched.profile.probe_fit.fit_cpu` of its samples prices the
+``"ps"`` transport's tasks).
 """
 
 from __future__ import annotations
@@ -30,12 +34,20 @@ from commsched.profile.probe_fit import AlphaBetaFit, ProbeSample, fit_alpha_bet
 __all__ = [
     "DEFAULT_SIZES_BYTES",
     "OPS",
+    "PS_OP",
     "NetworkProbe",
     "probe_network",
 ]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
 """What is timed: gloo's ring all-reduce and the runtime's ring reduce-scatter and all-gather."""
+
+PS_OP = "ps"
+"""Also timed when asked for: a push of the buffer, then its pull, through the ``"ps"`` transport (a server on
+every rank, over TCP: :class:`~commsched.transport.ps.PsTransport`); two tasks of the runtime."""
+
+#: How long one of :data:`PS_OP`'s transfers may take before the probe fails (a peer that died or hung).
+PS_TIMEOUT_S = 120.0
 
 DEFAULT_SIZES_BYTES: tuple[int, ...] = tuple(4**k * 1024 for k in range(1, 8))
 """4 KiB, 16 KiB, ..., 16 MiB: from latency-bound to bandwidth-bound on most networks."""
@@ -115,9 +127,9 @@ def _measure(
         problems.append(f"repeats: must be >= 1, got {repeats}")
     if warmup < 0:
         problems.append(f"warmup: must be >= 0, got {warmup}")
-    bad_ops = [op for op in ops if op not in OPS]
+    bad_ops = [op for op in ops if op not in (*OPS, PS_OP)]
     if bad_ops or "all_reduce" not in ops:
-        problems.append(f"ops: must include all_reduce and be among {', '.join(OPS)}, got {list(ops)}")
+        problems.append(f"ops: must include all_reduce and be among {', '.join((*OPS, PS_OP))}, got {list(ops)}")
     usable = sorted({(int(s) // 4 // world) * world * 4 for s in sizes_bytes})
     if len([s for s in usable if s > 0]) < 2:
         problems.append(f"sizes_bytes: need two distinct sizes of at least {4 * world} bytes, got {list(sizes_bytes)}")
@@ -126,13 +138,14 @@ def _measure(
     sizes = [s for s in usable if s > 0]
     rank = dist.get_rank(group)
     coll = Collectives(group, ring=True)
+    ps = _PsPair(group) if PS_OP in ops else None
     samples: list[ProbeSample] = []
     try:
-        for nbytes in sizes:
+        for size_index, nbytes in enumerate(sizes):
             numel = nbytes // 4
             flat = torch.zeros(numel)  # zeros: repeated sums stay finite
             shard = torch.zeros(numel // world)
-            names = [op for op in OPS if op in ops]
+            names = [op for op in (*OPS, PS_OP) if op in ops]
             times: dict[str, list[float]] = {op: [] for op in names}
             cpu: dict[str, list[float]] = {op: [] for op in names}
             for i in range(warmup + repeats):
@@ -140,7 +153,11 @@ def _measure(
                     op = names[(i + j) % len(names)]
                     dist.barrier(group)
                     cpu_start, start = time.process_time(), time.perf_counter()
-                    _run(coll, op, flat, shard)
+                    if op == PS_OP:
+                        assert ps is not None
+                        ps.run(size_index, flat)
+                    else:
+                        _run(coll, op, flat, shard)
                     end = time.perf_counter()
                     spent = torch.tensor([end - start, time.process_time() - cpu_start], dtype=torch.float64)
                     dist.all_reduce(spent, op=dist.ReduceOp.MAX, group=group)
@@ -154,7 +171,35 @@ def _measure(
                 progress(f"rank {rank}: {nbytes / 1024:,.0f} KiB: all_reduce {ar:.2f} ms")
     finally:
         coll.close()
+        if ps is not None:
+            ps.close()
     return tuple(samples)
+
+
+class _PsPair:
+    """:data:`PS_OP`: a push task and its pull through the ``"ps"`` transport, as the runtime launches them."""
+
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
+        from commsched.transport.base import TransportOptions
+        from commsched.transport.ps import PsTransport
+
+        self.transport = PsTransport(group, PS_TIMEOUT_S, TransportOptions())  # collective: every rank opens it
+
+    def run(self, size_index: int, flat: torch.Tensor) -> None:
+        from commsched.schedule.base import PS_TRANSPORT, CommTask, Segment
+        from commsched.transport.base import TaskBuffer
+
+        segments = (Segment(0, 0, flat.numel()),)
+        push_id = 2 * size_index  # one pair of task ids per size: a server's slices are sized by its first push
+        push = CommTask(push_id, "push", segments, 4 * flat.numel(), "probe push", transport=PS_TRANSPORT)
+        pull = CommTask(push_id + 1, "pull", segments, 4 * flat.numel(), "probe pull", deps=(push_id,),
+                        transport=PS_TRANSPORT)  # fmt: skip
+        buffer = TaskBuffer(flat)
+        self.transport.start(push, buffer).wait()
+        self.transport.start(pull, buffer).wait()
+
+    def close(self) -> None:
+        self.transport.close()
 
 
 def _run(coll: Any, op: str, flat: torch.Tensor, shard: torch.Tensor) -> None:

@@ -22,9 +22,11 @@ from commsched.sim.compute import WorkerClass
 from commsched.sim.options import SimOptions
 
 
-def task_cpu_s(options: SimOptions, nbytes: float) -> float:
-    """A task's CPU work on a whole core: ``(cpu_per_task_ms + cpu_ms_per_mb · nbytes / 2²⁰) / 1e3``."""
-    return (options.cpu_per_task_ms + options.cpu_ms_per_mb * nbytes / 2**20) / 1e3
+def task_cpu_s(options: SimOptions, nbytes: float, transport: str = "") -> float:
+    """A task's CPU work on a whole core: ``(cpu_per_task_ms + cpu_ms_per_mb · nbytes / 2²⁰) / 1e3``, with
+    ``transport``'s own figures where the options give them (:meth:`~commsched.sim.options.SimOptions.cpu_of`)."""
+    per_task_ms, ms_per_mb = options.cpu_of(transport)
+    return (per_task_ms + ms_per_mb * nbytes / 2**20) / 1e3
 
 
 def cpu_s(work_s: float, worker: WorkerClass, options: SimOptions) -> float:
@@ -33,13 +35,14 @@ def cpu_s(work_s: float, worker: WorkerClass, options: SimOptions) -> float:
     return work_s / worker.speed if options.cpu_scales_with_speed else work_s
 
 
-def debt_s(worker: WorkerClass, options: SimOptions, nbytes: float) -> float:
-    """What starting a task of ``nbytes`` takes from ``worker``'s compute: its CPU work, or the device's measured
-    overlap costs (per task and per MiB, each where measured)."""
+def debt_s(worker: WorkerClass, options: SimOptions, nbytes: float, transport: str = "") -> float:
+    """What starting a task of ``nbytes`` moved by ``transport`` takes from ``worker``'s compute: its CPU work,
+    or the device's measured overlap costs (per task and per MiB, each where measured)."""
     per_mb, per_task = worker.overlap_ms_per_mb, worker.overlap_ms_per_task
-    fixed_s = cpu_s(options.cpu_per_task_ms / 1e3, worker, options) if per_task is None else per_task / 1e3
+    cpu_per_task_ms, cpu_ms_per_mb = options.cpu_of(transport)
+    fixed_s = cpu_s(cpu_per_task_ms / 1e3, worker, options) if per_task is None else per_task / 1e3
     mib = nbytes / 2**20
-    bytes_s = cpu_s(options.cpu_ms_per_mb * mib / 1e3, worker, options) if per_mb is None else per_mb * mib / 1e3
+    bytes_s = cpu_s(cpu_ms_per_mb * mib / 1e3, worker, options) if per_mb is None else per_mb * mib / 1e3
     return fixed_s + bytes_s
 
 

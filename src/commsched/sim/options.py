@@ -49,6 +49,11 @@ class SimOptions:
     that also computes, the transfer can be CPU-bound. 0 by default:
     overlap is free, as on a GPU whose copies and kernels run beside compute.
     ``commsched bench --validate`` fits them from the probe's CPU times.
+    ``transport_cpu``: ``(transport, per task ms, ms per MiB)`` entries that
+    replace those two for the tasks one transport moves (the ``"ps"``
+    transport's push and pull over the runtime's own TCP connections cost
+    far less CPU per task than a gloo all-reduce; the probe times them apart:
+    :data:`~commsched.profile.network.PS_OP`).
     ``cpu_scales_with_speed``: that CPU work takes ``1 / speed`` as long on
     a worker of relative ``speed`` (where the devices are the CPUs that also
     communicate, as on ``commsched bench --plan``'s testbed of CPU quotas);
@@ -71,6 +76,20 @@ class SimOptions:
     cpu_per_task_ms: float = 0.0
     cpu_ms_per_mb: float = 0.0
     cpu_scales_with_speed: bool = False
+    transport_cpu: tuple[tuple[str, float, float], ...] = ()
+
+    def cpu_of(self, transport: str) -> tuple[float, float]:
+        """``(per task ms, ms per MiB)`` of communication's CPU work for a task moved by ``transport``."""
+        for name, per_task_ms, ms_per_mb in self.transport_cpu:
+            if name == transport:
+                return per_task_ms, ms_per_mb
+        return self.cpu_per_task_ms, self.cpu_ms_per_mb
+
+    @property
+    def charges_cpu(self) -> bool:
+        """Some task has CPU work to charge."""
+        return self.cpu_per_task_ms > 0 or self.cpu_ms_per_mb > 0 or any(t > 0 or m > 0 for _, t, m in
+                                                                         self.transport_cpu)  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -87,6 +106,24 @@ class SimOptions:
                 or not (value >= 0 and math.isfinite(value))
             ):
                 raise ScheduleError(f"sim: {name} must be a finite number >= 0, got {value!r}")
+        if isinstance(self.transport_cpu, list | tuple):  # a list from JSON: hashable tuples, as declared
+            object.__setattr__(self, "transport_cpu", tuple(
+                tuple(e) if isinstance(e, list | tuple) else e for e in self.transport_cpu))  # fmt: skip
+        else:
+            raise ScheduleError(f"sim: transport_cpu must be a sequence of entries, got {self.transport_cpu!r}")
+        for entry in self.transport_cpu:
+            if (
+                not isinstance(entry, tuple)
+                or len(entry) != 3
+                or not isinstance(entry[0], str)
+                or not all(
+                    isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 and math.isfinite(v)
+                    for v in entry[1:]
+                )
+            ):
+                raise ScheduleError(
+                    f"sim: transport_cpu entries must be (transport, per task ms >= 0, ms per MiB >= 0), got {entry!r}"
+                )
         if not isinstance(self.cpu_scales_with_speed, bool):
             raise ScheduleError(f"sim: cpu_scales_with_speed must be true or false, got {self.cpu_scales_with_speed!r}")
         if self.network not in NETWORK_MODELS:

@@ -53,7 +53,7 @@ def price_tasks(tasks: Sequence[CommTask], comm: CommModel, cluster: Cluster, op
         phases=phases,
         sent_bytes=[model.sent_bytes(task.kind, task.bytes) for model, task in zip(comms, tasks, strict=True)],
         reduced_bytes=[float(task.bytes) if task.kind in REDUCING_KINDS else 0.0 for task in tasks],
-        cpu_s=[task_cpu_s(options, task.bytes) for task in tasks],
+        cpu_s=[task_cpu_s(options, task.bytes, task.transport) for task in tasks],
         uncontended_s=[sum(ph.latency_s + ph.work_s for ph in task_phases) for task_phases in phases],
     )
 

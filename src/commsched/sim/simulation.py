@@ -147,7 +147,7 @@ class Simulation:
         self.sent_bytes = 0.0
 
         o = self.options
-        self.charges_cpu = o.cpu_per_task_ms > 0 or o.cpu_ms_per_mb > 0
+        self.charges_cpu = o.charges_cpu
         self.charges_overlap = any(
             wc.overlap_ms_per_mb is not None or wc.overlap_ms_per_task is not None for wc in self.classes
         )
@@ -192,7 +192,8 @@ class Simulation:
     def _charge(self, tl: Timeline, starts: list[Start]) -> None:
         """Communication's CPU work, taken from ``tl``'s compute when it starts while ``tl`` computes."""
         if (self.charges_cpu or self.charges_overlap) and starts and not tl.blocked and not tl.finished:
-            tl.debt_s += sum(debt_s(tl.wc, self.options, self.plan.tasks[s.task].bytes) for s in starts)
+            tasks = self.plan.tasks
+            tl.debt_s += sum(debt_s(tl.wc, self.options, tasks[s.task].bytes, tasks[s.task].transport) for s in starts)
 
     def _deferred(self, tl: Timeline, handler: Callable[..., None], *args: Any) -> bool:
         """Pay ``tl``'s CPU debt: run ``handler`` that much later (and move backward's clock along)."""
