@@ -255,3 +255,35 @@ def test_auto_is_predicted_as_the_plans_its_runs_recorded_and_refused_when_they_
     assert "as dear" in validation_markdown(validated)
     session["runs"] = {"auto": [{}]}
     assert "did not record" in predict_session(session, cal, ["auto"], {})["rows"]["auto"]["error"]
+
+
+def test_the_ps_transport_is_priced_by_its_own_probed_cpu_work() -> None:
+    data = _calibration_data()
+    sizes = (2**16, 2**20, 2**24)
+
+    def cpu(per_op_s: float, per_byte_s: float, n: int) -> list[float]:
+        return [per_op_s + per_byte_s * n] * 3
+
+    for s in data["samples"]:  # gloo's all-reduce: 1.2 ms per op, 0.8 ms per MiB
+        s["cpu_seconds"] = cpu(1.2e-3, 0.8e-3 / 2**20, s["nbytes"])
+    ps_samples = [{"op": "ps", "nbytes": n, "world_size": 4, "seconds": [2e-3 + n * BETA] * 3,
+                   "cpu_seconds": cpu(0.4e-3, 0.6e-3 / 2**20, n)} for n in sizes]  # fmt: skip
+    with_ps = Calibration({**data, "samples": [*data["samples"], *ps_samples]}, "test")
+    without = Calibration(data, "test")
+    assert without.ps_cpu is None and with_ps.ps_cpu is not None
+    assert with_ps.ps_cpu.per_op_ms == pytest.approx(0.4) and with_ps.ps_cpu.ms_per_mb == pytest.approx(0.6)
+    # the α-β fits, the summary's residuals, stay the collectives' (a push and its pull follow no ring formula)
+    assert with_ps.alpha_s == pytest.approx(without.alpha_s)
+    summary = with_ps.summary()
+    assert set(summary["fit_relative_residual"]) == {"all_reduce"}
+    assert summary["ps_cpu_per_pair_ms"] == pytest.approx(0.4) and summary["ps_cpu_ms_per_mb"] == pytest.approx(0.6)
+    measured = {"ps": 900.0, "wfbp": 800.0}
+    rows_with = predict_session(_session(measured), with_ps, ["ps", "wfbp"], {})["rows"]
+    rows_without = predict_session(_session(measured), without, ["ps", "wfbp"], {})["rows"]
+    # ps's push and pull are charged half the pair's fit each, less than an all-reduce's: ps predicted faster;
+    # a collective policy is predicted as before
+    assert rows_with["ps"]["predicted_ms"] < rows_without["ps"]["predicted_ms"]
+    assert rows_with["wfbp"]["predicted_ms"] == rows_without["wfbp"]["predicted_ms"]
+    w, cluster = with_ps.workload, with_ps.cluster
+    expected = predict(w, cluster, ["ps"], update_ms=7.0, cpu=with_ps.cpu, ps_cpu=with_ps.ps_cpu)["ps"]
+    assert rows_with["ps"]["predicted_ms"] == pytest.approx(expected)
