@@ -257,6 +257,19 @@ def test_auto_is_predicted_as_the_plans_its_runs_recorded_and_refused_when_they_
     assert "did not record" in predict_session(session, cal, ["auto"], {})["rows"]["auto"]["error"]
 
 
+def test_a_policy_is_predicted_with_the_knobs_its_runs_recorded_not_todays_defaults() -> None:
+    # ps's fuse_kb default went from 0 to 64: a run that recorded 0 is predicted unfused, one that recorded
+    # 64 fused, one that recorded no plan as the code before the change (unfused)
+    cal = Calibration(_calibration_data(), "test")
+    w, cluster = cal.workload, cal.cluster
+    fused, unfused = (predict(w, cluster, ["ps"], knobs={"ps": {"fuse_kb": kb}}, update_ms=7.0)["ps"] for kb in (64, 0))
+    assert fused != unfused
+    for recorded, expected in (({"fuse_kb": 0.0}, unfused), ({"fuse_kb": 64.0}, fused), (None, unfused)):
+        session = _session({"ps": 800.0})
+        session["runs"] = {"ps": [{"plan": {"policy": "ps", "knobs": recorded}} if recorded is not None else {}]}
+        assert predict_session(session, cal, ["ps"], {})["rows"]["ps"]["predicted_ms"] == expected, recorded
+
+
 def test_the_ps_transport_is_priced_by_its_own_probed_cpu_work() -> None:
     data = _calibration_data()
     sizes = (2**16, 2**20, 2**24)
@@ -285,5 +298,6 @@ def test_the_ps_transport_is_priced_by_its_own_probed_cpu_work() -> None:
     assert rows_with["ps"]["predicted_ms"] < rows_without["ps"]["predicted_ms"]
     assert rows_with["wfbp"]["predicted_ms"] == rows_without["wfbp"]["predicted_ms"]
     w, cluster = with_ps.workload, with_ps.cluster
-    expected = predict(w, cluster, ["ps"], update_ms=7.0, cpu=with_ps.cpu, ps_cpu=with_ps.ps_cpu)["ps"]
+    unfused = {"ps": {"fuse_kb": 0.0}}  # no plan recorded: ps as it ran before it fused by default
+    expected = predict(w, cluster, ["ps"], knobs=unfused, update_ms=7.0, cpu=with_ps.cpu, ps_cpu=with_ps.ps_cpu)["ps"]
     assert rows_with["ps"]["predicted_ms"] == pytest.approx(expected)

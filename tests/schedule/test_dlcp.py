@@ -42,7 +42,8 @@ def test_same_partitions_and_order_as_the_lossless_parameter_server(resnet18: ob
         (t.kind, t.segments, t.priority, t.deps) for t in dlcp.tasks
     ]
     assert dlcp.lossless  # a zero bound is lossless
-    assert len(dlcp.tasks) < len(build_plan("ps", resnet18, NET, partition_mb=2.0).tasks)  # type: ignore[arg-type]
+    unfused = build_plan("ps", resnet18, NET, partition_mb=2.0, fuse_kb=0)  # type: ignore[arg-type]
+    assert len(dlcp.tasks) < len(unfused.tasks)
 
 
 def test_a_run_recorded_before_fusion_is_rebuilt_unfused() -> None:
@@ -50,7 +51,8 @@ def test_a_run_recorded_before_fusion_is_rebuilt_unfused() -> None:
     assert DLCPKnobs.as_recorded({"partition_mb": 4.0})["fuse_kb"] == 0  # recorded before the knob existed
     assert DLCPKnobs.as_recorded(None) == {"fuse_kb": 0.0}
     assert DLCPKnobs.as_recorded({"fuse_kb": 64.0}) == {"fuse_kb": 64.0}
-    assert PSKnobs.as_recorded({"partition_mb": 4.0}) == {"partition_mb": 4.0}  # ps's default never changed
+    # ps's default changed from 0 to 64: a run recorded without the knob was unfused
+    assert PSKnobs.as_recorded({"partition_mb": 4.0}) == {"partition_mb": 4.0, "fuse_kb": 0.0}
 
 
 @pytest.mark.parametrize(
@@ -77,3 +79,8 @@ def test_one_server_is_slower_than_a_server_on_every_worker(resnet18: object) ->
     spread = simulate(resnet18, cluster, "dlcp", 5, 1, trace=False)  # type: ignore[arg-type]
     incast = simulate(resnet18, cluster, "dlcp", 5, 1, trace=False, mode="ps")  # type: ignore[arg-type]
     assert incast.iteration_ms > spread.iteration_ms
+
+
+def test_ps_fuses_small_tensors_by_default() -> None:
+    assert PSKnobs().fuse_kb == 64
+    assert PSKnobs.as_recorded({"partition_mb": 4.0, "fuse_kb": 0.0})["fuse_kb"] == 0

@@ -328,8 +328,9 @@ def test_ps_fuses_small_tensors_into_the_partition_before_them_and_pushes_it_whe
         assert launched(s.on_grad_ready(0)) == [0], step
         s.on_backward_done()
         s.on_step()
-    unfused = build_scheduler("ps", w, NET, partition_mb=0.5, credit_mb=100)  # the default: every tensor alone
+    unfused = build_scheduler("ps", w, NET, partition_mb=0.5, credit_mb=100, fuse_kb=0)  # every tensor alone
     unfused_pushes = [t.tensors for t in unfused.plan.tasks if t.kind == "push"]
     assert unfused_pushes == [(0,), (1,), (2,), (3,), (3,), (3,), (4,), (5,)]
-    dlcp = build_scheduler("dlcp", w, NET, partition_mb=0.5, credit_mb=100)  # fuses below 64 KiB by default
-    assert [t.tensors for t in dlcp.plan.tasks if t.kind == "push"] == [(0, 1, 2), (3,), (3,), (3, 4, 5)]
+    for policy in ("ps", "dlcp"):  # both fuse below 64 KiB by default
+        default = build_scheduler(policy, w, NET, partition_mb=0.5, credit_mb=100)
+        assert [t.tensors for t in default.plan.tasks if t.kind == "push"] == [(0, 1, 2), (3,), (3,), (3, 4, 5)]

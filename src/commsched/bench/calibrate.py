@@ -277,12 +277,12 @@ def predict_session(
 
 
 def _older(policy: str, recorded: dict[str, Any] | None) -> dict[str, Any]:
-    """The knobs a run's code did not have yet (absent from its recorded plan, or no plan recorded), at the values
-    that do what the policy did then (``knob(before=...)``): a default changed since must not move its prediction."""
+    """The knobs a run ran with: those its plan recorded, and those its code did not have yet (absent from the
+    record, or no plan recorded) at the values that do what the policy did then (``knob(before=...)``): a
+    default changed since must not move its prediction."""
     if policy not in POLICIES:
         return {}
-    filled = POLICIES[policy].knob_type.as_recorded(recorded)
-    return {k: v for k, v in filled.items() if k not in (recorded or {})}
+    return dict(POLICIES[policy].knob_type.as_recorded(recorded))
 
 
 def _chosen_plans(session: dict[str, Any], name: str) -> list[tuple[str, dict[str, Any]]]:
