@@ -88,8 +88,8 @@ class SimOptions:
     @property
     def charges_cpu(self) -> bool:
         """Some task has CPU work to charge."""
-        return self.cpu_per_task_ms > 0 or self.cpu_ms_per_mb > 0 or any(t > 0 or m > 0 for _, t, m in
-                                                                         self.transport_cpu)  # fmt: skip
+        general = self.cpu_per_task_ms > 0 or self.cpu_ms_per_mb > 0
+        return general or any(per_task > 0 or per_mb > 0 for _, per_task, per_mb in self.transport_cpu)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -106,11 +106,10 @@ class SimOptions:
                 or not (value >= 0 and math.isfinite(value))
             ):
                 raise ScheduleError(f"sim: {name} must be a finite number >= 0, got {value!r}")
-        if isinstance(self.transport_cpu, list | tuple):  # a list from JSON: hashable tuples, as declared
-            object.__setattr__(self, "transport_cpu", tuple(
-                tuple(e) if isinstance(e, list | tuple) else e for e in self.transport_cpu))  # fmt: skip
-        else:
+        if not isinstance(self.transport_cpu, list | tuple):
             raise ScheduleError(f"sim: transport_cpu must be a sequence of entries, got {self.transport_cpu!r}")
+        entries = tuple(tuple(e) if isinstance(e, list | tuple) else e for e in self.transport_cpu)
+        object.__setattr__(self, "transport_cpu", entries)  # a list from JSON: hashable tuples, as declared
         for entry in self.transport_cpu:
             if (
                 not isinstance(entry, tuple)

@@ -33,8 +33,8 @@ _RING_START, _RING_MAX = 64, 4096
 _DELIVERY_ROUNDS = 10  # rounds the delivery-rate filter remembers (BBR's)
 _HALF = 2**31
 #: The cut for a datagram this host refused (a full send buffer: at least ~200 KB queued here, 5 ms at 300 Mbit/s):
-#: halving, as for a loss on a path that overflows. An A/B against a cut by α on the testbed (300 Mbit/s, 9000-byte
-#: frames, 105 steps of the cnn) gave 100 ms per step either way, with 2 and 36 refusals against 5.
+#: halving, as for a loss on a path that overflows. Against a cut by α on the testbed (300 Mbit/s, 9000-byte frames,
+#: 105 steps of the cnn, one run each) both gave 100 ms per step; halving saw 2 refusals over both ranks, α 36.
 REFUSED_CUT = 1.0
 
 
