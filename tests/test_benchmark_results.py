@@ -152,6 +152,7 @@ def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) 
         ("dlcp-train-lossless-ack", "dlcp-train-loss1-ack"),
         ("dlcp-train-lossless-tol", "dlcp-train-loss1-tol"),
         ("dlcp-train-lossless-refused", "dlcp-train-loss1-refused"),
+        ("dlcp-train-lossless-refused-2", "dlcp-train-loss1-refused"),
     ],
 )
 def test_the_dlcp_training_figures_are_recomputed_from_their_runs(
