@@ -4,7 +4,7 @@ Two packages hold them: the packet-level network's core
 (:mod:`commsched.sim.packet`: ``pfabric`` (its switch queue), ``port``, ``fabric``, ``transport``, ``newreno``,
 ``variants``, ``registry``, ``connection`` and ``dlcp``, the driver of DLCP's
 state machines) and DLCP's clock-free state machines themselves
-(:mod:`commsched.transport.dlcp`: ``protocol``, ``sender`` and ``rate``), which the UDP
+(:mod:`commsched.transport.dlcp`: ``protocol``, ``sender``, ``rate_params`` and ``rate``), which the UDP
 link and the simulator share. They are compiled
 together, as one mypyc group (calls between them are native), by
 ``python -m commsched.sim.packet.compile``; the extension modules sit next to
@@ -36,6 +36,7 @@ from types import ModuleType
 MODULES = (
     "commsched.transport.dlcp.protocol",
     "commsched.transport.dlcp.sender",
+    "commsched.transport.dlcp.rate_params",
     "commsched.transport.dlcp.rate",
     "commsched.sim.packet.pfabric",
     "commsched.sim.packet.port",
