@@ -182,7 +182,7 @@ def test_switching_plans_mid_run_between_update_modes_still_trains_like_ddp(tmp_
 
 def test_auto_runs_what_advise_ranks_first_and_replans_without_changing_the_result(tmp_path: Path) -> None:
     from commsched.plan import advise
-    from commsched.plan.gloo import gloo_options
+    from commsched.plan.gloo import gloo_options, measured_cpu
     from commsched.profile.probe_fit import measured_cluster
     from commsched.sim import SimOptions
 
@@ -194,14 +194,17 @@ def test_auto_runs_what_advise_ranks_first_and_replans_without_changing_the_resu
     first = CommPlan.from_json(res[0]["first_plan"])
     net = first.network
     assert net.cpu_per_message_s > 0, "the warm-up measured no CPU cost of a message"
+    on_gloo_cpu = first.workload.device == "cpu"
+    if on_gloo_cpu:  # the "ps" transport's push and pull, timed apart in the warm-up
+        ((name, per_task_s, per_byte_s),) = net.transport_cpu
+        assert name == "ps" and per_task_s + per_byte_s > 0, net.transport_cpu
     cluster = measured_cluster(net.latency_s, 1.0 / net.bandwidth_bytes_per_s, net.world_size)
-    cpu = {"cpu_per_task_ms": net.cpu_per_message_s * 1e3, "cpu_ms_per_mb": net.cpu_s_per_byte * 2**20 * 1e3}
+    cpu = measured_cpu(net)
     # as the runtime does (runtime/api.py): gloo's CPU costs are charged for CPU tensors only (gloo with CUDA
     # tensors, as on a GPU machine, is priced like NCCL, and there near-ties make another ranking), and off the CPU
     # a plan whose transports take CPU tensors only is passed over (the test's model is on one device)
-    on_gloo_cpu = first.workload.device == "cpu"
     gloo_pricing: dict[str, Any] = {
-        "sim_options": SimOptions(cpu_per_task_ms=cpu["cpu_per_task_ms"], cpu_ms_per_mb=cpu["cpu_ms_per_mb"]),
+        "sim_options": SimOptions(**cpu),
         "options_for": lambda policy, knobs: gloo_options(first.workload, cluster, policy, **cpu, **knobs),
     }
     advice = advise(first.workload, cluster, budget_s=30.0, **(gloo_pricing if on_gloo_cpu else {}))

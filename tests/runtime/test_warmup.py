@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from commsched.profile.network import PS_OP
+from commsched.profile.probe_fit import ProbeSample
+from commsched.runtime.switching import AutoPlanner
 from commsched.runtime.warmup import Recorder, measured_network
 
 
@@ -36,3 +39,26 @@ def test_cpu_cost_is_never_negative_and_is_zero_when_nothing_was_measured() -> N
     bare = measured_network(2, 10**6, _recorder([], [(0.1, 0.0)], messages=1))
     assert bare is not None and bare.cpu_per_message_s == 0.0 and bare.cpu_s_per_byte == 0.0 and bare.latency_s == 0.0
     assert measured_network(1, 10**6, rec) is None
+
+
+def test_the_ps_transport_timed_apart_is_priced_half_a_push_and_pull_pair_per_task() -> None:
+    rec = _recorder([(4e-4, 1e-4)], [(0.1, 0.01)], messages=1)
+    # pairs of 1 MB and 3 MB: 0.5 ms + 1 ms per MB of CPU (medians of the samples)
+    rec.transport_samples = (
+        ProbeSample(PS_OP, 10**6, 2, (0.01,) * 3, (1.4e-3, 1.5e-3, 1.6e-3)),
+        ProbeSample(PS_OP, 3 * 10**6, 2, (0.03,) * 3, (3.5e-3, 3.4e-3, 3.9e-3)),
+    )
+    net = measured_network(2, 10**7, rec)
+    assert net is not None
+    ((name, per_task_s, per_byte_s),) = net.transport_cpu
+    assert name == "ps"
+    assert per_task_s == pytest.approx(0.5e-3 / 2) and per_byte_s == pytest.approx(1e-9 / 2)
+    assert measured_network(2, 10**7, _recorder([(4e-4, 1e-4)], [(0.1, 0.01)], 1)).transport_cpu == ()  # type: ignore[union-attr]
+
+
+def test_auto_times_the_ps_transport_apart_only_where_it_may_choose_it_on_gloo_with_cpu_tensors() -> None:
+    assert AutoPlanner(1.0, None, gloo=True).timed_apart() == {"ps"}
+    assert AutoPlanner(1.0, ("ps", "dear"), gloo=True).timed_apart() == {"ps"}
+    assert AutoPlanner(1.0, ("ddp", "dear"), gloo=True).timed_apart() == frozenset()  # not a candidate
+    assert AutoPlanner(1.0, None, gloo=False).timed_apart() == frozenset()  # priced without gloo's CPU work
+    assert AutoPlanner(1.0, None, gloo=True, host_memory=False).timed_apart() == frozenset()  # cannot run there

@@ -134,6 +134,16 @@ def test_a_measured_cpu_cost_of_communication_travels_with_the_plan(resnet18: ob
     assert again.to_dict()["network"]["cpu_per_message_s"] == 2e-4
 
 
+def test_a_transport_measured_apart_travels_with_the_plan_and_a_bad_entry_is_refused(resnet18: object) -> None:
+    network = NetworkEstimate(2, 1e9, transport_cpu=(("ps", 3e-4, 2e-10),))
+    again = CommPlan.from_json(build_plan("ddp", resnet18, network).to_json())  # type: ignore[arg-type]
+    assert again.network == network and again.network.transport_cpu == (("ps", 3e-4, 2e-10),)
+    assert "transport_cpu" not in NetworkEstimate(2, 1e9).to_dict()  # plans from a cluster spec stay as before
+    for bad in [(("ps", -1e-4, 0.0),), (("ps", 1e-4),), ((7, 1e-4, 0.0),), "ps", (("ps", float("nan"), 0.0),)]:
+        with pytest.raises(ScheduleError, match=r"transport_cpu must be \(transport, seconds per task"):
+            NetworkEstimate(2, 1e9, transport_cpu=bad)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("field", ["latency_s", "cpu_per_message_s", "cpu_s_per_byte"])
 @pytest.mark.parametrize("value", [-1e-6, float("nan"), float("inf"), True])
 def test_a_network_estimate_refuses_a_cost_that_is_not_a_finite_number_at_least_zero(field: str, value: object) -> None:

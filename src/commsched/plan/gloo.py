@@ -11,11 +11,24 @@ from __future__ import annotations
 from typing import Any
 
 from commsched.cluster import Cluster
-from commsched.schedule import build_plan
+from commsched.schedule import NetworkEstimate, build_plan
 from commsched.sim import CommModel, SimOptions
 from commsched.workload import Workload
 
-__all__ = ["gloo_options"]
+__all__ = ["gloo_options", "measured_cpu"]
+
+
+def measured_cpu(network: NetworkEstimate) -> dict[str, Any]:
+    """The CPU costs a runtime measured (``network``'s, in seconds) as the simulator's keyword arguments
+    (milliseconds): ``cpu_per_task_ms``, ``cpu_ms_per_mb`` and ``transport_cpu``, for :func:`gloo_options`
+    and :class:`~commsched.sim.SimOptions`."""
+    ms_per_mb = 2**20 * 1e3
+    apart = tuple((name, task_s * 1e3, byte_s * ms_per_mb) for name, task_s, byte_s in network.transport_cpu)
+    return {
+        "cpu_per_task_ms": network.cpu_per_message_s * 1e3,
+        "cpu_ms_per_mb": network.cpu_s_per_byte * ms_per_mb,
+        "transport_cpu": apart,
+    }
 
 
 def gloo_options(

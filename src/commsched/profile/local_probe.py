@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from commsched.errors import RuntimeCommError, SpecError
-from commsched.profile.network import DEFAULT_SIZES_BYTES, OPS, NetworkProbe, _measure
+from commsched.profile.network import DEFAULT_SIZES_BYTES, OPS, NetworkProbe, measure_ops
 from commsched.profile.probe_fit import ProbeSample, fit_alpha_beta
 
 __all__ = ["probe_local"]
@@ -60,7 +60,7 @@ def _local_rank(
         )
         try:
             report = (lambda line: out.put(("progress", line))) if rank == 0 else None
-            samples = _measure(None, sizes_bytes, repeats, warmup, ops, report)
+            samples = measure_ops(None, sizes_bytes, repeats, warmup, ops, report)
             if rank == 0:
                 out.put(("result", samples))
         finally:
@@ -90,6 +90,8 @@ def probe_local(
     """
     if world_size < 2:
         raise SpecError("network probe", [f"world_size: must be >= 2, got {world_size}"])
+    if "all_reduce" not in ops:
+        raise SpecError("network probe", [f"ops: must include all_reduce (α and β come from it), got {list(ops)}"])
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = _free_port()

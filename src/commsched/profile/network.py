@@ -22,7 +22,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -31,11 +31,15 @@ from commsched.cluster import Cluster
 from commsched.errors import SpecError
 from commsched.profile.probe_fit import AlphaBetaFit, ProbeSample, fit_alpha_beta, measured_cluster
 
+if TYPE_CHECKING:
+    from commsched.transport.base import TransportOptions
+
 __all__ = [
     "DEFAULT_SIZES_BYTES",
     "OPS",
     "PS_OP",
     "NetworkProbe",
+    "measure_ops",
     "probe_network",
 ]
 
@@ -104,19 +108,26 @@ def probe_network(
     Raises SpecError for bad arguments (world size 1 included) and
     RuntimeCommError if a peer fails.
     """
-    samples = _measure(group, sizes_bytes, repeats, warmup, ops, progress)
+    if "all_reduce" not in ops:
+        raise SpecError("network probe", [f"ops: must include all_reduce (α and β come from it), got {list(ops)}"])
+    samples = measure_ops(group, sizes_bytes, repeats, warmup, ops, progress)
     fit = fit_alpha_beta(samples, "all_reduce")
     return NetworkProbe(fit.alpha_s, fit.beta_s_per_byte, samples)
 
 
-def _measure(
+def measure_ops(
     group: dist.ProcessGroup | None,
     sizes_bytes: Sequence[int],
     repeats: int,
     warmup: int,
     ops: Sequence[str],
-    progress: Callable[[str], None] | None,
+    progress: Callable[[str], None] | None = None,
+    transport_options: TransportOptions | None = None,
 ) -> tuple[ProbeSample, ...]:
+    """The samples of :func:`probe_network` without the fit: ``ops`` (any of :data:`OPS` and
+    :data:`PS_OP`) timed over ``sizes_bytes``, the same way. Collective, as it is.
+    ``transport_options``: where :data:`PS_OP`'s transport listens and how it authenticates
+    (default: :class:`~commsched.transport.base.TransportOptions`'s)."""
     from commsched.transport.collectives import Collectives
 
     world = dist.get_world_size(group)
@@ -128,8 +139,8 @@ def _measure(
     if warmup < 0:
         problems.append(f"warmup: must be >= 0, got {warmup}")
     bad_ops = [op for op in ops if op not in (*OPS, PS_OP)]
-    if bad_ops or "all_reduce" not in ops:
-        problems.append(f"ops: must include all_reduce and be among {', '.join((*OPS, PS_OP))}, got {list(ops)}")
+    if bad_ops or not ops:
+        problems.append(f"ops: must be one or more of {', '.join((*OPS, PS_OP))}, got {list(ops)}")
     usable = sorted({(int(s) // 4 // world) * world * 4 for s in sizes_bytes})
     if len([s for s in usable if s > 0]) < 2:
         problems.append(f"sizes_bytes: need two distinct sizes of at least {4 * world} bytes, got {list(sizes_bytes)}")
@@ -137,8 +148,8 @@ def _measure(
         raise SpecError("network probe", problems)
     sizes = [s for s in usable if s > 0]
     rank = dist.get_rank(group)
-    coll = Collectives(group, ring=True)
-    ps = _PsPair(group) if PS_OP in ops else None
+    coll = Collectives(group, ring=True) if set(ops) & set(OPS) else None
+    ps = _PsPair(group, transport_options) if PS_OP in ops else None
     samples: list[ProbeSample] = []
     try:
         for size_index, nbytes in enumerate(sizes):
@@ -157,6 +168,7 @@ def _measure(
                         assert ps is not None
                         ps.run(size_index, flat)
                     else:
+                        assert coll is not None
                         _run(coll, op, flat, shard)
                     end = time.perf_counter()
                     spent = torch.tensor([end - start, time.process_time() - cpu_start], dtype=torch.float64)
@@ -167,10 +179,12 @@ def _measure(
             for op in names:
                 samples.append(ProbeSample(op, nbytes, world, tuple(times[op]), tuple(cpu[op])))
             if progress:
-                ar = statistics.median(times["all_reduce"]) * 1e3
-                progress(f"rank {rank}: {nbytes / 1024:,.0f} KiB: all_reduce {ar:.2f} ms")
+                shown = names[0]  # all_reduce where timed: OPS come first
+                took = statistics.median(times[shown]) * 1e3
+                progress(f"rank {rank}: {nbytes / 1024:,.0f} KiB: {shown} {took:.2f} ms")
     finally:
-        coll.close()
+        if coll is not None:
+            coll.close()
         if ps is not None:
             ps.close()
     return tuple(samples)
@@ -179,11 +193,12 @@ def _measure(
 class _PsPair:
     """:data:`PS_OP`: a push task and its pull through the ``"ps"`` transport, as the runtime launches them."""
 
-    def __init__(self, group: dist.ProcessGroup | None) -> None:
+    def __init__(self, group: dist.ProcessGroup | None, options: TransportOptions | None) -> None:
         from commsched.transport.base import TransportOptions
         from commsched.transport.ps import PsTransport
 
-        self.transport = PsTransport(group, PS_TIMEOUT_S, TransportOptions())  # collective: every rank opens it
+        # collective: every rank opens it
+        self.transport = PsTransport(group, PS_TIMEOUT_S, options or TransportOptions())
 
     def run(self, size_index: int, flat: torch.Tensor) -> None:
         from commsched.schedule.base import PS_TRANSPORT, CommTask, Segment

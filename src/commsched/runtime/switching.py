@@ -32,6 +32,7 @@ from commsched.runtime import startup, warmup
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.replan import TRIAL_ITERATIONS, Replanner
 from commsched.schedule import CommPlan, NetworkEstimate, build_plan, provisional_plan, updating_like
+from commsched.schedule.base import PS_TRANSPORT
 from commsched.transport.base import HOST_MEMORY, check_transports
 from commsched.workload import Workload
 
@@ -53,6 +54,11 @@ def replan_after_warmup(engine: Engine) -> None:
         for wall_s, cpu_s in startup.tiny_allreduces(engine.groups.sync, 5, engine._params[0].device):
             engine.recorder.latency_s.append(wall_s)
             engine.recorder.latency_cpu_s.append(cpu_s)
+        if isinstance(engine.planner, AutoPlanner):  # and the transports whose CPU work the search prices apart
+            with startup.peers("timing the transports auto may choose"):
+                engine.recorder.transport_samples = warmup.time_transports(
+                    engine.groups.sync, engine.planner.timed_apart(), engine._transport_options
+                )
     start = time.perf_counter()
     if engine.rank == 0:
         workload, _ = warmup.measured_workload(engine.module, engine.recorder)
@@ -208,6 +214,19 @@ class AutoPlanner:
         self.host_memory = host_memory
         self._ranking: tuple[int, list[tuple[str, dict[str, Any], float]]] | None = None
 
+    def timed_apart(self) -> frozenset[str]:
+        """The transports the warm-up times apart for the search (:func:`warmup.time_transports`): the
+        ``"ps"`` transport where candidates run on it on gloo with CPU tensors (its push and pull cost
+        other CPU work than gloo's all-reduce; priced as one, a ``"ps"`` plan's tasks were charged
+        about twice their CPU work)."""
+        from commsched.schedule import LOSSLESS, make_knobs, policy_class
+
+        if not (self.gloo and self.host_memory):
+            return frozenset()
+        names = LOSSLESS if self.policies is None else self.policies
+        used = frozenset().union(*(policy_class(n).transports(make_knobs(n, {})) for n in names))
+        return used & {PS_TRANSPORT}
+
     def __call__(self, workload: Workload, network: NetworkEstimate, exclude: frozenset[str]) -> CommPlan:
         key = hash((workload.to_json(indent=None), network))
         if self._ranking is None or self._ranking[0] != key:
@@ -230,26 +249,28 @@ class AutoPlanner:
 
     def _search(self, workload: Workload, network: NetworkEstimate) -> list[tuple[str, dict[str, Any], float]]:
         from commsched.plan import advise
-        from commsched.plan.gloo import gloo_options
+        from commsched.plan.gloo import gloo_options, measured_cpu
         from commsched.profile.probe_fit import measured_cluster
         from commsched.sim import SimOptions
 
         cluster = measured_cluster(network.latency_s, 1.0 / network.bandwidth_bytes_per_s, network.world_size)
-        per_task, per_mb = network.cpu_per_message_s * 1e3, network.cpu_s_per_byte * 2**20 * 1e3
+        cpu = measured_cpu(network)
+        apart = "".join(f"; {name}: {t:.3f} ms per task, {mb:.3f} ms per MiB" for name, t, mb in cpu["transport_cpu"])
         log.info(
-            "commsched auto: measured α %.1f µs, %.0f Mbit/s; communication's CPU %.3f ms per task, %.3f ms per MiB",
-            network.latency_s * 1e6, network.bandwidth_bytes_per_s * 8 / 1e6, per_task, per_mb,
+            "commsched auto: measured α %.1f µs, %.0f Mbit/s; communication's CPU %.3f ms per task, %.3f ms per MiB%s",
+            network.latency_s * 1e6, network.bandwidth_bytes_per_s * 8 / 1e6, cpu["cpu_per_task_ms"],
+            cpu["cpu_ms_per_mb"], apart,
         )  # fmt: skip
 
         def options_for(policy: str, knobs: Mapping[str, Any]) -> SimOptions:
-            return gloo_options(workload, cluster, policy, cpu_per_task_ms=per_task, cpu_ms_per_mb=per_mb, **knobs)
+            return gloo_options(workload, cluster, policy, **cpu, **knobs)
 
         advice = advise(
             workload,
             cluster,
             budget_s=self.budget_s,
             policies=self.policies,
-            sim_options=SimOptions(cpu_per_task_ms=per_task, cpu_ms_per_mb=per_mb) if self.gloo else None,
+            sim_options=SimOptions(**cpu) if self.gloo else None,
             options_for=options_for if self.gloo else None,
         )
         log.info(

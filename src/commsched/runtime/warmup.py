@@ -22,12 +22,17 @@ import time
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from commsched.formulas import ring_factors
 from commsched.layers import LayerSpec, discover_layers
+from commsched.profile.network import PS_OP
+from commsched.profile.probe_fit import ProbeSample, fit_cpu
 from commsched.schedule import CommPlan, NetworkEstimate
+from commsched.schedule.base import PS_TRANSPORT
 from commsched.schedule.fusion import ready_order
+from commsched.transport.base import TransportOptions
 from commsched.workload import Layer, Provenance, Tensor, Workload
 
 #: Iterations ``parallelize`` runs the provisional plan before it plans (``warmup_iters``'s default).
@@ -49,6 +54,7 @@ class Recorder:
         "latency_cpu_s",
         "latency_s",
         "ready_s",
+        "transport_samples",
     )
 
     def __init__(self) -> None:
@@ -61,6 +67,7 @@ class Recorder:
         self.allreduce_messages = 1  # messages each of them takes (the provisional plan's tasks)
         self.latency_s: list[float] = []  # all-reduces of one element: the per-message cost
         self.latency_cpu_s: list[float] = []  # and the CPU time each took
+        self.transport_samples: tuple[ProbeSample, ...] = ()  # a transport timed apart (time_transports)
 
     def forward_pre(self, module: nn.Module) -> None:
         if self.active and id(module) not in self.called:
@@ -139,6 +146,8 @@ def measured_network(world: int, gradient_bytes: int, rec: Recorder) -> NetworkE
     ``c₀``; per byte ``(C - m·c₀) / n`` from the least CPU time ``C`` of the warm-up's all-reduces of
     ``n`` bytes in ``m`` messages (kept >= 0). CPU time is this process's, every thread
     (``time.process_time``): the collective's threads and the kernel's work on their behalf.
+    The ``"ps"`` transport's, where :func:`time_transports` timed it: the line through its push-and-pull
+    pairs' CPU times (:func:`~commsched.profile.probe_fit.fit_cpu`), half of it per task.
     """
     if world < 2 or not rec.allreduce_s:
         return None
@@ -149,7 +158,34 @@ def measured_network(world: int, gradient_bytes: int, rec: Recorder) -> NetworkE
     cpu_byte_s = 0.0
     if rec.allreduce_cpu_s and gradient_bytes > 0:
         cpu_byte_s = max(0.0, min(rec.allreduce_cpu_s) - rec.allreduce_messages * cpu_message_s) / gradient_bytes
-    return NetworkEstimate(world, volume * gradient_bytes / transfer_s, alpha_s, cpu_message_s, cpu_byte_s)
+    transport_cpu: tuple[tuple[str, float, float], ...] = ()
+    ps = fit_cpu(rec.transport_samples, PS_OP)
+    if ps is not None:
+        transport_cpu = ((PS_TRANSPORT, ps.per_op_s / 2, ps.per_byte_s / 2),)
+    return NetworkEstimate(
+        world, volume * gradient_bytes / transfer_s, alpha_s, cpu_message_s, cpu_byte_s, transport_cpu
+    )
+
+
+#: What :func:`time_transports` times the ``"ps"`` transport with: a fused small task's size and a
+#: partition's; each a push and its pull, once to warm up and 3 times measured (about 0.1 s at
+#: 300 Mbit/s between 2 ranks).
+PS_TIMING_SIZES_BYTES = (64 * 1024, 2 * 1024 * 1024)
+PS_TIMING_REPEATS = 3
+
+
+def time_transports(
+    group: dist.ProcessGroup, transports: frozenset[str], options: TransportOptions | None
+) -> tuple[ProbeSample, ...]:
+    """Samples of the transports among ``transports`` whose CPU work is measured apart (the ``"ps"``
+    transport: push-and-pull pairs as the network probe times them, on a transport opened and closed
+    for it, listening where ``options`` say). Collective: every rank of ``group``, the same
+    ``transports``."""
+    if PS_TRANSPORT not in transports:
+        return ()
+    from commsched.profile.network import measure_ops
+
+    return measure_ops(group, PS_TIMING_SIZES_BYTES, PS_TIMING_REPEATS, 1, (PS_OP,), transport_options=options)
 
 
 def first_iteration_mismatch(

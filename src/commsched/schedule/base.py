@@ -156,7 +156,10 @@ class NetworkEstimate:
     message costs (the collective's threads, the kernel's TCP), which a host
     that computes on the same cores loses from compute; 0 where communication
     runs beside compute (a GPU's copy engines). The runtime measures them in
-    its warm-up; ``policy="auto"`` simulates with them.
+    its warm-up; ``policy="auto"`` simulates with them. ``transport_cpu``:
+    ``(transport, seconds per task, seconds per byte)`` entries for a
+    transport whose tasks cost other CPU work than those (the ``"ps"``
+    transport's push and pull), where it was measured apart.
     """
 
     world_size: int
@@ -164,6 +167,7 @@ class NetworkEstimate:
     latency_s: float = 0.0
     cpu_per_message_s: float = 0.0
     cpu_s_per_byte: float = 0.0
+    transport_cpu: tuple[tuple[str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -175,14 +179,23 @@ class NetworkEstimate:
             finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
             if not (finite and value >= 0):
                 raise ScheduleError(f"{name} must be a finite number >= 0, got {value!r}")
+        entries: object = self.transport_cpu
+        if isinstance(entries, list | tuple):  # a list of lists from JSON: hashable tuples, as declared
+            entries = tuple(tuple(e) if isinstance(e, list | tuple) else e for e in entries)
+            object.__setattr__(self, "transport_cpu", entries)
+        if not isinstance(entries, tuple) or not all(_cpu_entry(e) for e in entries):
+            raise ScheduleError(
+                f"transport_cpu must be (transport, seconds per task >= 0, seconds per byte >= 0) entries, "
+                f"got {self.transport_cpu!r}"
+            )
 
     def allreduce_s(self, nbytes: float) -> float:
         """Ring all-reduce estimate (:func:`commsched.formulas.ring_all_reduce_s`)."""
         return ring_all_reduce_s(nbytes, self.world_size, self.latency_s, self.bandwidth_bytes_per_s)
 
-    def to_dict(self) -> dict[str, float | int]:
+    def to_dict(self) -> dict[str, float | int | list[list[str | float]]]:
         """The fields; the CPU costs only where measured (plans made from a cluster spec stay as before)."""
-        out: dict[str, float | int] = {
+        out: dict[str, float | int | list[list[str | float]]] = {
             "world_size": self.world_size,
             "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
             "latency_s": self.latency_s,
@@ -190,7 +203,18 @@ class NetworkEstimate:
         if self.cpu_per_message_s or self.cpu_s_per_byte:
             out["cpu_per_message_s"] = self.cpu_per_message_s
             out["cpu_s_per_byte"] = self.cpu_s_per_byte
+        if self.transport_cpu:
+            out["transport_cpu"] = [list(entry) for entry in self.transport_cpu]
         return out
+
+
+def _cpu_entry(entry: object) -> bool:
+    """``(name, a, b)`` with a name and two finite numbers >= 0."""
+    if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], str)):
+        return False
+    return all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in entry[1:]
+    )
 
 
 class Scheduler(ABC):
