@@ -343,10 +343,14 @@ def _auto_against_ddp(rank: int, world: int, port: int, out: str, steps: int, op
     os._exit(0)
 
 
-def _forced_medians(*first: float) -> None:
-    """Trials measure ``first`` (seconds, in order), every later one 1 s."""
+def _forced_medians(*first: float, ties: int = 0) -> None:
+    """Trials measure ``first`` (seconds, in order), every later one 1 s; at most ``ties`` near-ties are
+    measured, and every candidate is one (none: the choice and the runner-up only)."""
     import commsched.runtime.replan as replan
+    import commsched.runtime.switching as switching
 
+    switching.TIE_TRIALS = ties
+    switching.TIE_MARGIN = 100.0
     medians = iter(first)
     replan.Replanner.trial_mean = lambda self, a, b: next(medians, 1.0)  # type: ignore[method-assign]
 
@@ -378,6 +382,16 @@ def auto_trials_keep_first(rank: int, world: int, port: int, out: str, steps: in
 
     replan.TRIAL_MARGIN = 100.0  # no trial loses to the warm-up
     _forced_medians(0.001)  # the first trial: 1 ms; every later one: 1 s
+    _auto_against_ddp(rank, world, port, out, steps, "adam")
+
+
+def auto_trials_near_ties(rank: int, world: int, port: int, out: str, steps: int) -> None:
+    """Every candidate a near-tie: auto measures its choice, the runner-up and two near-ties, and keeps the
+    last, measured fastest; still DDP's result."""
+    import commsched.runtime.replan as replan
+
+    replan.TRIAL_MARGIN = 100.0  # no trial loses to the warm-up
+    _forced_medians(1.0, 1.0, 1.0, 0.001, ties=2)
     _auto_against_ddp(rank, world, port, out, steps, "adam")
 
 

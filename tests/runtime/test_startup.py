@@ -256,6 +256,13 @@ def test_auto_goes_back_to_its_choice_when_the_runner_up_measured_slower(tmp_pat
     assert policy_class(p[1]).update_mode != policy_class(p[6]).update_mode, p  # the runner-up: the other kind
 
 
+def test_auto_measures_near_ties_too_and_keeps_the_fastest_of_all_its_trials(tmp_path: Path) -> None:
+    p = _auto_policies(S.auto_trials_near_ties, tmp_path, 25, replans=3)  # runner-up, two near-ties, then stay
+    assert [len(set(p[k : k + 5])) for k in (1, 6, 11, 16)] == [1, 1, 1, 1], p  # 4 iterations each after the switch
+    assert len({p[1], p[6], p[11], p[16]}) == 4 and set(p[16:]) == {p[16]}, p  # four policies; the last kept
+    assert policy_class(p[1]).update_mode != policy_class(p[6]).update_mode, p  # the runner-up: the other kind
+
+
 def test_tensors_of_several_dtypes_are_broadcast_in_place_from_the_source_rank(tmp_path: Path) -> None:
     res = spawn(S.broadcast_mixed, 2, tmp_path, timeout_s=120)
     for r in res:

@@ -62,3 +62,23 @@ def test_auto_times_the_ps_transport_apart_only_where_it_may_choose_it_on_gloo_w
     assert AutoPlanner(1.0, ("ddp", "dear"), gloo=True).timed_apart() == frozenset()  # not a candidate
     assert AutoPlanner(1.0, None, gloo=False).timed_apart() == frozenset()  # priced without gloo's CPU work
     assert AutoPlanner(1.0, None, gloo=True, host_memory=False).timed_apart() == frozenset()  # cannot run there
+
+
+def test_a_near_tie_is_the_best_unmeasured_policy_within_the_margin_of_the_best_prediction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from commsched import zoo
+    from commsched.schedule import NetworkEstimate
+
+    workload, network = zoo.load("resnet18"), NetworkEstimate(2, 1.25e9, 20e-6)
+    planner = AutoPlanner(1.0, None)
+    ranking = [("bytescheduler", {}, 100.0), ("dear", {}, 103.0), ("ps", {}, 104.9), ("ddp", {}, 105.1)]
+    monkeypatch.setattr(AutoPlanner, "_search", lambda self, w, n: ranking)
+    assert planner(workload, network, frozenset()).policy == "bytescheduler"
+    tie = planner.near_tie(workload, network, frozenset({"bytescheduler"}))
+    assert tie is not None and tie.policy == "dear"
+    tie = planner.near_tie(workload, network, frozenset({"bytescheduler", "dear"}))
+    assert tie is not None and tie.policy == "ps"  # 4.9 % behind the best: within 5 %
+    assert planner.near_tie(workload, network, frozenset({"bytescheduler", "dear", "ps"})) is None  # ddp: 5.1 %
+    # the margin is measured from the best prediction, also when the best was measured and excluded
+    assert planner.near_tie(workload, network, frozenset({"dear", "ps"})).policy == "bytescheduler"  # type: ignore[union-attr]

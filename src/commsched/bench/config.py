@@ -23,8 +23,8 @@ from commsched.transport.base import check_mtu
 DEFAULT_POLICIES = tuple(RUNTIME_POLICIES)
 #: Untimed iterations a commsched policy needs: it profiles its warm-up iterations, then switches to its plan.
 MIN_WARMUP = WARMUP_ITERS + 1
-#: Iterations before ``auto`` runs the plan it keeps, at most (after its trials: its choice, the runner-up and,
-#: when both seem slower than the warm-up, the warm-up's plan).
+#: Iterations before ``auto`` runs the plan it keeps, at most (after its trials: its choice, the runner-up, its
+#: near-ties and, when all seem slower than the warm-up, the warm-up's plan).
 AUTO_WARMUP = auto_settles_after(WARMUP_ITERS)
 
 
@@ -82,8 +82,8 @@ class BenchConfig:
         """What a reader of this configuration's results should know (nothing wrong with it)."""
         if AUTO in self.policies and self.warmup < AUTO_WARMUP:
             return [
-                f"auto measures its choice and the runner-up (and, if both seem slower, the warm-up's plan) before "
-                f"it keeps one ({AUTO_WARMUP} iterations at most); "
+                f"auto measures its choice, the runner-up and near-ties (and, if all seem slower, the warm-up's "
+                f"plan) before it keeps one ({AUTO_WARMUP} iterations at most); "
                 f"with --warmup {self.warmup} its timed iterations include those trials "
                 f"(--warmup {AUTO_WARMUP} times only the plan it keeps)"
             ]

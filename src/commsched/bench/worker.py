@@ -35,6 +35,7 @@ commsched policy in the first repeat.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -284,6 +285,11 @@ def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
 def main() -> None:
     job = Job(**json.loads(Path(sys.argv[1]).read_text()))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # the runtime's own account (auto's measurements, ranking and choice; re-plans) into the rank's log
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"[%(asctime)s rank {rank}] %(message)s"))
+    logging.getLogger("commsched").addHandler(handler)
+    logging.getLogger("commsched").setLevel(logging.INFO)
     torch.set_num_threads(job.threads)
     out = Path(job.out)
     if job.task == "compute_alone":

@@ -120,17 +120,18 @@ def choose(trials: list[float | None], baseline_s: float | None, margin: float) 
 class Replanner:
     """Rank 0's measurements for one engine, and the re-plan they call for (other ranks measure nothing).
 
-    Besides drift, **trials**: the plan chosen by prediction and the runner-up
+    Besides drift, **trials**: the plan chosen by prediction, the runner-up
     of the same search (the best of the policies that update the other way:
-    :func:`~commsched.schedule.updating_like`) are each measured for
-    :data:`TRIAL_ITERATIONS` iterations and the faster (by its mean) is kept. Where even the
-    faster is slower than the last warm-up iteration (the provisional plan) by
+    :func:`~commsched.schedule.updating_like`) and ``auto``'s near-ties
+    (:data:`~commsched.runtime.switching.TIE_MARGIN`) are each measured for
+    :data:`TRIAL_ITERATIONS` iterations and the fastest (by its mean) is kept. Where even the
+    fastest is slower than the last warm-up iteration (the provisional plan) by
     more than :data:`TRIAL_MARGIN`, one iteration is not taken as the verdict:
-    the warm-up's plan is measured as a third trial, the same way, and the
-    fastest of the three is kept. The policies not kept are left out of later
+    the warm-up's plan is measured as one more trial, the same way, and the
+    fastest of them all is kept. The policies not kept are left out of later
     re-plans. What the simulator cannot see (e.g. the runtime's own work per
     message, the interpreter lock a launching thread waits for) cannot keep a
-    bad choice when the search ranked a better one second.
+    bad choice when the search ranked a better one close behind.
     """
 
     __slots__ = (

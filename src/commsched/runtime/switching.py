@@ -2,11 +2,13 @@
 
 * after the warm-up, rank 0 makes the real plan from what it measured and
   sends it to every rank as plan JSON (:func:`replan_after_warmup`);
-* the **trials**: the plan chosen by prediction and the planner's runner-up
-  (the best plan of a policy that updates the other way) are each measured
-  for a few iterations and the faster is kept; where both measured slower
-  than the last warm-up iteration, the warm-up's plan is measured the same
-  way and the fastest of the three kept — :mod:`~commsched.runtime.replan`;
+* the **trials**: the plan chosen by prediction, the planner's runner-up
+  (the best plan of a policy that updates the other way) and, for ``auto``,
+  up to :data:`TIE_TRIALS` near-ties (other policies predicted within
+  :data:`TIE_MARGIN` of the best) are each measured for a few iterations and
+  the fastest is kept; where all measured slower than the last warm-up
+  iteration, the warm-up's plan is measured the same way and the fastest of
+  them all kept — :mod:`~commsched.runtime.replan`;
 * **drift**: every few iterations rank 0 says whether compute or bandwidth
   moved enough to plan again;
 * :func:`use_plan` switches between iterations, every rank at
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -43,8 +45,15 @@ log = logging.getLogger("commsched")
 
 #: Plans the planner proposes for measuring after the warm-up: its choice and its runner-up.
 PLANNED_TRIALS = 2
-#: Trials at most: those and the warm-up's plan (measured only when both seem slower than the warm-up).
-MAX_TRIALS = PLANNED_TRIALS + 1
+#: ``auto`` also measures up to this many more candidates predicted within :data:`TIE_MARGIN` of its choice.
+TIE_TRIALS = 2
+#: Relative distance from the best prediction within which candidates are near-ties, measured in trials: the
+#: simulator's errors differ from policy to policy by more than that (resnet5m, 2 workers, 300 Mbit/s:
+#: ByteScheduler with 0.43 MB partitions predicted 586.5 ms and ran 637-664, ``ps`` predicted 587.7 and ran
+#: 618, BENCHMARKS.md "auto measures near-ties").
+TIE_MARGIN = 0.05
+#: Trials at most: those and the warm-up's plan (measured only when all seem slower than the warm-up).
+MAX_TRIALS = PLANNED_TRIALS + TIE_TRIALS + 1
 
 
 def replan_after_warmup(engine: Engine) -> None:
@@ -89,8 +98,8 @@ def start_trial(engine: Engine) -> None:
 
 def check_trial(engine: Engine, replanner: Replanner) -> None:
     """A trial's end (every rank alike): rank 0 records it, then sends the next plan to measure (the
-    runner-up, or the warm-up's plan when both seem slower than the warm-up), or the plan to keep after
-    the last trial (the fastest measured), or nothing (stay)."""
+    runner-up, a near-tie, or the warm-up's plan when all seem slower than the warm-up), or the plan to
+    keep after the last trial (the fastest measured), or nothing (stay)."""
     first, _ = engine._trial or (0, 0)
     engine._trial = None
     mean_s, start = trial_mean_then_flush(engine, replanner, first)
@@ -100,17 +109,22 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
         replanner.trials.append((current, engine.plan.policy, mean_s))
         assert engine._plan_inputs is not None
         workload, network = engine._plan_inputs
+        measured = frozenset(policy for _, policy, _ in replanner.trials)
+        warmup_plan = provisional_plan(workload, network).to_json(indent=None)
         runner_up = None
         if len(replanner.trials) < PLANNED_TRIALS:
-            measured = frozenset(policy for _, policy, _ in replanner.trials)
             # the runner-up updates the other way: the simulator errs alike on plans of one kind (a forward
             # that waits for each layer's communication is priced the same way for all of them)
             candidate = engine.planner(workload, network, measured | updating_like(measured))
             runner_up = candidate if candidate.policy not in measured else None  # a planner of one policy: none
+        ties = len(replanner.trials) < PLANNED_TRIALS + TIE_TRIALS and all(
+            p != warmup_plan for p, _, _ in replanner.trials
+        )
+        if runner_up is None and ties and isinstance(engine.planner, AutoPlanner):
+            runner_up = engine.planner.near_tie(workload, network, measured)
         if runner_up is not None:
             payload = [runner_up.to_json(indent=None), True]
         else:
-            warmup_plan = provisional_plan(workload, network).to_json(indent=None)
             plan, measure = replanner.after_trials(engine._baseline_iteration, warmup_plan)
             payload = [None if plan == current else plan, measure]
     with startup.peers("sharing the trial's outcome"):
@@ -228,24 +242,49 @@ class AutoPlanner:
         return used & {PS_TRANSPORT}
 
     def __call__(self, workload: Workload, network: NetworkEstimate, exclude: frozenset[str]) -> CommPlan:
-        key = hash((workload.to_json(indent=None), network))
-        if self._ranking is None or self._ranking[0] != key:
-            self._ranking = (key, self._search(workload, network))
         host_only = 0
-        for policy, knobs, predicted_ms in self._ranking[1]:
-            if policy in exclude:
-                continue
-            plan = build_plan(policy, workload, network, **knobs)
-            if not self.host_memory and {t.transport for t in plan.tasks} & HOST_MEMORY:
+        for plan, predicted_ms in self._runnable(workload, network):
+            if plan is None:
                 host_only += 1
-                continue
-            log.info("commsched auto: %s %s, predicted %.1f ms per iteration", policy, knobs, predicted_ms)
-            return plan
+            elif plan.policy not in exclude:
+                log.info("commsched auto: %s %s, predicted %.1f ms per iteration", plan.policy,
+                         plan.knobs.to_dict(), predicted_ms)  # fmt: skip
+                return plan
         log.info(
             "commsched auto: every candidate measured slower than the warm-up%s; running the warm-up's plan",
             f" or ({host_only}) takes CPU tensors only" if host_only else "",
         )
         return provisional_plan(workload, network)
+
+    def near_tie(self, workload: Workload, network: NetworkEstimate, measured: frozenset[str]) -> CommPlan | None:
+        """The best-ranked plan of a policy not in ``measured`` predicted within :data:`TIE_MARGIN` of the
+        ranking's best (None where there is none): a near-tie the trials measure rather than trust the
+        prediction with."""
+        best_ms = None
+        for plan, predicted_ms in self._runnable(workload, network):
+            if plan is None:
+                continue
+            best_ms = predicted_ms if best_ms is None else best_ms
+            if predicted_ms > best_ms * (1 + TIE_MARGIN):
+                return None
+            if plan.policy not in measured:
+                log.info("commsched auto: %s %s, predicted %.1f ms per iteration, within %.0f %% of the best: "
+                         "measured too", plan.policy, plan.knobs.to_dict(), predicted_ms, TIE_MARGIN * 100)  # fmt: skip
+                return plan
+        return None
+
+    def _runnable(self, workload: Workload, network: NetworkEstimate) -> Iterator[tuple[CommPlan | None, float]]:
+        """The search's ranking as plans, best first, with their predicted ms (the search runs once per
+        workload and network); None in place of a plan that takes CPU tensors only, off the CPU."""
+        key = hash((workload.to_json(indent=None), network))
+        if self._ranking is None or self._ranking[0] != key:
+            self._ranking = (key, self._search(workload, network))
+        for policy, knobs, predicted_ms in self._ranking[1]:
+            plan = build_plan(policy, workload, network, **knobs)
+            if not self.host_memory and {t.transport for t in plan.tasks} & HOST_MEMORY:
+                yield None, predicted_ms
+            else:
+                yield plan, predicted_ms
 
     def _search(self, workload: Workload, network: NetworkEstimate) -> list[tuple[str, dict[str, Any], float]]:
         from commsched.plan import advise
