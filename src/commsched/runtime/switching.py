@@ -49,8 +49,8 @@ PLANNED_TRIALS = 2
 TIE_TRIALS = 2
 #: Relative distance from the best prediction within which candidates are near-ties, measured in trials: the
 #: simulator's errors differ from policy to policy by more than that (resnet5m, 2 workers, 300 Mbit/s:
-#: ByteScheduler with 0.43 MB partitions predicted 586.5 ms and ran 637-664, ``ps`` predicted 587.7 and ran
-#: 618, BENCHMARKS.md "auto measures near-ties").
+#: ByteScheduler predicted 586.5 ms and its trial ran 664, ``ps`` predicted 587.7 and runs 618; BENCHMARKS.md,
+#: "auto measures near-ties").
 TIE_MARGIN = 0.05
 #: Trials at most: those and the warm-up's plan (measured only when all seem slower than the warm-up).
 MAX_TRIALS = PLANNED_TRIALS + TIE_TRIALS + 1
