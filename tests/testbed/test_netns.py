@@ -103,15 +103,18 @@ def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(t
 
 def test_auto_records_the_plans_its_trials_measured_and_the_one_it_kept(tmp_path: Path) -> None:
     from commsched.bench.config import AUTO_WARMUP
+    from commsched.runtime.switching import MAX_TRIALS
     from commsched.schedule import policy_class
 
     report = run_bench(_config(policies=("auto",), warmup=AUTO_WARMUP, iters=1, ddp_grid=False), tmp_path)
     (run,) = report["sessions"][0]["runs"]["auto"]
-    trials = run["trials"]  # its choice and the runner-up, each measured; the warm-up's plan when both seemed slower
-    first, second, *warmup = trials
+    # its choice and the runner-up, each measured; then near-ties; the warm-up's plan when all seemed slower
+    trials = run["trials"]
+    first, second, *_ = trials
     assert all(t["mean_ms"] > 0 for t in trials), trials
     assert policy_class(first["policy"]).update_mode != policy_class(second["policy"]).update_mode
-    assert [t["policy"] for t in warmup] in ([], ["no_overlap"]), trials
+    policies = [t["policy"] for t in trials]
+    assert len(set(policies)) == len(policies) <= MAX_TRIALS, trials  # each measured once
     fastest = min(trials, key=lambda t: t["mean_ms"])
     assert run["plan"] == {"policy": fastest["policy"], "knobs": fastest["knobs"]}  # the fastest is kept, knobs too
     assert report["sessions"][0]["summary"]["auto"]["max_param_diff"] < 1e-5
