@@ -17,6 +17,7 @@ from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.plan.gloo import gloo_options
+from commsched.profile.network import ps_task_cpu
 from commsched.profile.probe_fit import CpuFit
 from commsched.schedule.base import PS_TRANSPORT
 from commsched.sim import SimOptions, simulate
@@ -29,7 +30,8 @@ def ps_transport_cpu(ps_cpu: CpuFit | None) -> tuple[tuple[str, float, float], .
     """``SimOptions.transport_cpu`` from the probe's fit of a push and its pull (two tasks: half each)."""
     if ps_cpu is None:
         return ()
-    return ((PS_TRANSPORT, ps_cpu.per_op_ms / 2, ps_cpu.ms_per_mb / 2),)
+    task = ps_task_cpu(ps_cpu)
+    return ((PS_TRANSPORT, task.per_op_ms, task.ms_per_mb),)
 
 
 def predict(

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from commsched.cluster import Cluster
 from commsched.errors import SpecError
-from commsched.profile.probe_fit import AlphaBetaFit, ProbeSample, fit_alpha_beta, measured_cluster
+from commsched.profile.probe_fit import AlphaBetaFit, CpuFit, ProbeSample, fit_alpha_beta, measured_cluster
 
 if TYPE_CHECKING:
     from commsched.transport.base import TransportOptions
@@ -41,6 +41,7 @@ __all__ = [
     "NetworkProbe",
     "measure_ops",
     "probe_network",
+    "ps_task_cpu",
 ]
 
 OPS = ("all_reduce", "reduce_scatter", "all_gather")
@@ -49,6 +50,12 @@ OPS = ("all_reduce", "reduce_scatter", "all_gather")
 PS_OP = "ps"
 """Also timed when asked for: a push of the buffer, then its pull, through the ``"ps"`` transport (a server on
 every rank, over TCP: :class:`~commsched.transport.ps.PsTransport`); two tasks of the runtime."""
+
+
+def ps_task_cpu(pair: CpuFit) -> CpuFit:
+    """One ``"ps"`` task's CPU work from :data:`PS_OP`'s fit of a push and its pull: two tasks, half each."""
+    return CpuFit("ps_task", pair.per_op_s / 2, pair.per_byte_s / 2)
+
 
 #: How long one of :data:`PS_OP`'s transfers may take before the probe fails (a peer that died or hung).
 PS_TIMEOUT_S = 120.0

@@ -199,8 +199,7 @@ class Replanner:
 
         The policies not kept join :attr:`tried`.
         """
-        yardstick_measured = any(plan == warmup_plan for plan, _, _ in self.trials)
-        base = None if yardstick_measured else self.periods.get(baseline_iteration)
+        base = None if self.measured(warmup_plan) else self.periods.get(baseline_iteration)
         index = choose([t for _, _, t in self.trials], base, TRIAL_MARGIN)
         shown = ", ".join(f"{policy} {_ms(t)}" for _, policy, t in self.trials)
         if index is None:
@@ -211,6 +210,10 @@ class Replanner:
         self.tried.update(policy for plan, policy, _ in self.trials if plan != kept[0])
         log.info("commsched: trials %s: %s kept", shown, kept[1])
         return kept[0], False
+
+    def measured(self, plan: str) -> bool:
+        """Whether a trial measured ``plan`` (plan JSON)."""
+        return any(plan == trial for trial, _, _ in self.trials)
 
     def waited(self, seconds: float) -> None:
         self._waited_s += seconds

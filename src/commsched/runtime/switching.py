@@ -117,9 +117,8 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
             # that waits for each layer's communication is priced the same way for all of them)
             candidate = engine.planner(workload, network, measured | updating_like(measured))
             runner_up = candidate if candidate.policy not in measured else None  # a planner of one policy: none
-        ties = len(replanner.trials) < PLANNED_TRIALS + TIE_TRIALS and all(
-            p != warmup_plan for p, _, _ in replanner.trials
-        )
+        # then near-ties, before the warm-up's plan is ever measured (after that, the trials end)
+        ties = len(replanner.trials) < PLANNED_TRIALS + TIE_TRIALS and not replanner.measured(warmup_plan)
         if runner_up is None and ties and isinstance(engine.planner, AutoPlanner):
             runner_up = engine.planner.near_tie(workload, network, measured)
         if runner_up is not None:

@@ -27,7 +27,7 @@ from torch import nn
 
 from commsched.formulas import ring_factors
 from commsched.layers import LayerSpec, discover_layers
-from commsched.profile.network import PS_OP
+from commsched.profile.network import PS_OP, ps_task_cpu
 from commsched.profile.probe_fit import ProbeSample, fit_cpu
 from commsched.schedule import CommPlan, NetworkEstimate
 from commsched.schedule.base import PS_TRANSPORT
@@ -159,9 +159,10 @@ def measured_network(world: int, gradient_bytes: int, rec: Recorder) -> NetworkE
     if rec.allreduce_cpu_s and gradient_bytes > 0:
         cpu_byte_s = max(0.0, min(rec.allreduce_cpu_s) - rec.allreduce_messages * cpu_message_s) / gradient_bytes
     transport_cpu: tuple[tuple[str, float, float], ...] = ()
-    ps = fit_cpu(rec.transport_samples, PS_OP)
-    if ps is not None:
-        transport_cpu = ((PS_TRANSPORT, ps.per_op_s / 2, ps.per_byte_s / 2),)
+    pair = fit_cpu(rec.transport_samples, PS_OP)
+    if pair is not None:
+        task = ps_task_cpu(pair)
+        transport_cpu = ((PS_TRANSPORT, task.per_op_s, task.per_byte_s),)
     return NetworkEstimate(
         world, volume * gradient_bytes / transfer_s, alpha_s, cpu_message_s, cpu_byte_s, transport_cpu
     )

@@ -179,15 +179,13 @@ class NetworkEstimate:
             finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
             if not (finite and value >= 0):
                 raise ScheduleError(f"{name} must be a finite number >= 0, got {value!r}")
-        entries: object = self.transport_cpu
-        if isinstance(entries, list | tuple):  # a list of lists from JSON: hashable tuples, as declared
-            entries = tuple(tuple(e) if isinstance(e, list | tuple) else e for e in entries)
-            object.__setattr__(self, "transport_cpu", entries)
-        if not isinstance(entries, tuple) or not all(_cpu_entry(e) for e in entries):
+        entries = transport_cpu_entries(self.transport_cpu)
+        if entries is None:
             raise ScheduleError(
                 f"transport_cpu must be (transport, seconds per task >= 0, seconds per byte >= 0) entries, "
                 f"got {self.transport_cpu!r}"
             )
+        object.__setattr__(self, "transport_cpu", entries)
 
     def allreduce_s(self, nbytes: float) -> float:
         """Ring all-reduce estimate (:func:`commsched.formulas.ring_all_reduce_s`)."""
@@ -208,13 +206,20 @@ class NetworkEstimate:
         return out
 
 
-def _cpu_entry(entry: object) -> bool:
-    """``(name, a, b)`` with a name and two finite numbers >= 0."""
-    if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], str)):
-        return False
-    return all(
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in entry[1:]
-    )
+def transport_cpu_entries(value: object) -> tuple[tuple[str, float, float], ...] | None:
+    """``value`` as ``(transport, a, b)`` entries, each a name and two finite numbers >= 0, as hashable tuples
+    (JSON gives lists of lists); None where it is not that. :class:`NetworkEstimate` (seconds) and
+    :class:`~commsched.sim.SimOptions` (milliseconds) check their ``transport_cpu`` with it."""
+    if not isinstance(value, list | tuple):
+        return None
+    entries = tuple(tuple(e) if isinstance(e, list | tuple) else e for e in value)
+    for entry in entries:
+        if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], str)):
+            return None
+        numbers = [v for v in entry[1:] if isinstance(v, int | float) and not isinstance(v, bool)]
+        if len(numbers) != 2 or not all(math.isfinite(v) and v >= 0 for v in numbers):
+            return None
+    return entries
 
 
 class Scheduler(ABC):

@@ -46,9 +46,10 @@ summed once, by the server that owns it, and every rank receives that sum,
 so training equals synchronous SGD up to the float association order.
 Knobs: ``partition_mb`` (4), ``credit_mb`` (16: four default partitions in
 flight), ``fuse_kb`` (64, as ``dlcp``; 0: every tensor on its own, as BytePS).
-Fusing at 64 KiB took 10-16 % less time than 0 unshaped and alike at 300 Mbit/s
-(resnet5m, 2 workers; BENCHMARKS.md, "The ps transport's small tensors
-fused"), and a default above 0 puts the knob in ``auto``'s search
+Fusing at 64 KiB took 10-16 % less time than 0 unshaped (0.83-0.85x default
+DDP in the same runs, against 0.72-0.74x) and alike at 300 Mbit/s (1.14-1.17x
+default DDP, against 1.10-1.15x; resnet5m, 2 workers; BENCHMARKS.md, "The ps
+transport's small tensors fused"), and a default above 0 puts the knob in ``auto``'s search
 (:func:`commsched.plan.tune.search_space` leaves out knobs at 0).
 """
 

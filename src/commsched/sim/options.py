@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from commsched.errors import ScheduleError
+from commsched.schedule.base import transport_cpu_entries
 from commsched.sim.costs import ALGORITHMS
 from commsched.sim.network import NETWORK_MODELS
 
@@ -108,21 +109,13 @@ class SimOptions:
                 raise ScheduleError(f"sim: {name} must be a finite number >= 0, got {value!r}")
         if not isinstance(self.transport_cpu, list | tuple):
             raise ScheduleError(f"sim: transport_cpu must be a sequence of entries, got {self.transport_cpu!r}")
-        entries = tuple(tuple(e) if isinstance(e, list | tuple) else e for e in self.transport_cpu)
+        entries = transport_cpu_entries(self.transport_cpu)
+        if entries is None:
+            raise ScheduleError(
+                f"sim: transport_cpu entries must be (transport, per task ms >= 0, ms per MiB >= 0), "
+                f"got {self.transport_cpu!r}"
+            )
         object.__setattr__(self, "transport_cpu", entries)  # a list from JSON: hashable tuples, as declared
-        for entry in self.transport_cpu:
-            if (
-                not isinstance(entry, tuple)
-                or len(entry) != 3
-                or not isinstance(entry[0], str)
-                or not all(
-                    isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 and math.isfinite(v)
-                    for v in entry[1:]
-                )
-            ):
-                raise ScheduleError(
-                    f"sim: transport_cpu entries must be (transport, per task ms >= 0, ms per MiB >= 0), got {entry!r}"
-                )
         if not isinstance(self.cpu_scales_with_speed, bool):
             raise ScheduleError(f"sim: cpu_scales_with_speed must be true or false, got {self.cpu_scales_with_speed!r}")
         if self.network not in NETWORK_MODELS:
