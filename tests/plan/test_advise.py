@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+
+import pytest
+
 from commsched import zoo
 from commsched.cluster import load_cluster
 from commsched.plan import advise, search_policies
@@ -45,3 +49,17 @@ def test_advise_stops_its_knob_search_at_the_budget() -> None:
     assert advice.budget_exhausted
     assert advice.search_s <= budget + 0.5, (advice.search_s, budget)
     assert advice.simulations > len(LOSSLESS)
+
+
+def test_searched_knobs_are_kept_only_when_they_beat_the_defaults_by_a_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    tune = importlib.import_module("commsched.plan.tune")  # the package's ``tune`` is the function
+    workload, cluster = zoo.load("resnet18"), load_cluster("8xV100-10GbE")
+    tuned = search_policies(workload, cluster, trials=4, budget_s=60)
+    changed = [c for c in tuned.candidates if c.changed_knobs]
+    assert changed, "the search changed no policy's knobs on a 10 GbE cluster"
+    for c in changed:
+        defaults = simulate(workload, cluster, c.policy, trace=False).iteration_ms
+        assert c.iteration_ms < defaults * (1 - tune.DEFAULTS_MARGIN), (c.policy, c.iteration_ms, defaults)
+    monkeypatch.setattr(tune, "DEFAULTS_MARGIN", 0.9)  # more than any gain found above
+    kept = search_policies(workload, cluster, trials=4, budget_s=60)
+    assert [c.changed_knobs for c in kept.candidates] == [{}] * len(kept.candidates)

@@ -18,7 +18,8 @@ runs it on per-rank batch splits of a heterogeneous cluster. What it searches:
 
 Trials simulate ``max(2, iterations // 4)`` iterations after 2 warm-up ones
 without a trace; the best policies' best trials are then simulated with
-``iterations`` (and their defaults too, the better kept). The budget is a
+``iterations`` (and their defaults too: the searched knobs are kept only when
+they beat the defaults by more than :data:`~commsched.plan.tune.DEFAULTS_MARGIN`). The budget is a
 hard bound on wall-clock time (:class:`~commsched.plan.budget.Budget`): a
 simulation starts only when its estimated cost, plus the final simulations'
 reserved, ends before the deadline; what does not fit is skipped, and the
@@ -38,7 +39,7 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.plan.budget import Budget
-from commsched.plan.tune import KnobSearch
+from commsched.plan.tune import KnobSearch, beats_defaults
 from commsched.schedule import LOSSLESS, CommPlan
 from commsched.schedule import knobs as policy_knobs
 from commsched.schedule.base import COLLECTIVE, PS_TRANSPORT
@@ -305,7 +306,7 @@ def search_policies(
         if rank < n_finals and budget.fits(p, full_total * (2 if knobs_changed else 1)):
             final = run(p, knobs, sync, iterations, warmup)
             default = run(p, {}, sync, iterations, warmup) if knobs_changed else None
-            if default is not None and (final is None or default.iteration_ms <= final.iteration_ms):
+            if default is not None and (final is None or not beats_defaults(final.iteration_ms, default.iteration_ms)):
                 final, knobs = default, {}
         elif rank < n_finals:
             exhausted = True
