@@ -82,3 +82,24 @@ def test_a_near_tie_is_the_best_unmeasured_policy_within_the_margin_of_the_best_
     assert planner.near_tie(workload, network, frozenset({"bytescheduler", "dear", "ps"})) is None  # ddp: 5.1 %
     # the ranking's order decides: the best not yet measured first
     assert planner.near_tie(workload, network, frozenset({"dear", "ps"})).policy == "bytescheduler"  # type: ignore[union-attr]
+
+
+def test_auto_keeps_a_policys_defaults_unless_searched_knobs_gain_more_than_the_knob_margin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import commsched.plan
+    from commsched import zoo
+    from commsched.runtime.switching import KNOB_MARGIN
+    from commsched.schedule import NetworkEstimate
+
+    asked: dict[str, object] = {}
+    real = commsched.plan.advise
+
+    def spy(*args: object, **kwargs: object) -> object:
+        asked.update(kwargs)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(commsched.plan, "advise", spy)
+    plan = AutoPlanner(30.0, ("ddp", "dear"))(zoo.load("resnet18"), NetworkEstimate(2, 1.25e9, 20e-6), frozenset())
+    assert plan.policy in ("ddp", "dear")
+    assert asked["defaults_margin"] == KNOB_MARGIN > 0.02  # more than advise's own default

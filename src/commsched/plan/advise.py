@@ -8,6 +8,7 @@ from typing import Any
 
 from commsched.cluster import Cluster
 from commsched.plan.search import Candidate, OptionsFor, Progress, search_policies
+from commsched.plan.tune import DEFAULTS_MARGIN
 from commsched.schedule import CommPlan
 from commsched.sim.ideal import IdealResult, ideal
 from commsched.sim.options import SimOptions
@@ -72,6 +73,7 @@ def advise(
     iterations: int = 20,
     warmup: int = 3,
     policies: Sequence[str] | None = None,
+    defaults_margin: float = DEFAULTS_MARGIN,
 ) -> Advice:
     """Rank every lossless policy (or ``policies``), each with its knobs searched, by simulated iteration time.
 
@@ -81,7 +83,8 @@ def advise(
     budget cut the knob search short (results are then no longer reproducible
     by seed alone). The overlap bound (:func:`commsched.sim.ideal.ideal`) comes
     with it: no lossless schedule beats it under the same cost model
-    (``sim_options``). ``options_for``: per-candidate simulator options
+    (``sim_options``). ``options_for``: per-candidate simulator options, and
+    ``defaults_margin``: how much searched knobs must gain to replace a policy's defaults
     (:func:`search_policies`).
 
     >>> advice = advise(zoo.load("resnet50"), load_cluster("8xV100-10GbE"))  # doctest: +SKIP
@@ -99,6 +102,7 @@ def advise(
         iterations=iterations,
         warmup=warmup,
         progress=progress,
+        defaults_margin=defaults_margin,
     )
     return Advice(
         model=workload.model,

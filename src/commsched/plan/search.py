@@ -19,7 +19,7 @@ runs it on per-rank batch splits of a heterogeneous cluster. What it searches:
 Trials simulate ``max(2, iterations // 4)`` iterations after 2 warm-up ones
 without a trace; the best policies' best trials are then simulated with
 ``iterations`` (and their defaults too: the searched knobs are kept only when
-they beat the defaults by more than :data:`~commsched.plan.tune.DEFAULTS_MARGIN`). The budget is a
+they beat the defaults by more than ``defaults_margin``, 2 % unless asked). The budget is a
 hard bound on wall-clock time (:class:`~commsched.plan.budget.Budget`): a
 simulation starts only when its estimated cost, plus the final simulations'
 reserved, ends before the deadline; what does not fit is skipped, and the
@@ -39,7 +39,7 @@ from typing import Any
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError, ScheduleError
 from commsched.plan.budget import Budget
-from commsched.plan.tune import KnobSearch, beats_defaults
+from commsched.plan.tune import DEFAULTS_MARGIN, KnobSearch, beats_defaults
 from commsched.schedule import LOSSLESS, CommPlan
 from commsched.schedule import knobs as policy_knobs
 from commsched.schedule.base import COLLECTIVE, PS_TRANSPORT
@@ -196,6 +196,7 @@ def search_policies(
     budget: Budget | None = None,
     top: int | None = None,
     finals: int | None = None,
+    defaults_margin: float = DEFAULTS_MARGIN,
 ) -> SearchOutcome:
     """The search of the module docstring; candidates ranked by simulated iteration time (ties: policy name).
 
@@ -206,6 +207,8 @@ def search_policies(
     ``top``: how many policies, best by their defaults, get the knob search (default: all).
     ``finals``: how many candidates, best first, are simulated with ``iterations`` (default: all); the
     others keep their trial's result (``Candidate.iterations`` says which).
+    ``defaults_margin``: searched knobs replace a finalist's defaults only when they simulate faster by
+    more than this fraction of the defaults' time (:data:`~commsched.plan.tune.DEFAULTS_MARGIN`).
     """
     if budget is None:
         if budget_s <= 0 or not math.isfinite(budget_s):
@@ -213,6 +216,8 @@ def search_policies(
         budget = Budget(budget_s)
     if trials < 1:
         raise ScheduleError(f"plan: trials must be >= 1, got {trials}")
+    if not 0 <= defaults_margin < 1:
+        raise ScheduleError(f"plan: defaults_margin must be in [0, 1), got {defaults_margin!r}")
     names = sorted(LOSSLESS if policies is None else policies)
     opts = SimOptions.from_mapping(sim_options)
     start = time.perf_counter()
@@ -306,7 +311,8 @@ def search_policies(
         if rank < n_finals and budget.fits(p, full_total * (2 if knobs_changed else 1)):
             final = run(p, knobs, sync, iterations, warmup)
             default = run(p, {}, sync, iterations, warmup) if knobs_changed else None
-            if default is not None and (final is None or not beats_defaults(final.iteration_ms, default.iteration_ms)):
+            tuned_ms = math.inf if final is None else final.iteration_ms
+            if default is not None and not beats_defaults(tuned_ms, default.iteration_ms, defaults_margin):
                 final, knobs = default, {}
         elif rank < n_finals:
             exhausted = True

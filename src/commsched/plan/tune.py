@@ -26,16 +26,17 @@ from commsched.sim.simulator import simulate
 from commsched.workload import Workload
 
 #: Searched knobs are kept only when their simulated iteration time beats the defaults' by more than this
-#: fraction. A smaller gain is below what the simulator resolves on a real testbed (its median error over
-#: policies is 1-10 % there, BENCHMARKS.md), and it can be a loss: unshaped (2 workers, resnet5m, "`auto`
-#: on three links"), ``auto`` kept ``ddp`` with 2.15 MiB buckets, the simulator's pick by a hair, and ran
-#: 0.92x best DDP, while DDP itself measured 1 MiB buckets 0.95x its 25 MiB default.
+#: fraction (the default of :func:`commsched.plan.search.search_policies`). A smaller gain is below what the
+#: simulator resolves on a real testbed, and it can be a loss: unshaped (2 workers, resnet5m, "`auto` on
+#: three links"), ``auto`` kept ``ddp`` with 2.15 MiB buckets, the simulator's pick by a hair, and ran 0.92x
+#: best DDP, while DDP itself measured 1 MiB buckets 0.95x its 25 MiB default. ``auto`` asks for more
+#: (:data:`commsched.runtime.switching.KNOB_MARGIN`).
 DEFAULTS_MARGIN = 0.02
 
 
-def beats_defaults(tuned_ms: float, default_ms: float) -> bool:
+def beats_defaults(tuned_ms: float, default_ms: float, margin: float = DEFAULTS_MARGIN) -> bool:
     """Whether searched knobs simulating ``tuned_ms`` are worth keeping over defaults simulating ``default_ms``."""
-    return tuned_ms < default_ms * (1 - DEFAULTS_MARGIN)
+    return tuned_ms < default_ms * (1 - margin)
 
 
 def search_space(policy: str) -> dict[str, tuple[float, float]]:
