@@ -5,6 +5,7 @@ Each writes ``rank{r}.json`` into ``out``; spawned by the tests with :func:`conf
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -427,3 +428,37 @@ def broadcast_mixed(rank: int, world: int, port: int, out: str) -> None:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _live() -> tuple[int, int]:
+    """This process's threads and registered process groups."""
+    return len(os.listdir("/proc/self/task")), len(dist.distributed_c10d._world.pg_map)
+
+
+def repeated_runs(rank: int, world: int, port: int, out: str, policies: list[str], hashed_group: bool) -> None:
+    """One policy after another in this process, each closed: what is live after each run, and each run's
+    distance from DDP. ``hashed_group``: a locally synchronised group lives first (groups are then kept)."""
+    try:
+        init(rank, world, port)
+        if hashed_group:
+            kept = dist.new_group(list(range(world)), backend="gloo", use_local_synchronization=True)
+            dist.barrier(group=kept)
+        base = M.fresh()
+        ref_model = M.clone(base)
+        ref, ref_opt = parallelize(ref_model, M.make_optimizer("adamw", ref_model), policy="torch_ddp")
+        M.train(ref, ref_opt, rank, 6)
+        before = _live()
+        after, diffs = [], []
+        for policy in policies:
+            model = M.clone(base)
+            wrapped, opt = parallelize(model, M.make_optimizer("adamw", model), policy=policy, **SMALL_KNOBS[policy])
+            M.train(wrapped, opt, rank, 6)
+            diffs.append(_diff(M.snapshot(wrapped), M.snapshot(ref)))
+            wrapped.close()  # type: ignore[operator]
+            del wrapped, opt, model
+            gc.collect()
+            after.append(_live())
+        result = {"before": before, "after": after, "diffs": diffs}
+    except Exception:
+        result = {"error": traceback.format_exc()}
+    _write(out, rank, result)

@@ -274,3 +274,20 @@ def test_tensors_of_several_dtypes_are_broadcast_in_place_from_the_source_rank(t
             [20],
             [[20.0, 22.0, 24.0], [21.0, 23.0, 25.0]],
         ]
+
+
+@pytest.mark.parametrize("hashed_group", [False, True], ids=["groups released", "a hashed group lives"])
+def test_runs_one_after_another_in_a_process_release_their_groups_and_threads(
+    tmp_path: Path, hashed_group: bool
+) -> None:
+    policies = ["dear", "ddp", "ps", "dear"]  # the ring's group, plain all-reduces, the TCP transport
+    res = spawn(S.repeated_runs, 2, tmp_path, policies, hashed_group)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert max(r["diffs"]) < TOL, r  # every run still trains like DDP, the later ones on new groups
+        threads, groups = r["before"]
+        if hashed_group:  # destroying could hand a later group a live name: every run's groups are kept
+            assert [g for _, g in r["after"]] == sorted(g for _, g in r["after"]) and r["after"][-1][1] > groups, r
+        else:
+            assert all(g == groups for _, g in r["after"]), r
+            assert all(t <= threads + 1 for t, _ in r["after"]), r  # each run made 15 or more threads

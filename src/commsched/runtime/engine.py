@@ -40,6 +40,7 @@ from commsched.runtime.updates import DeferredUpdates, averaged_square_norm, cli
 from commsched.schedule import CommPlan, NetworkEstimate, provisional_plan
 from commsched.trace import Trace
 from commsched.transport import Transport, TransportOptions, open_transports
+from commsched.transport.groups import release_groups
 from commsched.workload import Workload
 
 log = logging.getLogger("commsched")
@@ -102,7 +103,7 @@ class Engine:
         plan_json = plan.to_json(indent=None) if plan is not None else None
         mine = startup.fingerprint(module, policy, knobs, plan_json, self.world, warmup_iters, batch_sizes)
         startup.agree(mine, control)
-        self.groups = startup.other_groups(process_group, control, timeout_s)
+        self._groups: startup.Groups | None = startup.other_groups(process_group, control, timeout_s)
         # Start from identical replicas, as DDP does.
         startup.broadcast_tensors(
             [*module.parameters(), *module.buffers()], self.groups.leader(), self.groups.sync, "broadcasting parameters"
@@ -360,8 +361,17 @@ class Engine:
         except RuntimeCommError as exc:
             raise RuntimeCommError(f"rank {self.rank}: {exc}") from exc.__cause__
 
+    @property
+    def groups(self) -> startup.Groups:
+        """The run's process groups (released by :meth:`close`)."""
+        if self._groups is None:
+            raise RuntimeCommError(f"rank {self.rank}: this parallelized model was closed")
+        return self._groups
+
     def close(self) -> None:
-        """Stop the threads (idempotent). Pending updates are applied first, unless communication failed."""
+        """Stop the threads (idempotent). Pending updates are applied first, unless communication failed;
+        then the transports and the process groups are released, so that a process can run again and
+        again without piling them up (:mod:`commsched.transport.groups`)."""
         if self._closed:
             return
         failed = self.agent.completions.error is not None
@@ -377,3 +387,13 @@ class Engine:
             for transport in self._transports.values():
                 if not failed:
                     transport.close()
+            if self.agent.completions.error is None:  # a group with an op in flight is not destroyed
+                self._release_groups()
+
+    def _release_groups(self) -> None:
+        """Destroy this run's groups where that is safe, and drop every reference the engine holds."""
+        self._transports.clear()
+        groups = self.groups
+        mine = [groups.control, groups.sync, groups.data, groups.decisions, self.replicas.take_group()]
+        if release_groups(mine):
+            self._groups = None

@@ -76,6 +76,11 @@ class ReplicaCheck:
         #: the iterations (steps taken) at which a mismatch was repaired
         self.repaired_at: list[int] = []
 
+    def take_group(self) -> dist.ProcessGroup | None:
+        """The check's group, if it made one, handed over for release (the check keeps no reference)."""
+        group, self._group = self._group, None
+        return group
+
     def after_step(self, engine: Engine) -> bool:
         """At ``optimizer.step()``: check when due; True if the replicas differed and were made equal."""
         iteration = engine._iteration

@@ -167,9 +167,10 @@ class Collectives:
     def close(self) -> None:
         """Finish the queued ring ops (each bounded by ``timeout_s``), then stop the worker.
 
-        The ring's process group stays registered until ``dist.destroy_process_group()``:
-        destroying one group early makes torch (<= 2.13) reuse the name of a later
-        locally synchronised group, whose rendezvous then meets stale addresses.
+        The ring's process group is released where that is safe
+        (:mod:`commsched.transport.groups`): destroying a group can make torch (<= 2.13)
+        reuse the name of a later locally synchronised group, whose rendezvous then meets
+        stale addresses, so while such a group lives it stays registered.
         """
         if self._closed:
             return

@@ -35,6 +35,7 @@ import torch.distributed as dist
 
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
+from commsched.transport.groups import release_groups
 from commsched.transport.handles import RingHandle
 
 __all__ = ["RingWorker"]
@@ -98,10 +99,14 @@ class RingWorker:
         return handle
 
     def stop(self) -> None:
-        """Finish the queued ops (each bounded by ``timeout_s``), then stop the thread."""
+        """Finish the queued ops (each bounded by ``timeout_s``), then stop the thread and, unless an op
+        failed (gloo may still write into its buffers), release the ring's group
+        (:func:`~commsched.transport.groups.release_groups`)."""
         if self._worker.is_alive():
             self._queue.put(None)
             self._worker.join()
+        if self._failure is None and release_groups([self._p2p_group]):
+            self._p2p_group = None
 
     def _serve(self) -> None:
         while True:
