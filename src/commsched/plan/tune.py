@@ -26,11 +26,10 @@ from commsched.sim.simulator import simulate
 from commsched.workload import Workload
 
 #: Searched knobs are kept only when their simulated iteration time beats the defaults' by more than this
-#: fraction (the default of :func:`commsched.plan.search.search_policies`). A smaller gain is below what the
-#: simulator resolves on a real testbed, and it can be a loss: unshaped (2 workers, resnet5m, "`auto` on
-#: three links"), ``auto`` kept ``ddp`` with 2.15 MiB buckets, the simulator's pick by a hair, and ran 0.92x
-#: best DDP, while DDP itself measured 1 MiB buckets 0.95x its 25 MiB default. ``auto`` asks for more
-#: (:data:`commsched.runtime.switching.KNOB_MARGIN`).
+#: fraction (the default of :func:`commsched.plan.search.search_policies`): a smaller gain is below what the
+#: simulator resolves on a real testbed, where its error differs between two settings of one policy by a few
+#: percent (2 workers, resnet5m, unshaped: ddp[4MiB] and ddp[25MiB] predicted -6.2 % and -3.4 % off,
+#: BENCHMARKS.md). ``auto`` asks for more (:data:`commsched.runtime.switching.KNOB_MARGIN`).
 DEFAULTS_MARGIN = 0.02
 
 

@@ -55,10 +55,10 @@ TIE_MARGIN = 0.05
 #: Searched knobs replace a policy's defaults in ``auto``'s search only when they are predicted faster by more
 #: than this fraction (:func:`commsched.plan.search.search_policies`, ``defaults_margin``). Unlike policies,
 #: two settings of one policy get no trial, and the simulator's error differs between them by about this
-#: much on the testbed: unshaped, ddp[4MiB] and ddp[25MiB] were predicted -7.4 % and -3.3 % off, and
-#: -12.2 % and -2.3 % in another run; at 1 Gbit/s -10.7 % and -5.5 % (BENCHMARKS.md). With 2 %, ``auto``
-#: unshaped kept ``ddp`` with 1-6 MiB buckets, predicted 2 % ahead of 25 MiB, where DDP's grid measured
-#: smaller buckets 3-7 % behind.
+#: much on the testbed (2 workers, resnet5m): ddp[4MiB] and ddp[25MiB] were predicted -6.2 % and -3.4 % off
+#: unshaped, -12.2 % and -2.3 % in another run, -10.7 % and -5.5 % at 1 Gbit/s (BENCHMARKS.md). Not enough
+#: everywhere: unshaped, ``auto`` still kept ``ddp`` with 0.4-2.2 MiB buckets, predicted more than 5 % ahead
+#: of 25 MiB, which DDP's own grid measured no faster ("Runs one after another release their process groups").
 KNOB_MARGIN = TIE_MARGIN
 #: Trials at most: those and the warm-up's plan (measured only when all seem slower than the warm-up).
 MAX_TRIALS = PLANNED_TRIALS + TIE_TRIALS + 1
