@@ -84,7 +84,7 @@ def test_a_near_tie_is_the_best_unmeasured_policy_within_the_margin_of_the_best_
     assert planner.near_tie(workload, network, frozenset({"dear", "ps"})).policy == "bytescheduler"  # type: ignore[union-attr]
 
 
-def test_auto_keeps_a_policys_defaults_unless_searched_knobs_gain_more_than_the_knob_margin(
+def test_auto_asks_its_search_for_the_knob_margin_before_it_replaces_a_policys_defaults(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import commsched.plan
