@@ -107,8 +107,6 @@ class SimOptions:
                 or not (value >= 0 and math.isfinite(value))
             ):
                 raise ScheduleError(f"sim: {name} must be a finite number >= 0, got {value!r}")
-        if not isinstance(self.transport_cpu, list | tuple):
-            raise ScheduleError(f"sim: transport_cpu must be a sequence of entries, got {self.transport_cpu!r}")
         entries = transport_cpu_entries(self.transport_cpu)
         if entries is None:
             raise ScheduleError(
