@@ -328,13 +328,15 @@ def _auto_against_ddp(rank: int, world: int, port: int, out: str, steps: int, op
         model = M.clone(base)
         opt = M.make_optimizer(optimizer, model)
         wrapped, opt = parallelize(model, opt, policy="auto", auto_budget_s=30.0)
-        policies = []
+        policies, knobs = [], []
         for step in range(steps):
             M.train(wrapped, opt, rank, 1, start=step)
             policies.append(wrapped.plan.policy)  # type: ignore[union-attr]
+            knobs.append(wrapped.plan.knobs.to_dict())  # type: ignore[union-attr]
         result = {
             "diff": _diff(M.snapshot(wrapped), M.snapshot(ref)),
             "policies": policies,
+            "knobs": knobs,
             "replans": wrapped.engine.replans,  # type: ignore[union-attr]
         }
         wrapped.close()  # type: ignore[operator]
@@ -344,13 +346,15 @@ def _auto_against_ddp(rank: int, world: int, port: int, out: str, steps: int, op
     os._exit(0)
 
 
-def _forced_medians(*first: float, ties: int = 0) -> None:
+def _forced_medians(*first: float, ties: int = 0, defaults: int = 0) -> None:
     """Trials measure ``first`` (seconds, in order), every later one 1 s; at most ``ties`` near-ties are
-    measured, and every candidate is one (none: the choice and the runner-up only)."""
+    measured, and every candidate is one (none: the choice and the runner-up only); ``defaults``: whether
+    a policy kept with searched knobs is measured at its defaults too."""
     import commsched.runtime.replan as replan
     import commsched.runtime.switching as switching
 
     switching.TIE_TRIALS = ties
+    switching.DEFAULTS_TRIALS = defaults
     switching.TIE_MARGIN = 100.0
     medians = iter(first)
     replan.Replanner.trial_mean = lambda self, a, b: next(medians, 1.0)  # type: ignore[method-assign]
@@ -397,6 +401,19 @@ def auto_trials_near_ties(rank: int, world: int, port: int, out: str, steps: int
     search = switching.AutoPlanner._search
     switching.AutoPlanner._search = lambda self, w, n: [c for c in search(self, w, n) if c[0] != "no_overlap"]  # type: ignore[method-assign]
     _forced_medians(1.0, 1.0, 1.0, 0.001, ties=2)
+    _auto_against_ddp(rank, world, port, out, steps, "adam")
+
+
+def auto_trials_defaults(rank: int, world: int, port: int, out: str, steps: int) -> None:
+    """The search ranks ``ddp`` with 0.25 MiB buckets first and DeAR second: auto measures both, then ``ddp`` at
+    its defaults (measured fastest, kept); still DDP's result."""
+    import commsched.runtime.replan as replan
+    import commsched.runtime.switching as switching
+
+    replan.TRIAL_MARGIN = 100.0  # no trial loses to the warm-up
+    ranking = [("ddp", {"bucket_cap_mb": 0.25}, 10.0), ("dear", {}, 11.0)]
+    switching.AutoPlanner._search = lambda self, w, n: ranking  # type: ignore[method-assign]
+    _forced_medians(0.5, 1.0, 0.001, defaults=1)
     _auto_against_ddp(rank, world, port, out, steps, "adam")
 
 

@@ -115,6 +115,36 @@ def test_one_fast_warm_up_iteration_gets_the_warm_ups_plan_measured_like_the_tri
     assert r.after_trials(1, "warm-up") == ("plan-b", False)  # nothing more to measure
 
 
+def test_the_kept_policy_stays_eligible_when_a_trial_measured_it_with_other_knobs() -> None:
+    from commsched.runtime.replan import Replanner
+
+    r = Replanner(DriftPolicy(), world=2, measures=True)
+    r.trials = [("ddp-tuned", "ddp", 0.40), ("dear-plan", "dear", 0.45), ("ddp-defaults", "ddp", 0.42)]
+    assert r.after_trials(1, "warm-up") == ("ddp-tuned", False) and r.tried == {"dear"}
+
+
+def test_auto_measures_the_fastest_trials_policy_at_its_defaults_once_where_it_ran_searched_knobs() -> None:
+    from commsched import zoo
+    from commsched.runtime.replan import Replanner
+    from commsched.runtime.switching import defaults_of_fastest
+    from commsched.schedule import CommPlan, NetworkEstimate, build_plan
+
+    workload, network = zoo.load("resnet18"), NetworkEstimate(2, 1.25e8)
+    tuned = build_plan("ddp", workload, network, bucket_cap_mb=1.0).to_json(indent=None)
+    dear = build_plan("dear", workload, network).to_json(indent=None)
+    r = Replanner(DriftPolicy(), world=2, measures=True)
+    r.trials = [(tuned, "ddp", 0.40), (dear, "dear", 0.45)]
+    defaults = defaults_of_fastest(r, workload, network)
+    assert defaults is not None and defaults.policy == "ddp"
+    assert defaults.knobs == build_plan("ddp", workload, network).knobs != CommPlan.from_json(tuned).knobs
+    r.trials.append((defaults.to_json(indent=None), "ddp", 0.41))
+    assert defaults_of_fastest(r, workload, network) is None  # measured once: not again
+    r.trials = [(tuned, "ddp", 0.50), (dear, "dear", 0.45)]
+    assert defaults_of_fastest(r, workload, network) is None  # the fastest runs dear at its defaults
+    r.trials = [(tuned, "ddp", None)]
+    assert defaults_of_fastest(r, workload, network) is None  # nothing measured: nothing to question
+
+
 def test_pushes_and_pulls_count_the_bytes_a_reduce_scatter_or_all_gather_would_send() -> None:
     from commsched.runtime.replan import Replanner
 

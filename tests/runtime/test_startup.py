@@ -12,7 +12,7 @@ import pytest
 
 from commsched.cluster import Cluster
 from commsched.profile import profile_model
-from commsched.schedule import CommPlan, build_plan, policy_class
+from commsched.schedule import CommPlan, build_plan, make_knobs, policy_class
 from commsched.sim import simulate
 from commsched.sim.simulator import simulate_plan
 from commsched.transport.base import HOST_MEMORY
@@ -261,6 +261,19 @@ def test_auto_measures_near_ties_too_and_keeps_the_fastest_of_all_its_trials(tmp
     assert [len(set(p[k : k + 5])) for k in (1, 6, 11, 16)] == [1, 1, 1, 1], p  # 4 iterations each after the switch
     assert len({p[1], p[6], p[11], p[16]}) == 4 and set(p[16:]) == {p[16]}, p  # four policies; the last kept
     assert policy_class(p[1]).update_mode != policy_class(p[6]).update_mode, p  # the runner-up: the other kind
+
+
+def test_auto_measures_its_kept_policy_at_the_defaults_where_it_ran_searched_knobs_and_keeps_the_faster(
+    tmp_path: Path,
+) -> None:
+    res = spawn(S.auto_trials_defaults, 2, tmp_path, 20)
+    for r in res:
+        assert "error" not in r and "missing" not in r, r
+        assert r["diff"] < TOL and r["replans"] == 2, r  # to the runner-up, then ddp at its defaults, kept
+    assert res[0]["policies"] == res[1]["policies"] and res[0]["knobs"] == res[1]["knobs"]
+    p, caps = res[0]["policies"], [k.get("bucket_cap_mb") for k in res[0]["knobs"]]
+    assert (p[1], p[6], p[11]) == ("ddp", "dear", "ddp") and set(p[11:]) == {"ddp"}, p
+    assert caps[1] == 0.25 and caps[11] == caps[-1] == make_knobs("ddp").bucket_cap_mb != 0.25, caps
 
 
 def test_tensors_of_several_dtypes_are_broadcast_in_place_from_the_source_rank(tmp_path: Path) -> None:

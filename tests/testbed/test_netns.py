@@ -5,6 +5,7 @@ Needs root and iproute2; skipped otherwise, with the reason.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -113,8 +114,8 @@ def test_auto_records_the_plans_its_trials_measured_and_the_one_it_kept(tmp_path
     first, second, *_ = trials
     assert all(t["mean_ms"] > 0 for t in trials), trials
     assert policy_class(first["policy"]).update_mode != policy_class(second["policy"]).update_mode
-    policies = [t["policy"] for t in trials]
-    assert len(set(policies)) == len(policies) <= MAX_TRIALS, trials  # each measured once
+    plans = [json.dumps([t["policy"], t["knobs"]], sort_keys=True) for t in trials]
+    assert len(set(plans)) == len(plans) <= MAX_TRIALS, trials  # each measured once (a policy at two settings)
     fastest = min(trials, key=lambda t: t["mean_ms"])
     assert run["plan"] == {"policy": fastest["policy"], "knobs": fastest["knobs"]}  # the fastest is kept, knobs too
     assert report["sessions"][0]["summary"]["auto"]["max_param_diff"] < 1e-5

@@ -123,7 +123,8 @@ class Replanner:
     Besides drift, **trials**: the plan chosen by prediction, the runner-up
     of the same search (the best of the policies that update the other way:
     :func:`~commsched.schedule.updating_like`) and ``auto``'s near-ties
-    (:data:`~commsched.runtime.switching.TIE_MARGIN`) are each measured for
+    (:data:`~commsched.runtime.switching.TIE_MARGIN`), and the fastest's policy at
+    its defaults where it ran searched knobs, are each measured for
     :data:`TRIAL_ITERATIONS` iterations and the fastest (by its mean) is kept. Where even the
     fastest is slower than the last warm-up iteration (the provisional plan) by
     more than :data:`TRIAL_MARGIN`, one iteration is not taken as the verdict:
@@ -197,7 +198,7 @@ class Replanner:
         where one warm-up iteration says it beats every trial by more than :data:`TRIAL_MARGIN` and it
         was not measured yet; else ``(plan JSON to keep, False)``, the fastest trial (:func:`choose`).
 
-        The policies not kept join :attr:`tried`.
+        The policies not kept join :attr:`tried` (not the kept one where a trial measured it with other knobs).
         """
         base = None if self.measured(warmup_plan) else self.periods.get(baseline_iteration)
         index = choose([t for _, _, t in self.trials], base, TRIAL_MARGIN)
@@ -207,7 +208,7 @@ class Replanner:
                      shown, _ms(base))  # fmt: skip
             return warmup_plan, True
         kept = self.trials[index]
-        self.tried.update(policy for plan, policy, _ in self.trials if plan != kept[0])
+        self.tried.update(policy for _, policy, _ in self.trials if policy != kept[1])
         log.info("commsched: trials %s: %s kept", shown, kept[1])
         return kept[0], False
 
