@@ -123,26 +123,35 @@ def test_the_kept_policy_stays_eligible_when_a_trial_measured_it_with_other_knob
     assert r.after_trials(1, "warm-up") == ("ddp-tuned", False) and r.tried == {"dear"}
 
 
-def test_auto_measures_the_fastest_trials_policy_at_its_defaults_once_where_it_ran_searched_knobs() -> None:
+def test_the_reference_trial_is_kept_unless_another_measured_faster_by_the_margin() -> None:
+    from commsched.runtime.replan import REFERENCE_MARGIN, Replanner, choose
+
+    near, far = 0.100 * (1 - REFERENCE_MARGIN) + 1e-4, 0.100 * (1 - REFERENCE_MARGIN) - 1e-4
+    assert choose([near, 0.2, 0.100], None, 0.05, reference=2) == 2  # the fastest, but within the margin
+    assert choose([far, 0.2, 0.100], None, 0.05, reference=2) == 0  # faster by more than the margin
+    assert choose([near, 0.2, 0.100], None, 0.05) == 0  # no reference: the fastest
+    assert choose([near, 0.2, None], None, 0.05, reference=2) == 0  # the reference unmeasured: no part
+    assert choose([near, 0.2, 0.100], 0.05, 0.05, reference=2) is None  # all slower than the warm-up
+    r = Replanner(DriftPolicy(), world=2, measures=True)
+    r.trials, r.reference = [("plan-a", "ps", near), ("plan-b", "dear", 0.2), ("plan-c", "ddp", 0.100)], 2
+    assert r.after_trials(1, "warm-up") == ("plan-c", False) and r.tried == {"ps", "dear"}
+
+
+def test_a_trial_that_ran_a_policy_at_the_reference_plans_knobs_counts_as_the_reference() -> None:
     from commsched import zoo
     from commsched.runtime.replan import Replanner
-    from commsched.runtime.switching import defaults_of_fastest
-    from commsched.schedule import CommPlan, NetworkEstimate, build_plan
+    from commsched.runtime.switching import measured_as
+    from commsched.schedule import NetworkEstimate, build_plan, reference_plan
 
     workload, network = zoo.load("resnet18"), NetworkEstimate(2, 1.25e8)
-    tuned = build_plan("ddp", workload, network, bucket_cap_mb=1.0).to_json(indent=None)
-    dear = build_plan("dear", workload, network).to_json(indent=None)
+    reference = reference_plan(workload, network)
+    tuned = build_plan(reference.policy, workload, network, bucket_cap_mb=1.0).to_json(indent=None)
+    other = build_plan("dear", workload, network).to_json(indent=None)
     r = Replanner(DriftPolicy(), world=2, measures=True)
-    r.trials = [(tuned, "ddp", 0.40), (dear, "dear", 0.45)]
-    defaults = defaults_of_fastest(r, workload, network)
-    assert defaults is not None and defaults.policy == "ddp"
-    assert defaults.knobs == build_plan("ddp", workload, network).knobs != CommPlan.from_json(tuned).knobs
-    r.trials.append((defaults.to_json(indent=None), "ddp", 0.41))
-    assert defaults_of_fastest(r, workload, network) is None  # measured once: not again
-    r.trials = [(tuned, "ddp", 0.50), (dear, "dear", 0.45)]
-    assert defaults_of_fastest(r, workload, network) is None  # the fastest runs dear at its defaults
-    r.trials = [(tuned, "ddp", None)]
-    assert defaults_of_fastest(r, workload, network) is None  # nothing measured: nothing to question
+    r.trials = [(tuned, reference.policy, 0.40), (other, "dear", 0.45)]
+    assert measured_as(r, reference) is None  # the same policy at other knobs is not the reference
+    r.trials.append((build_plan(reference.policy, workload, network).to_json(indent=None), reference.policy, 0.41))
+    assert measured_as(r, reference) == 2
 
 
 def test_pushes_and_pulls_count_the_bytes_a_reduce_scatter_or_all_gather_would_send() -> None:

@@ -98,10 +98,23 @@ TRIAL_ITERATIONS = 4
 #: The warm-up's plan is measured as a trial of its own only when the fastest trial is slower than the last
 #: warm-up iteration by more than this (relative).
 TRIAL_MARGIN = 0.05
+#: The reference trial (PyTorch DDP's schedule at its defaults) is kept unless the fastest trial measured
+#: faster than it by more than this fraction. Four iterations of a trial vary by several percent, and with
+#: five plans measured the fastest reading is partly luck: unshaped, ``auto`` kept plans whose trials had read
+#: 142-148 ms and that then ran 150-154 ms, against 136 ms for the runtime's ``ddp`` (BENCHMARKS.md, "auto
+#: keeps DDP's schedule unless another measures faster").
+REFERENCE_MARGIN = 0.03
 
 
-def choose(trials: list[float | None], baseline_s: float | None, margin: float) -> int | None:
-    """Which measured plan to keep: the index of the fastest trial (mean seconds per iteration).
+def choose(
+    trials: list[float | None],
+    baseline_s: float | None,
+    margin: float,
+    reference: int | None = None,
+    reference_margin: float = REFERENCE_MARGIN,
+) -> int | None:
+    """Which measured plan to keep: the index of the fastest trial (mean seconds per iteration), or
+    ``reference`` (a trial's index) where that measured within ``reference_margin`` of the fastest.
 
     None: the warm-up's plan may be faster, because even the fastest trial is
     slower than ``baseline_s`` (one warm-up iteration) by more than ``margin``.
@@ -114,6 +127,9 @@ def choose(trials: list[float | None], baseline_s: float | None, margin: float) 
     fastest, index = min(measured)
     if baseline_s is not None and fastest > baseline_s * (1 + margin):
         return None
+    ref_s = trials[reference] if reference is not None and reference < len(trials) else None
+    if ref_s is not None and ref_s * (1 - reference_margin) <= fastest:
+        return reference
     return index
 
 
@@ -123,8 +139,9 @@ class Replanner:
     Besides drift, **trials**: the plan chosen by prediction, the runner-up
     of the same search (the best of the policies that update the other way:
     :func:`~commsched.schedule.updating_like`) and ``auto``'s near-ties
-    (:data:`~commsched.runtime.switching.TIE_MARGIN`), and the fastest's policy at
-    its defaults where it ran searched knobs, are each measured for
+    (:data:`~commsched.runtime.switching.TIE_MARGIN`) and the reference (PyTorch
+    DDP's schedule at its defaults, kept unless another measured faster by
+    :data:`REFERENCE_MARGIN`) are each measured for
     :data:`TRIAL_ITERATIONS` iterations and the fastest (by its mean) is kept. Where even the
     fastest is slower than the last warm-up iteration (the provisional plan) by
     more than :data:`TRIAL_MARGIN`, one iteration is not taken as the verdict:
@@ -143,6 +160,7 @@ class Replanner:
         "monitor",
         "periods",
         "policy",
+        "reference",
         "trials",
         "tried",
         "world",
@@ -162,6 +180,9 @@ class Replanner:
         self.tried: set[str] = set()
         #: the plans measured in trials, in order: (plan JSON, policy, mean seconds per iteration or None)
         self.trials: list[tuple[str, str, float | None]] = []
+        #: the index in :attr:`trials` of the reference's (kept unless another beats it by
+        #: :data:`REFERENCE_MARGIN`), None without one
+        self.reference: int | None = None
 
     def iteration_starts(self, iteration: int) -> None:
         if self._iter_start is None:
@@ -201,7 +222,7 @@ class Replanner:
         The policies not kept join :attr:`tried` (not the kept one where a trial measured it with other knobs).
         """
         base = None if self.measured(warmup_plan) else self.periods.get(baseline_iteration)
-        index = choose([t for _, _, t in self.trials], base, TRIAL_MARGIN)
+        index = choose([t for _, _, t in self.trials], base, TRIAL_MARGIN, self.reference)
         shown = ", ".join(f"{policy} {_ms(t)}" for _, policy, t in self.trials)
         if index is None:
             log.info("commsched: trials %s; the last warm-up iteration %s: measuring the warm-up's plan too",
@@ -209,7 +230,8 @@ class Replanner:
             return warmup_plan, True
         kept = self.trials[index]
         self.tried.update(policy for _, policy, _ in self.trials if policy != kept[1])
-        log.info("commsched: trials %s: %s kept", shown, kept[1])
+        why = f" (the reference: no trial beat it by {REFERENCE_MARGIN:.0%})" if index == self.reference else ""
+        log.info("commsched: trials %s: %s kept%s", shown, kept[1], why)
         return kept[0], False
 
     def measured(self, plan: str) -> bool:

@@ -5,9 +5,10 @@
 * the **trials**: the plan chosen by prediction, the planner's runner-up
   (the best plan of a policy that updates the other way) and, for ``auto``,
   up to :data:`TIE_TRIALS` near-ties (other policies predicted within
-  :data:`TIE_MARGIN` of the best) and, where the fastest of those runs with
-  searched knobs, the same policy at its defaults, are each measured for a
-  few iterations and the fastest is kept; where all measured slower than the last warm-up
+  :data:`TIE_MARGIN` of the best) and the **reference**, PyTorch DDP's
+  schedule at its defaults, are each measured for a few iterations and the
+  fastest is kept, unless the reference measured within
+  :data:`~commsched.runtime.replan.REFERENCE_MARGIN` of it; where all measured slower than the last warm-up
   iteration, the warm-up's plan is measured the same way and the fastest of
   them all kept — :mod:`~commsched.runtime.replan`;
 * **drift**: every few iterations rank 0 says whether compute or bandwidth
@@ -34,7 +35,14 @@ from commsched.errors import PlanMismatchError, RuntimeCommError
 from commsched.runtime import startup, warmup
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.replan import TRIAL_ITERATIONS, Replanner
-from commsched.schedule import CommPlan, NetworkEstimate, build_plan, provisional_plan, updating_like
+from commsched.schedule import (
+    CommPlan,
+    NetworkEstimate,
+    build_plan,
+    provisional_plan,
+    reference_plan,
+    updating_like,
+)
 from commsched.schedule.base import PS_TRANSPORT
 from commsched.transport.base import HOST_MEMORY, check_transports
 from commsched.workload import Workload
@@ -61,11 +69,11 @@ TIE_MARGIN = 0.05
 #: everywhere: unshaped, ``auto`` still kept ``ddp`` with 0.4-2.2 MiB buckets, predicted more than 5 % ahead
 #: of 25 MiB, which DDP's own grid measured no faster ("Runs one after another release their process groups").
 KNOB_MARGIN = TIE_MARGIN
-#: ``auto`` measures the fastest trial's policy at its defaults too where that trial ran searched knobs: the
-#: margin above does not settle it (see there).
-DEFAULTS_TRIALS = 1
+#: ``auto`` also measures the reference, PyTorch DDP's schedule at its defaults (what a user runs without
+#: commsched), where no trial ran it yet (1; 0: not).
+REFERENCE_TRIALS = 1
 #: Trials at most: those and the warm-up's plan (measured only when all seem slower than the warm-up).
-MAX_TRIALS = PLANNED_TRIALS + TIE_TRIALS + DEFAULTS_TRIALS + 1
+MAX_TRIALS = PLANNED_TRIALS + TIE_TRIALS + REFERENCE_TRIALS + 1
 
 
 def replan_after_warmup(engine: Engine) -> None:
@@ -133,9 +141,12 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
         ties = len(replanner.trials) < PLANNED_TRIALS + TIE_TRIALS and not replanner.measured(warmup_plan)
         if runner_up is None and ties and isinstance(engine.planner, AutoPlanner):
             runner_up = engine.planner.near_tie(workload, network, measured)
-        defaults = DEFAULTS_TRIALS > 0 and not replanner.measured(warmup_plan)
-        if runner_up is None and defaults and isinstance(engine.planner, AutoPlanner):
-            runner_up = defaults_of_fastest(replanner, workload, network)
+        if isinstance(engine.planner, AutoPlanner) and not replanner.measured(warmup_plan):
+            reference = engine.planner.reference(workload, network) if REFERENCE_TRIALS > 0 else None
+            if reference is not None and replanner.reference is None:
+                replanner.reference = measured_as(replanner, reference)
+                if replanner.reference is None and runner_up is None:
+                    replanner.reference, runner_up = len(replanner.trials), reference
         if runner_up is not None:
             payload = [runner_up.to_json(indent=None), True]
         else:
@@ -151,24 +162,12 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
         start_trial(engine)
 
 
-def defaults_of_fastest(replanner: Replanner, workload: Workload, network: NetworkEstimate) -> CommPlan | None:
-    """The fastest trial's policy at its defaults, where that trial ran searched knobs and the defaults were not
-    measured yet (None otherwise): a second setting of one policy measured rather than trusted to the
-    prediction. At most one per run: afterwards the fastest runs at its defaults or has them measured."""
-    measured = [(t, plan) for plan, _, t in replanner.trials if t is not None]
-    if not measured:
-        return None
-    fastest = CommPlan.from_json(min(measured, key=lambda m: m[0])[1], "the fastest trial's plan")
-    defaults = build_plan(fastest.policy, workload, network)
-    if fastest.knobs == defaults.knobs or any(
-        CommPlan.from_json(plan, "a trial's plan").knobs == defaults.knobs
-        for plan, policy, _ in replanner.trials
-        if policy == fastest.policy
-    ):
-        return None
-    log.info("commsched auto: %s kept so far with %s; measuring its defaults %s too", fastest.policy,
-             fastest.knobs.to_dict(), defaults.knobs.to_dict())  # fmt: skip
-    return defaults
+def measured_as(replanner: Replanner, plan: CommPlan) -> int | None:
+    """The index of the trial that measured ``plan``'s policy at ``plan``'s knobs (None: none did)."""
+    for index, (trial, policy, _) in enumerate(replanner.trials):
+        if policy == plan.policy and CommPlan.from_json(trial, "a trial's plan").knobs == plan.knobs:
+            return index
+    return None
 
 
 def trial_mean_then_flush(engine: Engine, replanner: Replanner, first: int) -> tuple[float | None, float]:
@@ -289,6 +288,16 @@ class AutoPlanner:
             f" or ({host_only}) takes CPU tensors only" if host_only else "",
         )
         return provisional_plan(workload, network)
+
+    def reference(self, workload: Workload, network: NetworkEstimate) -> CommPlan | None:
+        """The reference plan (:func:`~commsched.schedule.reference_plan`) where its policy is a candidate and it
+        can run here, else None."""
+        plan = reference_plan(workload, network)
+        if self.policies is not None and plan.policy not in self.policies:
+            return None
+        if not self.host_memory and {t.transport for t in plan.tasks} & HOST_MEMORY:
+            return None
+        return plan
 
     def near_tie(self, workload: Workload, network: NetworkEstimate, measured: frozenset[str]) -> CommPlan | None:
         """The best-ranked plan of a policy not in ``measured`` predicted within :data:`TIE_MARGIN` of the

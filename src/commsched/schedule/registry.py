@@ -120,3 +120,9 @@ def scheduler_for(plan: CommPlan) -> Scheduler:
 def provisional_plan(workload: Workload, network: NetworkEstimate) -> CommPlan:
     """What a driver runs before it has measured the model: every gradient all-reduced after backward."""
     return build_plan(NoOverlapScheduler.name, workload, network)
+
+
+def reference_plan(workload: Workload, network: NetworkEstimate) -> CommPlan:
+    """PyTorch DDP's schedule at its defaults: what a user runs without a scheduler, the yardstick a driver
+    measures its choice against."""
+    return build_plan(DDPScheduler.name, workload, network)
