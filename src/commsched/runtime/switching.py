@@ -8,9 +8,10 @@
   :data:`TIE_MARGIN` of the best) and the **reference**, PyTorch DDP's
   schedule at its defaults, are each measured for a few iterations and the
   fastest is kept, unless the reference measured within
-  :data:`~commsched.runtime.replan.REFERENCE_MARGIN` of it; where all measured slower than the last warm-up
-  iteration, the warm-up's plan is measured the same way and the fastest of
-  them all kept — :mod:`~commsched.runtime.replan`;
+  :data:`~commsched.runtime.replan.REFERENCE_MARGIN` of it; where all
+  measured slower than the last warm-up iteration, the warm-up's plan is
+  measured the same way and the fastest of them all kept —
+  :mod:`~commsched.runtime.replan`;
 * **drift**: every few iterations rank 0 says whether compute or bandwidth
   moved enough to plan again;
 * :func:`use_plan` switches between iterations, every rank at
