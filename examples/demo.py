@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from commsched import zoo
+from commsched.bench.config import AUTO_WARMUP
 from commsched.cluster import load_cluster
 from commsched.plan import advise
 
@@ -50,10 +51,11 @@ def show_advice(model: str, cluster: str, console: Console) -> None:
 
 
 def train(policy: str, workers: int, iters: int, out: Path) -> dict:
+    """``iters`` timed iterations after ``auto``'s trials (both policies alike: the same warm-up)."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
-        str(HERE / "train.py"), "--policy", policy, "--model", "cnn", "--iters", str(iters),
-        "--warmup", "5", "--json", str(out),
+        str(HERE / "train.py"), "--policy", policy, "--model", "cnn", "--iters", str(AUTO_WARMUP + iters),
+        "--warmup", str(AUTO_WARMUP), "--json", str(out),
     ]  # fmt: skip
     if policy != "torch_ddp":
         cmd.append("--check")
@@ -69,7 +71,7 @@ def main() -> None:
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--cluster", default="64xV100-10GbE")
     parser.add_argument("--workers", type=int, default=2, help="local processes (one per core measures best)")
-    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--iters", type=int, default=20, help="timed iterations, after auto's trials")
     args = parser.parse_args()
     console = Console()
     show_advice(args.model, args.cluster, console)

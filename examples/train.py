@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 import commsched
+from commsched.bench.config import AUTO_WARMUP
 from commsched.cli.inputs import KNOB_HELP, knobs_by_policy, parse_knob
 from commsched.errors import ScheduleError
 from commsched.models import MODELS, build_model, model_loss, synthetic_batch
@@ -52,14 +53,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--policy", default="dear", choices=RUNTIME_POLICIES)
     parser.add_argument("--model", default="cnn", choices=sorted(MODELS))
-    parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5, help="iterations left out of the timing")
+    parser.add_argument("--iters", type=int, help="iterations in all (default: the warm-up and 15 more)")
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        help=f"iterations left out of the timing (default 5; for auto {AUTO_WARMUP}: its trials end by then)",
+    )
     parser.add_argument("--batch", type=int, default=16, help="per-rank batch size")
     parser.add_argument("--check", action="store_true", help="also train with torch_ddp and compare parameters")
     parser.add_argument("--json", help="write rank 0's result here")
     parser.add_argument("--trace", help="write rank 0's measured trace here (commsched Trace JSON)")
     parser.add_argument("-k", "--knob", action="append", default=[], metavar="POLICY.KNOB=VALUE", help=KNOB_HELP)
     args = parser.parse_args()
+    if args.warmup is None:
+        args.warmup = AUTO_WARMUP if args.policy == "auto" else 5
+    if args.iters is None:
+        args.iters = args.warmup + 15
     if args.iters <= args.warmup:
         parser.error(f"--iters ({args.iters}) must be larger than --warmup ({args.warmup})")
     try:  # checked now, before any process group exists
