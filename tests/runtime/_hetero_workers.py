@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 from commsched.data import SplitBatchSampler
+from commsched.errors import RuntimeCommError
 from commsched.runtime.api import parallelize
 from commsched.runtime.memory import MemoryCap, MemoryCapError
 
@@ -142,6 +143,7 @@ def staged_plans(
     for path, optname in runs:
         model = transformer()
         opt = U.make_optimizer(optname, model)
+        before = len(dist.distributed_c10d._world.pg_map)
         wrapped, opt = parallelize(model, opt, plan=path)
         cap = MemoryCap(caps[rank], rank=rank, device="small" if caps[rank] == min(caps) else "big")
         data = sequences(wrapped.plan.global_batch * steps)
@@ -160,6 +162,15 @@ def staged_plans(
         results[f"{key}/held_bytes"] = cap.peak.total_bytes if cap.peak else None
         results[f"{key}/losses"] = losses
         results[f"{key}/moved"] = max((mine[k] - transformer().state_dict()[k]).abs().max().item() for k in mine)
+        made = len(dist.distributed_c10d._world.pg_map)
+        wrapped.close()
+        wrapped.close()  # idempotent
+        results[f"{key}/groups"] = (before, made, len(dist.distributed_c10d._world.pg_map))
+        try:
+            wrapped.train_step(x, y, loss_fn)
+            results[f"{key}/after_close"] = "trained"
+        except RuntimeCommError as exc:
+            results[f"{key}/after_close"] = str(exc)
     if runs and world == 3:  # the control: every rank the whole model, even batches, under the same caps
         model = transformer()
         wrapped, opt = parallelize(model, U.make_optimizer("adamw", model), policy="ddp", warmup_iters=1)

@@ -208,6 +208,15 @@ def test_pipeline_stages_equal_one_process_on_the_global_batch(runs: Runs) -> No
             assert r[key] < TOL, f"rank {rank} {key}: parameters differ from one process by {r[key]}"
 
 
+def test_a_closed_pipeline_releases_its_process_groups_and_trains_no_more(runs: Runs) -> None:
+    for rank, r in enumerate(runs.results):
+        for path, optname in runs.staged:
+            key = f"{Path(path).stem}/{optname}"
+            before, made, after = r[f"{key}/groups"]
+            assert made > before and after == before, (rank, key, r[f"{key}/groups"])
+            assert r[f"{key}/after_close"] == f"rank {rank}: this parallelized model was closed"
+
+
 def test_each_rank_keeps_only_the_children_of_its_stages(runs: Runs) -> None:
     if runs.world == 2:
         assert runs.results[0]["two_stages_1f1b/sgd/owned"] == ["0", "1", "2"]

@@ -46,6 +46,7 @@ from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.runtime import startup
 from commsched.runtime.stages import BoundStages, bind_stages
 from commsched.schedule import CommPlan
+from commsched.transport.groups import release_groups
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -121,6 +122,8 @@ class PipelineModule(nn.Module):
             holders = layout.holders(s)
             if len(holders) > 1 and holders not in holder_groups:
                 holder_groups[holders] = self._new_group(holders)
+        #: what :meth:`close` releases (empty once closed)
+        self._groups: list[dist.ProcessGroup | None] = [control, *pipe_groups, *holder_groups.values()]
         children = list(module)
         first, last = bound.children[self.stages.start], bound.children[self.stages.stop - 1]
         self._children = range(first.start, last.stop)
@@ -146,6 +149,7 @@ class PipelineModule(nn.Module):
                 self._syncs.append((holder_groups[holders], params, flat))
         self._loss_fn: LossFn | None = None
         self._schedule: Schedule1F1B | ScheduleGPipe | None = None
+        self._closed = False
 
     def _new_group(self, ranks: tuple[int, ...]) -> dist.ProcessGroup:
         return dist.new_group(ranks=[self._global[r] for r in ranks], timeout=self._timeout)
@@ -198,6 +202,8 @@ class PipelineModule(nn.Module):
         pipeline's mean loss on its last rank, None elsewhere. Call
         ``optimizer.step()`` afterwards.
         """
+        if self._closed:
+            raise RuntimeCommError(f"rank {self.rank}: this parallelized model was closed")
         b, m = self._pipe.batch_size, self._pipe.batch_size // self._pipe.micro_batches
         B = self.plan.global_batch
         assert B is not None
@@ -280,7 +286,15 @@ class PipelineModule(nn.Module):
         return [flat for _, _, flat in self._syncs]
 
     def close(self) -> None:
-        """Nothing runs between steps; kept for the loop of other plans."""
+        """Release this model's process groups where that is safe (:mod:`commsched.transport.groups`), so that
+        a process can run again and again without piling them up; idempotent. Nothing runs between steps, so
+        nothing is waited for. The model trains no more steps afterwards."""
+        groups, self._groups = self._groups, []
+        self._closed = True
+        self._schedule = None
+        if release_groups(groups):
+            self._pipe_group = None
+            self._syncs = []
 
     def flush(self) -> None:
         """Nothing is deferred: every step's update is the user's ``optimizer.step()``."""
