@@ -40,7 +40,6 @@ from commsched.runtime.updates import DeferredUpdates, averaged_square_norm, cli
 from commsched.schedule import CommPlan, NetworkEstimate, provisional_plan
 from commsched.trace import Trace
 from commsched.transport import Transport, TransportOptions, open_transports
-from commsched.transport.groups import release_groups
 from commsched.workload import Workload
 
 log = logging.getLogger("commsched")
@@ -391,12 +390,6 @@ class Engine:
                 if not failed:
                     transport.close()
             if self.agent.completions.error is None:  # a group with an op in flight is not destroyed
-                self._release_groups()
-
-    def _release_groups(self) -> None:
-        """Destroy this run's groups where that is safe, and drop every reference the engine holds."""
-        self._transports.clear()
-        groups = self.groups
-        mine = [groups.control, groups.sync, groups.data, groups.decisions, self.replicas.take_group()]
-        if release_groups(mine):
-            self._groups = None
+                self._transports.clear()
+                if self.groups.release(self.replicas.take_group()):
+                    self._groups = None  # a destroyed group lives on until its last reference goes

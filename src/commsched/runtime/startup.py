@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from commsched.errors import RuntimeCommError
+from commsched.transport.groups import release_groups
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class Groups:
     def leader(self) -> int:
         """Global rank of the group's rank 0."""
         return dist.get_global_rank(self.control, 0)
+
+    def release(self, *others: dist.ProcessGroup | None) -> bool:
+        """Destroy these groups and ``others`` where that is safe (:func:`release_groups`); True if done."""
+        return release_groups([self.control, self.sync, self.data, self.decisions, *others])
 
 
 def control_group(process_group: dist.ProcessGroup | None, timeout_s: float) -> dist.ProcessGroup:

@@ -296,9 +296,11 @@ class AutoPlanner:
         plan = reference_plan(workload, network)
         if self.policies is not None and plan.policy not in self.policies:
             return None
-        if not self.host_memory and {t.transport for t in plan.tasks} & HOST_MEMORY:
-            return None
-        return plan
+        return plan if self._runs_here(plan) else None
+
+    def _runs_here(self, plan: CommPlan) -> bool:
+        """Whether ``plan``'s transports take the model's tensors (off the CPU, none that takes CPU tensors only)."""
+        return self.host_memory or not {t.transport for t in plan.tasks} & HOST_MEMORY
 
     def near_tie(self, workload: Workload, network: NetworkEstimate, measured: frozenset[str]) -> CommPlan | None:
         """The best-ranked plan of a policy not in ``measured`` predicted within :data:`TIE_MARGIN` of the
@@ -325,10 +327,7 @@ class AutoPlanner:
             self._ranking = (key, self._search(workload, network))
         for policy, knobs, predicted_ms in self._ranking[1]:
             plan = build_plan(policy, workload, network, **knobs)
-            if not self.host_memory and {t.transport for t in plan.tasks} & HOST_MEMORY:
-                yield None, predicted_ms
-            else:
-                yield plan, predicted_ms
+            yield (plan if self._runs_here(plan) else None), predicted_ms
 
     def _search(self, workload: Workload, network: NetworkEstimate) -> list[tuple[str, dict[str, Any], float]]:
         from commsched.plan import advise
