@@ -362,59 +362,63 @@ def _forced_medians(*first: float, ties: int = 0, reference: int = 0) -> None:
 
 def auto_trial(rank: int, world: int, port: int, out: str, steps: int) -> None:
     """Both trials seem slower than the warm-up (margin < -1): auto measures the warm-up's plan too; measured
-    fastest, it is kept; still DDP's result."""
+    fastest (twice: it runs on, measured again), it is kept; still DDP's result."""
     import commsched.runtime.replan as replan
 
     replan.TRIAL_MARGIN = -2.0  # every plan measures "slower than the warm-up"
-    _forced_medians(1.0, 1.0, 0.001)
+    _forced_medians(1.0, 1.0, 0.001, 0.001)
     _auto_against_ddp(rank, world, port, out, steps, "sgd")
 
 
 def auto_trial_warmup_slower(rank: int, world: int, port: int, out: str, steps: int) -> None:
     """Both trials seem slower than the warm-up, but the warm-up's plan measured like them is slower still:
-    auto goes back to the faster trial, the runner-up; still DDP's result."""
+    auto goes back to the faster trial, the runner-up, measures it again (as fast) and keeps it; still DDP's
+    result."""
     import commsched.runtime.replan as replan
 
     replan.TRIAL_MARGIN = -2.0
-    _forced_medians(0.5, 0.2, 0.9)
+    _forced_medians(0.5, 0.2, 0.9, 0.2)
     _auto_against_ddp(rank, world, port, out, steps, "adam")
 
 
 def auto_trials_keep_first(rank: int, world: int, port: int, out: str, steps: int) -> None:
-    """The first trial measures faster than the runner-up: auto measures both, then goes back to the first;
-    still DDP's result."""
+    """The first trial measures faster than the runner-up: auto measures both, then goes back to the first,
+    measures it again (as fast) and keeps it; still DDP's result."""
     import commsched.runtime.replan as replan
 
     replan.TRIAL_MARGIN = 100.0  # no trial loses to the warm-up
-    _forced_medians(0.001)  # the first trial: 1 ms; every later one: 1 s
+    _forced_medians(0.001, 1.0, 0.001)  # the first trial, the runner-up, the first again; every later one: 1 s
     _auto_against_ddp(rank, world, port, out, steps, "adam")
 
 
 def auto_trials_near_ties(rank: int, world: int, port: int, out: str, steps: int) -> None:
     """Every candidate a near-tie: auto measures its choice, the runner-up and two near-ties, and keeps the
-    last, measured fastest; still DDP's result. The warm-up's policy is left out of the ranking: measured as
-    a near-tie, it would end the trials early (the warm-up's plan is the last a run measures)."""
+    last, measured fastest (twice: it runs on, measured again); still DDP's result. The warm-up's policy is
+    left out of the ranking: measured as a near-tie, it would end the trials early (the warm-up's plan is the
+    last a run measures)."""
     import commsched.runtime.replan as replan
     import commsched.runtime.switching as switching
 
     replan.TRIAL_MARGIN = 100.0  # no trial loses to the warm-up
     search = switching.AutoPlanner._search
     switching.AutoPlanner._search = lambda self, w, n: [c for c in search(self, w, n) if c[0] != "no_overlap"]  # type: ignore[method-assign]
-    _forced_medians(1.0, 1.0, 1.0, 0.001, ties=2)
+    _forced_medians(1.0, 1.0, 1.0, 0.001, 0.001, ties=2)
     _auto_against_ddp(rank, world, port, out, steps, "adam")
 
 
-def auto_trials_reference(rank: int, world: int, port: int, out: str, steps: int, beaten: bool) -> None:
+def auto_trials_reference(rank: int, world: int, port: int, out: str, steps: int, outcome: str) -> None:
     """The search ranks ``ps`` first and Horovod second: auto measures both, then the reference (``ddp`` at its
-    defaults), which measures 2 % slower than ``ps``, within the margin (kept), or 10 % (``ps`` kept,
-    ``beaten``); still DDP's result."""
+    defaults), which measures 2 % slower than ``ps``, within the margin (kept: ``"within"``), or 10 %: then
+    ``ps`` is measured again and kept where it is as fast again (``"beaten"``), the reference where it is now
+    slower than the reference (``"overturned"``); still DDP's result."""
     import commsched.runtime.replan as replan
     import commsched.runtime.switching as switching
 
     replan.TRIAL_MARGIN = 100.0  # no trial loses to the warm-up
     ranking = [("ps", {}, 10.0), ("horovod", {}, 11.0)]
     switching.AutoPlanner._search = lambda self, w, n: ranking  # type: ignore[method-assign]
-    _forced_medians(0.5, 1.0, 0.55 if beaten else 0.51, reference=1)
+    second = {"within": (0.51,), "beaten": (0.55, 0.5), "overturned": (0.55, 0.6)}[outcome]
+    _forced_medians(0.5, 1.0, *second, reference=1)
     _auto_against_ddp(rank, world, port, out, steps, "adam")
 
 

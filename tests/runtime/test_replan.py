@@ -137,6 +137,38 @@ def test_the_reference_trial_is_kept_unless_another_measured_faster_by_the_margi
     assert r.after_trials(1, "warm-up") == ("plan-c", False) and r.tried == {"ps", "dear"}
 
 
+@pytest.mark.parametrize(
+    ("second", "kept"),
+    [(0.47, "plan-c"), (0.41, "plan-a"), (None, "plan-a")],
+    ids=["slower the second time: the reference", "as fast again: kept", "unmeasured: the first reading stands"],
+)
+def test_the_fastest_trial_is_measured_again_and_its_second_reading_decides(second: float | None, kept: str) -> None:
+    from commsched.runtime.replan import Replanner
+
+    r = Replanner(DriftPolicy(), world=2, measures=True)
+    r.trials, r.reference = [("plan-a", "ps", 0.40), ("plan-b", "dear", 0.45), ("plan-c", "ddp", 0.46)], 2
+    assert r.after_trials(1, "warm-up") == ("plan-a", False)  # not asked to: kept on its one reading
+    r.tried.clear()
+    assert r.after_trials(1, "warm-up", again=True) == ("plan-a", True) and r.again_of == 0
+    r.measured_again(second)
+    assert r.again == (0, second) and r.again_of is None
+    assert r.readings() == [0.40 if second is None else second, 0.45, 0.46]
+    # slower the second time: dear (0.45) is now the fastest, within the margin of the reference (0.46)
+    assert r.after_trials(1, "warm-up", again=True) == (kept, False)  # measured again once at most
+    assert r.tried == ({"ps", "dear"} if kept == "plan-c" else {"dear", "ddp"})
+
+
+def test_no_trial_is_measured_again_where_the_reference_or_the_only_reading_is_the_fastest() -> None:
+    from commsched.runtime.replan import Replanner
+
+    r = Replanner(DriftPolicy(), world=2, measures=True)
+    r.trials, r.reference = [("plan-a", "ps", 0.45), ("plan-c", "ddp", 0.44)], 1
+    assert r.after_trials(1, "warm-up", again=True) == ("plan-c", False) and r.again_of is None
+    r = Replanner(DriftPolicy(), world=2, measures=True)
+    r.trials = [("plan-a", "ps", 0.45), ("plan-b", "dear", None)]
+    assert r.after_trials(1, "warm-up", again=True) == ("plan-a", False) and r.again_of is None
+
+
 def test_a_trial_that_ran_a_policy_at_the_reference_plans_knobs_counts_as_the_reference() -> None:
     from commsched import zoo
     from commsched.runtime.replan import Replanner

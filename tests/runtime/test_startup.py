@@ -263,18 +263,23 @@ def test_auto_measures_near_ties_too_and_keeps_the_fastest_of_all_its_trials(tmp
     assert policy_class(p[1]).update_mode != policy_class(p[6]).update_mode, p  # the runner-up: the other kind
 
 
-@pytest.mark.parametrize("beaten", [False, True], ids=["within the margin", "beaten"])
-def test_auto_measures_ddps_schedule_at_its_defaults_and_keeps_it_unless_beaten_by_the_margin(
-    tmp_path: Path, beaten: bool
+@pytest.mark.parametrize("outcome", ["within", "beaten", "overturned"])
+def test_auto_measures_ddps_schedule_at_its_defaults_and_keeps_it_unless_beaten_by_the_margin_twice(
+    tmp_path: Path, outcome: str
 ) -> None:
-    res = spawn(S.auto_trials_reference, 2, tmp_path, 20, beaten)
+    res = spawn(S.auto_trials_reference, 2, tmp_path, 26, outcome)
+    # to the runner-up, to the reference; beaten: back to ps, measured again and kept; overturned: back to the reference
+    replans = {"within": 2, "beaten": 3, "overturned": 4}[outcome]
     for r in res:
         assert "error" not in r and "missing" not in r, r
-        assert r["diff"] < TOL and r["replans"] == (3 if beaten else 2), r  # runner-up, reference, back to ps
+        assert r["diff"] < TOL and r["replans"] == replans, r
     assert res[0]["policies"] == res[1]["policies"] and res[0]["knobs"] == res[1]["knobs"]
     p, knobs = res[0]["policies"], res[0]["knobs"]
     assert (p[1], p[6], p[11]) == ("ps", "horovod", "ddp") and knobs[11] == make_knobs("ddp").to_dict(), p
-    assert set(p[16:]) == {"ps" if beaten else "ddp"}, p
+    if outcome == "within":
+        assert set(p[16:]) == {"ddp"}, p
+    else:  # ps measured again over iterations 16-20, then kept or left for the reference
+        assert set(p[16:21]) == {"ps"} and set(p[21:]) == {"ps" if outcome == "beaten" else "ddp"}, p
 
 
 def test_tensors_of_several_dtypes_are_broadcast_in_place_from_the_source_rank(tmp_path: Path) -> None:

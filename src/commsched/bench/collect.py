@@ -30,7 +30,7 @@ def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str
                 phase: statistics.median(statistics.fmean(r["phases_s"][phase][warmup:]) * 1e3 for r in per_rank)
                 for phase in per_rank[0]["phases_s"]
             }
-        for key in ("max_param_diff", "max_param_abs", "max_param_moved", "replica_spread", "plan", "trials"):
+        for key in ("max_param_diff", "max_param_abs", "max_param_moved", "replica_spread", "plan", "trials", "again"):
             if key in run0:
                 run[key] = run0[key]
         if "thread_cpu_ms" in run0:  # per rank: CPU ms per timed iteration of each thread name

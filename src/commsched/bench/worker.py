@@ -231,6 +231,9 @@ def _policy(
             }
             for plan_json, policy, t in replanner.trials
         ]
+        if replanner.again is not None:  # the fastest trial, measured a second time before it was kept
+            index, again_s = replanner.again
+            chosen["again"] = {"trial": index, "mean_ms": None if again_s is None else again_s * 1e3}
     params = _flat_params(model)
     close = getattr(wrapped, "close", None)
     if close is not None:

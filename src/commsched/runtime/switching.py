@@ -10,8 +10,9 @@
   fastest is kept, unless the reference measured within
   :data:`~commsched.runtime.replan.REFERENCE_MARGIN` of it; where all
   measured slower than the last warm-up iteration, the warm-up's plan is
-  measured the same way and the fastest of them all kept —
-  :mod:`~commsched.runtime.replan`;
+  measured the same way and the fastest of them all kept; ``auto`` measures
+  the fastest a second time before keeping it (unless it is the reference),
+  and that reading stands for it — :mod:`~commsched.runtime.replan`;
 * **drift**: every few iterations rank 0 says whether compute or bandwidth
   moved enough to plan again;
 * :func:`use_plan` switches between iterations, every rank at
@@ -73,8 +74,12 @@ KNOB_MARGIN = TIE_MARGIN
 #: ``auto`` also measures the reference, PyTorch DDP's schedule at its defaults (what a user runs without
 #: commsched), where no trial ran it yet (1; 0: not).
 REFERENCE_TRIALS = 1
-#: Trials at most: those and the warm-up's plan (measured only when all seem slower than the warm-up).
-MAX_TRIALS = PLANNED_TRIALS + TIE_TRIALS + REFERENCE_TRIALS + 1
+#: ``auto`` measures the fastest trial a second time before keeping it, unless it is the reference (1; 0: not):
+#: :meth:`~commsched.runtime.replan.Replanner.after_trials` says why.
+AGAIN_TRIALS = 1
+#: Trials at most: those, the warm-up's plan (measured only when all seem slower than the warm-up) and the
+#: fastest measured again.
+MAX_TRIALS = PLANNED_TRIALS + TIE_TRIALS + REFERENCE_TRIALS + 1 + AGAIN_TRIALS
 
 
 def replan_after_warmup(engine: Engine) -> None:
@@ -119,48 +124,67 @@ def start_trial(engine: Engine) -> None:
 
 def check_trial(engine: Engine, replanner: Replanner) -> None:
     """A trial's end (every rank alike): rank 0 records it, then sends the next plan to measure (the
-    runner-up, a near-tie, or the warm-up's plan when all seem slower than the warm-up), or the plan to
-    keep after the last trial (the fastest measured), or nothing (stay)."""
+    runner-up, a near-tie, the warm-up's plan when all seem slower than the warm-up, or the fastest again),
+    or the plan to keep after the last trial (the fastest measured), or nothing (stay)."""
     first, _ = engine._trial or (0, 0)
     engine._trial = None
     mean_s, start = trial_mean_then_flush(engine, replanner, first)
     payload: list[Any] = [None, False]
     if engine.rank == 0:
         current = engine.plan.to_json(indent=None)
-        replanner.trials.append((current, engine.plan.policy, mean_s))
         assert engine._plan_inputs is not None
         workload, network = engine._plan_inputs
-        measured = frozenset(policy for _, policy, _ in replanner.trials)
         warmup_plan = provisional_plan(workload, network).to_json(indent=None)
-        runner_up = None
-        if len(replanner.trials) < PLANNED_TRIALS:
-            # the runner-up updates the other way: the simulator errs alike on plans of one kind (a forward
-            # that waits for each layer's communication is priced the same way for all of them)
-            candidate = engine.planner(workload, network, measured | updating_like(measured))
-            runner_up = candidate if candidate.policy not in measured else None  # a planner of one policy: none
-        # then near-ties, before the warm-up's plan is ever measured (after that, the trials end)
-        ties = len(replanner.trials) < PLANNED_TRIALS + TIE_TRIALS and not replanner.measured(warmup_plan)
-        if runner_up is None and ties and isinstance(engine.planner, AutoPlanner):
-            runner_up = engine.planner.near_tie(workload, network, measured)
-        if isinstance(engine.planner, AutoPlanner) and not replanner.measured(warmup_plan):
-            reference = engine.planner.reference(workload, network) if REFERENCE_TRIALS > 0 else None
-            if reference is not None and replanner.reference is None:
-                replanner.reference = measured_as(replanner, reference)
-                if replanner.reference is None and runner_up is None:
-                    replanner.reference, runner_up = len(replanner.trials), reference
-        if runner_up is not None:
-            payload = [runner_up.to_json(indent=None), True]
-        else:
-            plan, measure = replanner.after_trials(engine._baseline_iteration, warmup_plan)
+        if replanner.again_of is not None:  # the fastest, measured a second time: now keep one
+            replanner.measured_again(mean_s)
+            plan, measure = replanner.after_trials(engine._baseline_iteration, warmup_plan, _again(engine))
             payload = [None if plan == current else plan, measure]
+        else:
+            payload = _next_trial(engine, replanner, current, mean_s, warmup_plan)
     with startup.peers("sharing the trial's outcome"):
         dist.broadcast_object_list(payload, src=engine.groups.leader(), group=engine.groups.control)
     if payload[0] is not None:
         engine.replans += 1
         engine.use_plan(CommPlan.from_json(payload[0], "the plan the trials chose"))
     replanner.exclude(time.perf_counter() - start)  # the flush and the decision are no plan's time
-    if payload[0] is not None and payload[1]:
+    if payload[1]:  # a trial of the plan now in use (switched to, or kept to be measured again)
         start_trial(engine)
+
+
+def _next_trial(
+    engine: Engine, replanner: Replanner, current: str, mean_s: float | None, warmup_plan: str
+) -> list[Any]:
+    """Rank 0, after a trial of ``current``: ``[plan JSON or None, measure it]``, the next plan to measure or
+    the plan to keep (None: the current one)."""
+    replanner.trials.append((current, engine.plan.policy, mean_s))
+    assert engine._plan_inputs is not None
+    workload, network = engine._plan_inputs
+    measured = frozenset(policy for _, policy, _ in replanner.trials)
+    runner_up = None
+    if len(replanner.trials) < PLANNED_TRIALS:
+        # the runner-up updates the other way: the simulator errs alike on plans of one kind (a forward
+        # that waits for each layer's communication is priced the same way for all of them)
+        candidate = engine.planner(workload, network, measured | updating_like(measured))
+        runner_up = candidate if candidate.policy not in measured else None  # a planner of one policy: none
+    # then near-ties, before the warm-up's plan is ever measured (after that, the trials end)
+    ties = len(replanner.trials) < PLANNED_TRIALS + TIE_TRIALS and not replanner.measured(warmup_plan)
+    if runner_up is None and ties and isinstance(engine.planner, AutoPlanner):
+        runner_up = engine.planner.near_tie(workload, network, measured)
+    if isinstance(engine.planner, AutoPlanner) and not replanner.measured(warmup_plan):
+        reference = engine.planner.reference(workload, network) if REFERENCE_TRIALS > 0 else None
+        if reference is not None and replanner.reference is None:
+            replanner.reference = measured_as(replanner, reference)
+            if replanner.reference is None and runner_up is None:
+                replanner.reference, runner_up = len(replanner.trials), reference
+    if runner_up is not None:
+        return [runner_up.to_json(indent=None), True]
+    plan, measure = replanner.after_trials(engine._baseline_iteration, warmup_plan, _again(engine))
+    return [None if plan == current else plan, measure]
+
+
+def _again(engine: Engine) -> bool:
+    """Whether the fastest trial is measured a second time before it is kept (``auto``'s trials)."""
+    return AGAIN_TRIALS > 0 and isinstance(engine.planner, AutoPlanner)
 
 
 def measured_as(replanner: Replanner, plan: CommPlan) -> int | None:
