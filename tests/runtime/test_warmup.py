@@ -103,3 +103,26 @@ def test_auto_asks_its_search_for_the_knob_margin_before_it_replaces_a_policys_d
     plan = AutoPlanner(30.0, ("ddp", "dear"))(zoo.load("resnet18"), NetworkEstimate(2, 1.25e9, 20e-6), frozenset())
     assert plan.policy in ("ddp", "dear")
     assert asked["defaults_margin"] == KNOB_MARGIN > 0.02  # more than advise's own default
+
+
+@pytest.mark.parametrize("forward_end", [True, False], ids=["forward's end recorded", "not recorded"])
+def test_the_warm_ups_workload_counts_gradients_from_the_end_of_the_forward(forward_end: bool) -> None:
+    """The loss and the backward before the first gradient are compute the plan must see: gradient-ready
+    times count from the end of the wrapper's forward, and the last layer's forward runs to there. Without
+    that end, from the first gradient (the last layer's forward then unmeasured)."""
+    from torch import nn
+
+    from commsched.runtime.warmup import measured_workload
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    first, last = model[0], model[1]
+    rec = Recorder()
+    rec.called = {id(first): 0, id(last): 1}
+    rec.forward_s = {id(first): 10.000, id(last): 10.010}
+    rec.forward_end_s = 10.030 if forward_end else None
+    # the last layer's gradients 50 ms after the forward's end (a head's backward, the loss), the first's 20 later
+    rec.ready_s = {id(p): 10.080 for p in last.parameters()} | {id(p): 10.100 for p in first.parameters()}
+    workload, _ = measured_workload(model, rec)
+    assert [layer.forward_ms for layer in workload.layers] == pytest.approx([10.0, 20.0 if forward_end else 0.0])
+    expected = [70.0, 70.0, 50.0, 50.0] if forward_end else [20.0, 20.0, 0.0, 0.0]
+    assert list(workload.grad_ready_ms) == pytest.approx(expected)

@@ -204,6 +204,7 @@ class Engine:
     def end_forward(self) -> None:
         """DDP syncs buffers before a forward only if the previous one was a synchronised training forward."""
         self._require_forward_sync = torch.is_grad_enabled() and self._sync
+        self.recorder.forward_ends()
         if self._tracer is not None:
             self._tracer.forward_ends(self._iteration)
 

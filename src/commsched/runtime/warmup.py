@@ -50,6 +50,7 @@ class Recorder:
         "allreduce_messages",
         "allreduce_s",
         "called",
+        "forward_end_s",
         "forward_s",
         "latency_cpu_s",
         "latency_s",
@@ -61,6 +62,7 @@ class Recorder:
         self.active = False
         self.called: dict[int, int] = {}  # id(module) -> rank of its first call
         self.forward_s: dict[int, float] = {}  # id(module) -> time of its first call
+        self.forward_end_s: float | None = None  # when the wrapper's forward returned
         self.ready_s: dict[int, float] = {}  # id(param) -> time its gradient was ready
         self.allreduce_s: list[float] = []  # the warm-up's all-reduces of every gradient after backward
         self.allreduce_cpu_s: list[float] = []  # this process's CPU time (every thread) during each of them
@@ -74,22 +76,38 @@ class Recorder:
             self.called[id(module)] = len(self.called)
             self.forward_s[id(module)] = time.perf_counter()
 
+    def forward_ends(self) -> None:
+        if self.active and self.forward_end_s is None:
+            self.forward_end_s = time.perf_counter()
+
     def grad_ready(self, param: nn.Parameter) -> None:
         if self.active:
             self.ready_s[id(param)] = time.perf_counter()
 
 
 def measured_workload(model: nn.Module, rec: Recorder) -> tuple[Workload, list[LayerSpec]]:
-    """The live model as a Workload: layers in recorded forward order with measured times."""
+    """The live model as a Workload: layers in recorded forward order with measured times.
+
+    A layer's forward runs from its start to the next layer's, the last one's to the end of the wrapper's
+    forward; gradient-ready times count from there, so the loss and the backward before the first gradient
+    (a tied output projection's, whose gradient goes to the embedding: ready last) are compute the plan sees,
+    with no gradient to send. (Counted from the first gradient, as they once were, they were left out:
+    for ``gpt5m`` the output layer's forward and that backward, about 80 ms of a 196 ms iteration on the
+    testbed, went missing, and ``auto`` predicted its plans at 596-609 ms where the simulator's bound for
+    the model's order is 674: BENCHMARKS.md, "A transformer with today's ``auto``".)
+    """
     specs = discover_layers(model, rec.called)
     starts = [rec.forward_s.get(id(spec.module)) for spec in specs]
-    ready0 = min(rec.ready_s.values(), default=0.0)
+    first_ready = min(rec.ready_s.values(), default=0.0)
+    end = rec.forward_end_s
+    ready0 = end if end is not None and end <= first_ready else first_ready
     last_ms = (max(rec.ready_s.values(), default=0.0) - ready0) * 1e3
     layers = []
     for i, spec in enumerate(specs):
         forward_ms = 0.0
-        if starts[i] is not None and i + 1 < len(specs) and starts[i + 1] is not None:
-            forward_ms = max(0.0, (starts[i + 1] - starts[i]) * 1e3)  # type: ignore[operator]
+        until = starts[i + 1] if i + 1 < len(specs) else (end if ready0 == end else None)
+        if starts[i] is not None and until is not None:
+            forward_ms = max(0.0, (until - starts[i]) * 1e3)  # type: ignore[operator]
         tensors, ready = [], []
         for pname, p in spec.params:
             tensors.append(Tensor(name=pname, numel=p.numel(), dtype=dtype_name(p), shape=tuple(p.shape)))
