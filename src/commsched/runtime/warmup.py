@@ -92,9 +92,10 @@ def measured_workload(model: nn.Module, rec: Recorder) -> tuple[Workload, list[L
     forward; gradient-ready times count from there, so the loss and the backward before the first gradient
     (a tied output projection's, whose gradient goes to the embedding: ready last) are compute the plan sees,
     with no gradient to send. (Counted from the first gradient, as they once were, they were left out:
-    for ``gpt5m`` the output layer's forward and that backward, about 80 ms of a 196 ms iteration on the
-    testbed, went missing, and ``auto`` predicted its plans at 596-609 ms where the simulator's bound for
-    the model's order is 674: BENCHMARKS.md, "A transformer with today's ``auto``".)
+    for ``gpt5m`` on the testbed the output layer's forward (24 ms) and the backward before the first
+    gradient (51 ms), 75 ms of a 199 ms iteration in the profile, went missing, and ``auto`` predicted its
+    plans at 596-609 ms where the simulator's bound for the model's order is 674: BENCHMARKS.md, "A
+    transformer with today's ``auto``".)
     """
     specs = discover_layers(model, rec.called)
     starts = [rec.forward_s.get(id(spec.module)) for spec in specs]
