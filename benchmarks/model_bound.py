@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from commsched.bench.calibrate import Calibration
+from commsched.bench.calibrate import Calibration, fitted_to
 from commsched.bench.report import shaping
 from commsched.bench.summary import resummarise
 from commsched.sim.ideal import ideal
@@ -28,10 +28,7 @@ from commsched.sim.ideal import ideal
 
 def session_bounds(session: dict[str, Any]) -> tuple[float, float]:
     """``(max(compute in lock-step, all-reduce alone), the model's bound)`` of one session, in ms."""
-    summary = session["summary"]
-    calibration = Calibration(session["calibration"], f"session {session['label']}").fitted(
-        summary["allreduce"]["median_ms"], summary["compute"]["median_ms"]
-    )
+    calibration = fitted_to(Calibration(session["calibration"], f"session {session['label']}"), session)
     model = ideal(calibration.workload, calibration.cluster, {"update_ms": calibration.update_ms}).iteration_ms
     return session["ideal_overlap_ms"], model
 

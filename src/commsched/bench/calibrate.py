@@ -96,7 +96,7 @@ from commsched.profile.probe_fit import ProbeSample, fit_alpha_beta, fit_cpu, me
 from commsched.schedule import AUTO, POLICIES, TORCH_DDP_AS_POLICY
 from commsched.workload import Workload
 
-__all__ = ["Calibration", "load_calibration", "predict_session", "revalidate", "save_inputs"]
+__all__ = ["Calibration", "fitted_to", "load_calibration", "predict_session", "revalidate", "save_inputs"]
 
 #: How each measured name is predicted: (simulated policy, extra knobs).
 _SIMULATED_AS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -232,8 +232,7 @@ def predict_session(
     a policy the simulator refuses gets ``{"error": message, "measured_ms", "simulated_as"}``.
     """
     summary = session["summary"]
-    calibration = calibration.fitted(*(summary[ref]["median_ms"] if ref in summary else None
-                                       for ref in ("allreduce", "compute")))  # fmt: skip
+    calibration = fitted_to(calibration, session)
     workload, cluster = calibration.workload, calibration.cluster
     rows: dict[str, dict[str, Any]] = {}
     for name in [*policies, *(c.name for c in DDP_GRID if c.name not in policies)]:
@@ -274,6 +273,13 @@ def predict_session(
         "median_abs_error_pct": statistics.median(errors) if errors else None,
         "calibration": calibration.summary(),
     }
+
+
+def fitted_to(calibration: Calibration, session: dict[str, Any]) -> Calibration:
+    """``calibration`` fitted to ``session``'s all-reduce alone and compute references (where measured)."""
+    summary = session["summary"]
+    return calibration.fitted(*(summary[ref]["median_ms"] if ref in summary else None
+                                for ref in ("allreduce", "compute")))  # fmt: skip
 
 
 def _older(policy: str, recorded: dict[str, Any] | None) -> dict[str, Any]:

@@ -133,8 +133,7 @@ def check_trial(engine: Engine, replanner: Replanner) -> None:
     if engine.rank == 0:
         current = engine.plan.to_json(indent=None)
         assert engine._plan_inputs is not None
-        workload, network = engine._plan_inputs
-        warmup_plan = provisional_plan(workload, network).to_json(indent=None)
+        warmup_plan = provisional_plan(*engine._plan_inputs).to_json(indent=None)
         if replanner.again_of is not None:  # the fastest, measured a second time: now keep one
             replanner.measured_again(mean_s)
             plan, measure = replanner.after_trials(engine._baseline_iteration, warmup_plan, _again(engine))

@@ -101,12 +101,13 @@ def measured_workload(model: nn.Module, rec: Recorder) -> tuple[Workload, list[L
     starts = [rec.forward_s.get(id(spec.module)) for spec in specs]
     first_ready = min(rec.ready_s.values(), default=0.0)
     end = rec.forward_end_s
-    ready0 = end if end is not None and end <= first_ready else first_ready
+    from_end = end is not None and end <= first_ready
+    ready0 = end if from_end and end is not None else first_ready
     last_ms = (max(rec.ready_s.values(), default=0.0) - ready0) * 1e3
     layers = []
     for i, spec in enumerate(specs):
         forward_ms = 0.0
-        until = starts[i + 1] if i + 1 < len(specs) else (end if ready0 == end else None)
+        until = starts[i + 1] if i + 1 < len(specs) else (end if from_end else None)
         if starts[i] is not None and until is not None:
             forward_ms = max(0.0, (until - starts[i]) * 1e3)  # type: ignore[operator]
         tensors, ready = [], []
