@@ -116,8 +116,18 @@ def test_auto_records_the_plans_its_trials_measured_and_the_one_it_kept(tmp_path
     assert policy_class(first["policy"]).update_mode != policy_class(second["policy"]).update_mode
     plans = [json.dumps([t["policy"], t["knobs"]], sort_keys=True) for t in trials]
     assert len(set(plans)) == len(plans) <= MAX_TRIALS, trials  # each measured once (a policy at two settings)
-    fastest = min(trials, key=lambda t: t["mean_ms"])
-    assert run["plan"] == {"policy": fastest["policy"], "knobs": fastest["knobs"]}  # the fastest is kept, knobs too
+    # the fastest is kept, knobs too: by its second reading where it was measured again, the reference (DDP's
+    # schedule at its defaults) where that is within the margin
+    from commsched.runtime.replan import TRIAL_MARGIN, choose
+    from commsched.schedule import make_knobs
+
+    readings = [t["mean_ms"] for t in trials]
+    if run.get("again") and run["again"]["mean_ms"] is not None:
+        readings[run["again"]["trial"]] = run["again"]["mean_ms"]
+    defaults = make_knobs("ddp").to_dict()
+    reference = next((i for i, t in enumerate(trials) if t["policy"] == "ddp" and t["knobs"] == defaults), None)
+    fastest = trials[choose(readings, None, TRIAL_MARGIN, reference)]  # type: ignore[index]
+    assert run["plan"] == {"policy": fastest["policy"], "knobs": fastest["knobs"]}
     assert report["sessions"][0]["summary"]["auto"]["max_param_diff"] < 1e-5
     assert _mine() == []
 
