@@ -86,7 +86,8 @@ def replan_after_warmup(engine: Engine) -> None:
     """After the warm-up: rank 0 plans from what it measured and sends the plan to every rank."""
     payload: list[Any] = [None]
     if engine.world > 1 and engine.network is None:  # the per-message cost: a few one-element all-reduces
-        for wall_s, cpu_s in startup.tiny_allreduces(engine.groups.sync, 5, engine._params[0].device):
+        device, options = engine._params[0].device, engine._transport_options
+        for wall_s, cpu_s in startup.tiny_allreduces(engine.groups.sync, 5, device, engine.timeout_s, options):
             engine.recorder.latency_s.append(wall_s)
             engine.recorder.latency_cpu_s.append(cpu_s)
         if isinstance(engine.planner, AutoPlanner):  # and the transports whose CPU work the search prices apart

@@ -37,9 +37,10 @@ def check_mtu(name: str, value: object) -> int:
 
 @dataclass(frozen=True, slots=True)
 class TransportOptions:
-    """Where and how a socket transport listens and authenticates (the collective transport ignores them;
-    ``bind`` and ``key`` also serve the leader's decision channel of ByteScheduler, Prophet, ``ps`` and DLCP,
-    :mod:`commsched.runtime.decisions`, so those policies listen on TCP too).
+    """Where and how a socket transport listens and authenticates. ``bind`` and ``key`` also serve the
+    collective transport's connections for small all-reduces on gloo (:mod:`commsched.transport.direct`),
+    and the leader's decision channel of ByteScheduler, Prophet, ``ps`` and DLCP
+    (:mod:`commsched.runtime.decisions`): every policy on gloo listens on TCP.
 
     ``bind``: the local address every listening socket binds to (``None``: the
     address this rank's gloo group uses toward its peers; never ``0.0.0.0``
@@ -116,7 +117,7 @@ class CollectiveTransport:
     def __init__(
         self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions | None = None
     ) -> None:
-        self._coll = Collectives(group, timeout_s=timeout_s)
+        self._coll = Collectives(group, timeout_s=timeout_s, options=options)
 
     def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
         if task.kind == "all_reduce":

@@ -57,6 +57,14 @@ How each backend runs them (``ring=None`` picks per backend)
     * CUDA tensors on gloo: gloo's own ops, which stage through host memory
       themselves; a CPU ring would only add copies.  The ring only ever runs on
       CPU tensors, whatever ``ring`` says.
+Small all-reduces (gloo, CPU tensors)
+    An all-reduce where each rank sends at most
+    :data:`~commsched.transport.direct.DIRECT_MAX_BYTES` goes over TCP
+    connections of its own, written by the thread that starts it and read by
+    the one that waits (:mod:`commsched.transport.direct`: a 4 KiB all-reduce
+    took 847 µs of CPU through gloo, 23 µs as a plain TCP exchange). Larger
+    ones, and every one with ``direct=False``, are gloo's.
+
 Threads and process groups
     Ring ops run on one worker thread per :class:`Collectives`, in issue order,
     over a gloo group of their own: :mod:`commsched.transport.ring`.
@@ -65,14 +73,18 @@ Threads and process groups
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from commsched.errors import RuntimeCommError
+from commsched.transport.direct import DirectAllReduce
 from commsched.transport.handles import DoneHandle, Handle, WorkHandle
 from commsched.transport.ring import RingWorker
+
+if TYPE_CHECKING:  # base imports this module
+    from commsched.transport.base import TransportOptions
 
 __all__ = ["Collectives"]
 
@@ -94,11 +106,16 @@ class Collectives:
     group).  ``timeout_s`` bounds every transfer of the ring; the backend's own ops
     are bounded by ``group``'s timeout.  ``ring``: ``True`` runs reduce-scatter and
     all-gather as point-to-point rings on CPU tensors, ``False`` uses the backend's
-    own, ``None`` picks per backend (see the module docstring).
+    own, ``None`` picks per backend (see the module docstring). ``direct``: small
+    all-reduces of CPU tensors go over TCP connections of their own
+    (:mod:`commsched.transport.direct`; ``None``: where the backend is gloo), which
+    listen and authenticate as ``options`` say.
 
-    Construction is collective over ``group`` when the ring is in use (it creates
-    the ring's process group); call it on every rank of ``group`` in the same order.
-    ``ring`` then says, after ``None`` was resolved, whether CPU tensors use the ring.
+    Construction is collective over ``group`` when the ring or the direct connections
+    are in use (it creates the ring's process group, and opens the connections); call it
+    on every rank of ``group`` in the same order. ``ring`` then says, after ``None`` was
+    resolved, whether CPU tensors use the ring, and ``direct`` whether small all-reduces
+    go over the direct connections.
     """
 
     def __init__(
@@ -107,6 +124,8 @@ class Collectives:
         *,
         timeout_s: float = 300.0,
         ring: bool | None = None,
+        direct: bool | None = None,
+        options: TransportOptions | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -122,9 +141,16 @@ class Collectives:
 
         self._seq = 0
         self._closed = False
+        self.direct: bool = ("gloo" in self.backend if direct is None else direct) and self.world_size > 1
+        self._direct = DirectAllReduce(self.group, timeout_s, options) if self.direct else None
         self._ring_worker = RingWorker(self.rank, self.world_size, timeout_s)
         if self.ring and self.world_size > 1:
-            self._ring_worker.start(ranks)
+            try:
+                self._ring_worker.start(ranks)
+            except BaseException:
+                if self._direct is not None:
+                    self._direct.close()
+                raise
 
     # ------------------------------------------------------------------ public ops
 
@@ -137,6 +163,8 @@ class Collectives:
         describe = self._describe("all_reduce", flat)
         if self.world_size == 1 or flat.numel() == 0:
             return DoneHandle()
+        if self._direct is not None and DirectAllReduce.takes(flat, self.world_size):
+            return self._direct.start(flat, describe)
         return self._backend(describe, lambda: dist.all_reduce(flat, group=self.group, async_op=True))
 
     def reduce_scatter(self, flat: torch.Tensor, shard: torch.Tensor) -> Handle:
@@ -176,6 +204,8 @@ class Collectives:
             return
         self._closed = True
         self._ring_worker.stop()
+        if self._direct is not None:
+            self._direct.close()
 
     # ------------------------------------------------------------------ helpers
 

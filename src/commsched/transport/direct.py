@@ -1,0 +1,306 @@
+"""Small all-reduces straight over TCP, with no collective library's threads between.
+
+Why
+    On a host whose cores also compute, a message costs the CPU work of
+    moving it. A 4 KiB all-reduce of 2 ranks through gloo took 847 µs of
+    process CPU (1466 µs wall) where sending the same bytes over one TCP
+    connection and adding took 23 µs (52 µs wall); 1 MiB: 1073 against
+    322 µs (``python benchmarks/message_cost.py``,
+    ``benchmarks/results/message-cost/``). gloo hands every op to a worker
+    thread and every transfer to its device thread; here the thread that
+    starts the op writes it and the thread that waits for it reads.
+    :class:`~commsched.transport.collectives.Collectives` routes an all-reduce
+    of CPU tensors here when each rank sends at most :data:`DIRECT_MAX_BYTES`
+    (``(world - 1) ·`` the buffer's bytes); larger ones stay with gloo's
+    ring, which sends ``2 (world - 1) / world`` of the buffer.
+
+Connections (collective to open: every rank of the group, same order)
+    One TCP connection per pair of ranks, carrying frames both ways, opened
+    like the ``ps`` transport's (:mod:`commsched.transport.tcp_mesh`: each rank
+    listens where ``TransportOptions.bind`` says, the addresses and the key are
+    shared over the group, each connection is authenticated both ways under
+    the key). Rank ``r`` accepts the connections of its ``r`` lower ranks, then
+    dials every higher rank. A connection that fails authentication is closed
+    and counted (:attr:`DirectAllReduce.rejected`); the listener closes once
+    the mesh is open.
+
+An op
+    :meth:`DirectAllReduce.start` writes the buffer to every peer on the
+    calling thread (a frame: magic, sequence number, payload bytes, then the
+    payload as it lies in memory) and returns a handle. Ops complete in start
+    order: a thread that waits for one reads, for every op not yet complete up
+    to it, one frame from each peer into scratch memory and sums the ranks'
+    buffers in rank order, ``b_0 + b_1 + ... + b_(p-1)`` (the same bits on every
+    rank). Every rank starts the same all-reduces in the same order and reads
+    the frames of each connection in the order they were written, so a send
+    that waits for the peer's reading never waits on a cycle.
+
+Failures
+    A frame whose magic, sequence number or length is not the op's (the ranks
+    no longer agree on the ops), a connection that closes or breaks, and no
+    data within the timeout each raise RuntimeCommError naming the peer and
+    the op, from that op's ``wait()`` and from every op's after it. A frame
+    is read into memory sized by the op waiting for it: nothing a peer sends
+    allocates more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from commsched.errors import RuntimeCommError
+from commsched.transport.tcp_mesh import authenticate, connect, listen, share_addresses
+from commsched.transport.wire import bytes_of, default_bind_address
+
+if TYPE_CHECKING:  # base imports the collectives, which import this module
+    from commsched.transport.base import TransportOptions
+
+__all__ = ["DIRECT_MAX_BYTES", "DirectAllReduce", "DirectHandle"]
+
+#: The most bytes one rank sends for an all-reduce that goes over the direct connections (``(world - 1) ·``
+#: the buffer's bytes): 1 MiB, where the direct exchange of 2 ranks still took 0.30x gloo's CPU (above).
+DIRECT_MAX_BYTES = 1 << 20
+#: A frame's header: magic, sequence number of the op, payload bytes (network byte order).
+FRAME = struct.Struct("!4sQQ")
+MAGIC = b"CSA1"
+#: The longest one connection's handshake may take while the mesh opens (a silent stranger delays it this
+#: long at most, not the whole timeout).
+HANDSHAKE_S = 5.0
+
+
+@dataclass(slots=True, eq=False)
+class _Op:
+    seq: int
+    flat: torch.Tensor
+    describe: str
+    done: threading.Event = field(default_factory=threading.Event)
+    error: RuntimeCommError | None = None
+
+
+class DirectHandle:
+    """An all-reduce started on a :class:`DirectAllReduce`; ``wait()`` completes it and every op before it."""
+
+    __slots__ = ("_op", "_owner")
+
+    def __init__(self, owner: DirectAllReduce, op: _Op) -> None:
+        self._owner, self._op = owner, op
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        self._owner.complete_through(self._op, timeout_s)
+
+    def is_completed(self) -> bool:
+        return self._op.done.is_set()
+
+
+class DirectAllReduce:
+    """In-place SUM all-reduces of CPU tensors over a mesh of TCP connections (collective to open)."""
+
+    __slots__ = (
+        "_error",
+        "_next",
+        "_pending",
+        "_read_lock",
+        "_scratch",
+        "_send_lock",
+        "_state",
+        "peers",
+        "rank",
+        "rejected",
+        "timeout_s",
+        "world",
+    )
+
+    def __init__(self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions | None = None):
+        bind, given_key = (options.bind, options.key) if options is not None else (None, None)
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.timeout_s = timeout_s
+        #: connections that failed authentication while the mesh opened
+        self.rejected = 0
+        #: peer rank -> its connection, in rank order
+        self.peers: dict[int, socket.socket] = {}
+        self._send_lock = threading.Lock()  # one writer at a time: frames stay whole and in start order
+        self._read_lock = threading.Lock()  # one reader at a time: ops complete in start order
+        self._state = threading.Lock()  # the queue of ops not yet complete
+        self._pending: deque[_Op] = deque()
+        self._next = 0
+        self._error: RuntimeCommError | None = None
+        self._scratch: dict[tuple[int, torch.dtype, int], torch.Tensor] = {}
+        host = bind or default_bind_address()
+        listener = listen(host, self.world)
+        try:
+            name = listener.getsockname()
+            key, infos = share_addresses(group, self.rank, self.world, host, (str(name[0]), int(name[1])), given_key)
+            self._accept_lower(listener, key)
+            for peer in range(self.rank + 1, self.world):
+                info = infos[peer]
+                assert info is not None
+                sockets: list[socket.socket] = []
+                try:
+                    self.peers[peer] = connect(info[0], info[1], key, self.rank, peer, timeout_s, sockets)
+                finally:
+                    if peer not in self.peers:
+                        for s in sockets:
+                            s.close()
+            self.peers = dict(sorted(self.peers.items()))
+            for sock in self.peers.values():
+                sock.settimeout(timeout_s)  # bounds each send; reads wait with select, bounded by the op's wait
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            listener.close()
+
+    def _accept_lower(self, listener: socket.socket, key: bytes) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while len(self.peers) < self.rank:
+            if time.monotonic() >= deadline:
+                missing = sorted(set(range(self.rank)) - set(self.peers))
+                raise RuntimeCommError(
+                    f"rank {self.rank}: rank(s) {missing} did not open their direct all-reduce connection within "
+                    f"{self.timeout_s:g} s ({self.rejected} connection(s) rejected)"
+                )
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                continue
+            peer = authenticate(sock, key, self.rank, self.world, min(self.timeout_s, HANDSHAKE_S))
+            if peer is None or peer > self.rank or peer in self.peers:
+                self.rejected += 1
+                sock.close()
+                continue
+            self.peers[peer] = sock
+
+    @staticmethod
+    def takes(flat: torch.Tensor, world: int) -> bool:
+        """Whether an all-reduce of ``flat`` among ``world`` ranks goes over the direct connections."""
+        return flat.device.type == "cpu" and flat.is_contiguous() and (world - 1) * flat.nbytes <= DIRECT_MAX_BYTES
+
+    def start(self, flat: torch.Tensor, describe: str) -> DirectHandle:
+        """Send ``flat`` to every peer and return a handle; after its ``wait()``, ``flat`` holds the sum."""
+        payload = bytes_of(flat.view(-1))
+        with self._send_lock:
+            op = _Op(self._next, flat, describe)
+            self._next += 1
+            with self._state:
+                self._pending.append(op)
+            if self._error is None:
+                header = FRAME.pack(MAGIC, op.seq, len(payload))
+                for peer, sock in self.peers.items():
+                    try:
+                        _send(sock, header, payload)
+                    except OSError as exc:
+                        self._fail(RuntimeCommError(f"{describe}: sending to rank {peer} failed ({exc})"))
+                        break
+        return DirectHandle(self, op)
+
+    def complete_through(self, op: _Op, timeout_s: float | None = None) -> None:
+        """Complete every op up to ``op`` in start order (reading the peers' frames); raise its error."""
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        while not op.done.is_set():
+            if not self._read_lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                raise RuntimeCommError(f"{op.describe} did not complete within {limit:g} s")
+            try:
+                while not op.done.is_set():
+                    with self._state:
+                        oldest = self._pending[0]
+                    self._finish(oldest, deadline, limit)
+            finally:
+                self._read_lock.release()
+        if op.error is not None:
+            raise op.error
+
+    def _finish(self, op: _Op, deadline: float, limit: float) -> None:
+        if self._error is None:
+            try:
+                self._reduce(op, deadline, limit)
+            except RuntimeCommError as exc:
+                self._fail(exc)
+        if self._error is not None:
+            op.error = self._error if op.error is None else op.error
+        with self._state:
+            self._pending.popleft()
+        op.done.set()
+
+    def _reduce(self, op: _Op, deadline: float, limit: float) -> None:
+        flat = op.flat.view(-1)
+        parts: list[torch.Tensor] = []
+        for peer, sock in self.peers.items():
+            scratch = self._scratch_for(peer, flat)
+            where = f"{op.describe}: rank {peer}"
+            header = bytearray(FRAME.size)
+            _read(sock, memoryview(header), deadline, where, limit)
+            magic, seq, nbytes = FRAME.unpack(header)
+            if magic != MAGIC or seq != op.seq or nbytes != flat.nbytes:
+                raise RuntimeCommError(
+                    f"{where} sent a frame for another op (magic {bytes(magic)!r}, op {seq}, {nbytes} bytes; "
+                    f"expected op {op.seq}, {flat.nbytes} bytes): the ranks no longer start the same all-reduces"
+                )
+            _read(sock, bytes_of(scratch), deadline, where, limit)
+            parts.append(scratch)
+        parts.insert(self.rank, flat)
+        if self.world == 2:  # one addition, the same bits in either order
+            flat.add_(parts[1 - self.rank])
+            return
+        total = parts[0].clone()
+        for part in parts[1:]:
+            total.add_(part)
+        flat.copy_(total)
+
+    def _scratch_for(self, peer: int, flat: torch.Tensor) -> torch.Tensor:
+        key = (peer, flat.dtype, flat.numel())
+        scratch = self._scratch.get(key)
+        if scratch is None:
+            if len(self._scratch) > 64 * max(len(self.peers), 1):  # bounded: a plan's buffers, a few sizes each
+                self._scratch.clear()
+            scratch = self._scratch[key] = torch.empty_like(flat)
+        return scratch
+
+    def _fail(self, error: RuntimeCommError) -> None:
+        if self._error is None:
+            self._error = error
+
+    def close(self) -> None:
+        """Close the connections; ops not yet complete fail."""
+        self._fail(RuntimeCommError(f"rank {self.rank}: the direct all-reduce connections were closed"))
+        for sock in self.peers.values():
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+
+def _send(sock: socket.socket, header: bytes, payload: memoryview) -> None:
+    """``header`` then ``payload``, in one system call where the socket takes both."""
+    sent = sock.sendmsg([header, payload])
+    if sent < len(header):
+        sock.sendall(header[sent:])
+        sent = len(header)
+    if sent - len(header) < len(payload):
+        sock.sendall(payload[sent - len(header) :])
+
+
+def _read(sock: socket.socket, view: memoryview, deadline: float, where: str, limit: float) -> None:
+    """Fill ``view`` from ``sock`` by ``deadline``; RuntimeCommError naming ``where`` otherwise."""
+    got = 0
+    while got < len(view):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([sock], [], [], left)[0]:
+            raise RuntimeCommError(f"{where} sent nothing for {limit:g} s")
+        try:
+            n = sock.recv_into(view[got:], len(view) - got)
+        except OSError as exc:
+            raise RuntimeCommError(f"{where}: the connection failed ({exc})") from exc
+        if n == 0:
+            raise RuntimeCommError(f"{where} closed the connection")
+        got += n

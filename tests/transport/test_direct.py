@@ -1,0 +1,173 @@
+"""Small all-reduces over the direct connections (``commsched.transport.direct``), on real gloo ranks.
+
+What is checked, each in its own spawned world (every spawn bounded by the harness of test_collectives):
+the sum is the rank-order sum, bit for bit the same on every rank; the size rule routes above
+``DIRECT_MAX_BYTES`` to gloo; strangers that reach the listener while the mesh opens are rejected and the
+mesh still opens; connections bind where told; a frame out of sequence, a hung peer and a dead peer each
+end ``wait()`` with a RuntimeCommError naming the op and the peer, within the timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+import traceback
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_collectives import GROUP_TIMEOUT_S, _spawn
+
+from commsched.errors import RuntimeCommError
+from commsched.transport import TransportOptions
+from commsched.transport import direct as D
+from commsched.transport.collectives import Collectives
+from commsched.transport.handles import WorkHandle
+
+pytestmark = pytest.mark.multiproc
+
+
+def _gathered(x: torch.Tensor, world: int) -> list[torch.Tensor]:
+    parts = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(parts, x)
+    return parts
+
+
+def _sums_scenario(rank: int, world: int) -> dict[str, Any]:
+    c = Collectives(dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=False)
+    out: dict[str, Any] = {"digests": [], "rank_order": True}
+    gen = torch.Generator().manual_seed(rank)
+    sizes = (1, 3, 1000, 4096, D.DIRECT_MAX_BYTES // (4 * (world - 1)))
+    inputs = [torch.randn(n, generator=gen) * 10.0 ** float(rank) for n in sizes]  # magnitudes differ by rank
+    inputs.append(torch.randint(-5, 5, (777,), generator=gen, dtype=torch.int64))
+    bufs = [x.clone() for x in inputs]
+    handles = [c.all_reduce(b) for b in bufs]
+    out["direct"] = [type(h).__name__ for h in handles]
+    for h in reversed(handles):  # waiting for the last completes every one before it
+        h.wait()
+    for x, b in zip(inputs, bufs, strict=True):
+        parts = _gathered(x, world)
+        expected = parts[0].clone()
+        for part in parts[1:]:
+            expected += part
+        out["rank_order"] &= bool(torch.equal(b, expected))
+        out["digests"].append(hashlib.sha256(b.numpy().tobytes()).hexdigest())
+    big = torch.ones(D.DIRECT_MAX_BYTES // (4 * (world - 1)) + 1)
+    handle = c.all_reduce(big)
+    out["big_to_gloo"] = isinstance(handle, WorkHandle)
+    handle.wait()
+    out["big_sum"] = bool(torch.equal(big, torch.full_like(big, world)))
+    c.close()
+    dist.barrier()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_small_all_reduces_give_the_rank_order_sum_bit_for_bit_on_every_rank(world: int) -> None:
+    results = _spawn(_sums_scenario, world)
+    for rank, res in results.items():
+        assert "harness" not in res, res.get("harness")
+        assert set(res["direct"]) == {"DirectHandle"}, res["direct"]
+        assert res["rank_order"], f"rank {rank}: a sum differs from b_0 + b_1 + ... in rank order"
+        assert res["big_to_gloo"] and res["big_sum"], res
+    assert len({tuple(res["digests"]) for res in results.values()}) == 1, "ranks hold different bits"
+
+
+def _strangers_scenario(rank: int, world: int) -> dict[str, Any]:
+    """Two strangers reach rank 1's listener before rank 0 dials: one sends junk, one stays silent."""
+    strangers: list[socket.socket] = []
+    real_share = D.share_addresses
+
+    def share(*args: Any) -> Any:
+        key, infos = real_share(*args)
+        if rank == 1:
+            for junk in (b"GET / HTTP/1.0\r\n\r\n" * 8, b""):
+                s = socket.create_connection(tuple(infos[1][:2]))
+                if junk:
+                    s.sendall(junk)
+                strangers.append(s)
+        else:
+            time.sleep(1.0)  # rank 0 dials after the strangers are queued
+        return key, infos
+
+    D.share_addresses = share  # type: ignore[assignment]
+    D.HANDSHAKE_S = 0.5
+    out: dict[str, Any] = {}
+    try:
+        c = Collectives(
+            dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=False, options=TransportOptions(bind="127.0.0.1")
+        )
+        assert c._direct is not None
+        out["rejected"] = c._direct.rejected
+        out["bound"] = sorted({s.getsockname()[0] for s in c._direct.peers.values()})
+        x = torch.full((10,), float(rank + 1))
+        c.all_reduce(x).wait()
+        out["sum"] = x.tolist()
+        dist.barrier()
+        c.close()
+    except Exception:
+        out["error"] = traceback.format_exc()
+    for s in strangers:
+        s.close()
+    return out
+
+
+def test_strangers_are_rejected_the_mesh_opens_and_binds_where_told() -> None:
+    results = _spawn(_strangers_scenario, 2)
+    for res in results.values():
+        assert "error" not in res and "harness" not in res, res
+        assert res["sum"] == [3.0] * 10
+        assert res["bound"] == ["127.0.0.1"], res
+    assert results[1]["rejected"] == 2, results[1]
+
+
+def _faults_scenario(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 first sends a frame out of sequence, then stays silent, then exits."""
+
+    def outcome(fn: Any) -> dict[str, Any]:
+        t0 = time.monotonic()
+        try:
+            fn()
+            error = None
+        except RuntimeCommError as exc:
+            error = str(exc)
+        except Exception as exc:
+            error = f"not a RuntimeCommError: {exc!r}"
+        return {"elapsed_s": time.monotonic() - t0, "error": error}
+
+    out: dict[str, Any] = {}
+    garbled = Collectives(dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=False)
+    hung = Collectives(dist.new_group(), timeout_s=2.0, ring=False)
+    dying = Collectives(dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=False)
+    assert garbled._direct is not None
+    if rank == 1:
+        garbled._direct.peers[0].sendall(D.FRAME.pack(D.MAGIC, 7, 40) + bytes(40))  # op 7, not op 0
+        time.sleep(4.0)
+        os._exit(1)  # without a frame for ``dying``
+    first = garbled.all_reduce(torch.ones(10))
+    out["out_of_sequence"] = outcome(first.wait)
+    out["after_it"] = outcome(garbled.all_reduce(torch.ones(10)).wait)
+    handle = hung.all_reduce(torch.ones(10))
+    out["bounded_by_caller"] = outcome(lambda: handle.wait(timeout_s=0.5))
+    out["bounded_by_timeout_s"] = outcome(hung.all_reduce(torch.ones(10)).wait)
+    out["dead_peer"] = outcome(dying.all_reduce(torch.ones(100)).wait)
+    return out
+
+
+def test_a_frame_out_of_sequence_a_hung_and_a_dead_peer_end_wait_with_a_clear_error() -> None:
+    survivor = _spawn(_faults_scenario, 2, reporters=(0,))[0]
+    assert "harness" not in survivor, survivor.get("harness")
+    garbled = survivor["out_of_sequence"]
+    assert garbled["error"] is not None and "rank 1 sent a frame for another op" in garbled["error"], garbled
+    assert "op 7" in garbled["error"] and "all_reduce" in garbled["error"], garbled
+    assert survivor["after_it"]["error"] == garbled["error"], survivor["after_it"]  # and every op after it
+    caller = survivor["bounded_by_caller"]
+    assert caller["error"] is not None and "0.5 s" in caller["error"] and caller["elapsed_s"] < 2.0, caller
+    own = survivor["bounded_by_timeout_s"]  # the op before it already failed: at once
+    assert own["error"] is not None and own["elapsed_s"] < 1.0, own
+    dead = survivor["dead_peer"]
+    assert dead["error"] is not None and "rank 1" in dead["error"], dead
+    assert "not a RuntimeCommError" not in dead["error"] and dead["elapsed_s"] < 10.0, dead
