@@ -171,3 +171,31 @@ def test_a_frame_out_of_sequence_a_hung_and_a_dead_peer_end_wait_with_a_clear_er
     dead = survivor["dead_peer"]
     assert dead["error"] is not None and "rank 1" in dead["error"], dead
     assert "not a RuntimeCommError" not in dead["error"] and dead["elapsed_s"] < 10.0, dead
+
+
+def _leader_scenario(rank: int, world: int) -> dict[str, Any]:
+    """Rank 0 starts 40 ops of 1 MiB (far more than the sockets hold) before it tells rank 1 to start them,
+    as a leader sends its decisions after starting the ops they name: starting must not wait for the peer."""
+    c = Collectives(dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=False)
+    bufs = [torch.full((D.DIRECT_MAX_BYTES // 4,), float(rank + i)) for i in range(40)]
+    go = torch.zeros(1)
+    handles = []
+    if rank == 0:
+        handles = [c.all_reduce(b) for b in bufs]
+        dist.broadcast(go, src=0)  # the "decision", after the starts
+    else:
+        dist.broadcast(go, src=0)
+        handles = [c.all_reduce(b) for b in bufs]
+    for h in handles:
+        h.wait()
+    out = {"sums": all(bool(torch.equal(b, torch.full_like(b, float(2 * i + 1)))) for i, b in enumerate(bufs))}
+    c.close()
+    dist.barrier()
+    return out
+
+
+def test_starting_never_waits_for_the_peer_to_read() -> None:
+    results = _spawn(_leader_scenario, 2)
+    for res in results.values():
+        assert "harness" not in res, res.get("harness")
+        assert res["sums"], res

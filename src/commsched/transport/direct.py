@@ -25,15 +25,19 @@ Connections (collective to open: every rank of the group, same order)
     the mesh is open.
 
 An op
-    :meth:`DirectAllReduce.start` writes the buffer to every peer on the
-    calling thread (a frame: magic, sequence number, payload bytes, then the
-    payload as it lies in memory) and returns a handle. Ops complete in start
-    order: a thread that waits for one reads, for every op not yet complete up
-    to it, one frame from each peer into scratch memory and sums the ranks'
-    buffers in rank order, ``b_0 + b_1 + ... + b_(p-1)`` (the same bits on every
-    rank). Every rank starts the same all-reduces in the same order and reads
-    the frames of each connection in the order they were written, so a send
-    that waits for the peer's reading never waits on a cycle.
+    :meth:`DirectAllReduce.start` writes the buffer to every peer (a frame:
+    magic, sequence number, payload bytes, then the payload as it lies in
+    memory) without ever blocking the thread that starts it: one
+    non-blocking ``writev`` per peer, and what the socket does not take at
+    once, copied, goes to a sender thread that writes it in order (a rank
+    that starts ops may be the one whose next message lets its peer start
+    them: the leader of ByteScheduler, Prophet and ``ps`` sends its
+    decisions after it starts the ops they name). Ops complete in start
+    order: a thread that waits for one reads, for every op not yet complete
+    up to it, one frame from each peer into scratch memory and sums the
+    ranks' buffers in rank order, ``b_0 + b_1 + ... + b_(p-1)`` (the same bits
+    on every rank). Every rank starts the same all-reduces in the same order
+    and reads each connection's frames in the order they were written.
 
 Failures
     A frame whose magic, sequence number or length is not the op's (the ranks
@@ -47,6 +51,7 @@ Failures
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import socket
 import struct
@@ -59,6 +64,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
+from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 from commsched.transport.tcp_mesh import authenticate, connect, listen, share_addresses
 from commsched.transport.wire import bytes_of, default_bind_address
@@ -107,12 +113,14 @@ class DirectAllReduce:
     """In-place SUM all-reduces of CPU tensors over a mesh of TCP connections (collective to open)."""
 
     __slots__ = (
+        "_backlog",
         "_error",
         "_next",
         "_pending",
         "_read_lock",
         "_scratch",
         "_send_lock",
+        "_sender",
         "_state",
         "peers",
         "rank",
@@ -129,7 +137,10 @@ class DirectAllReduce:
         self.rejected = 0
         #: peer rank -> its connection, in rank order
         self.peers: dict[int, socket.socket] = {}
-        self._send_lock = threading.Lock()  # one writer at a time: frames stay whole and in start order
+        self._send_lock = threading.Condition()  # frames stay whole and in start order; wakes the sender
+        #: per peer: what the socket did not take at once, oldest first (the sender thread writes it)
+        self._backlog: dict[int, deque[bytes]] = {}
+        self._sender: threading.Thread | None = None
         self._read_lock = threading.Lock()  # one reader at a time: ops complete in start order
         self._state = threading.Lock()  # the queue of ops not yet complete
         self._pending: deque[_Op] = deque()
@@ -154,7 +165,10 @@ class DirectAllReduce:
                             s.close()
             self.peers = dict(sorted(self.peers.items()))
             for sock in self.peers.values():
-                sock.settimeout(timeout_s)  # bounds each send; reads wait with select, bounded by the op's wait
+                sock.settimeout(timeout_s)  # bounds the sender's writes; reads wait with select, bounded by the wait
+            self._backlog = {peer: deque() for peer in self.peers}
+            self._sender = daemon_thread(self._send_loop, f"commsched-direct-send-r{self.rank}")
+            self._sender.start()
         except BaseException:
             self.close()
             raise
@@ -187,7 +201,7 @@ class DirectAllReduce:
         return flat.device.type == "cpu" and flat.is_contiguous() and (world - 1) * flat.nbytes <= DIRECT_MAX_BYTES
 
     def start(self, flat: torch.Tensor, describe: str) -> DirectHandle:
-        """Send ``flat`` to every peer and return a handle; after its ``wait()``, ``flat`` holds the sum."""
+        """Send ``flat`` to every peer and return a handle at once; after its ``wait()``, ``flat`` holds the sum."""
         payload = bytes_of(flat.view(-1))
         with self._send_lock:
             op = _Op(self._next, flat, describe)
@@ -197,12 +211,39 @@ class DirectAllReduce:
             if self._error is None:
                 header = FRAME.pack(MAGIC, op.seq, len(payload))
                 for peer, sock in self.peers.items():
-                    try:
-                        _send(sock, header, payload)
-                    except OSError as exc:
-                        self._fail(RuntimeCommError(f"{describe}: sending to rank {peer} failed ({exc})"))
-                        break
+                    backlog = self._backlog[peer]
+                    sent = 0
+                    if not backlog:
+                        try:
+                            sent = os.writev(sock.fileno(), [header, payload])  # the socket is non-blocking
+                        except BlockingIOError:
+                            pass
+                        except OSError as exc:
+                            self._fail(RuntimeCommError(f"{describe}: sending to rank {peer} failed ({exc})"))
+                            break
+                    if sent < len(header) + len(payload):  # the rest, copied: ``flat`` will hold the sum
+                        backlog.append((header + payload.tobytes())[sent:])
+                        self._send_lock.notify()
         return DirectHandle(self, op)
+
+    def _send_loop(self) -> None:
+        """Write each peer's backlog in order (a frame leaves its backlog once written whole)."""
+        while True:
+            with self._send_lock:
+                while self._error is None and not any(self._backlog.values()):
+                    self._send_lock.wait()
+                if self._error is not None:
+                    return
+                peer, chunk = next((p, b[0]) for p, b in self._backlog.items() if b)
+            try:
+                self.peers[peer].sendall(chunk)
+            except OSError as exc:
+                with self._send_lock:
+                    self._fail(RuntimeCommError(f"rank {self.rank}: sending to rank {peer} failed ({exc})"))
+                return
+            with self._send_lock:
+                self._backlog[peer].popleft()
+                self._send_lock.notify_all()  # a close may wait for the backlog to drain
 
     def complete_through(self, op: _Op, timeout_s: float | None = None) -> None:
         """Complete every op up to ``op`` in start order (reading the peers' frames); raise its error."""
@@ -272,22 +313,21 @@ class DirectAllReduce:
             self._error = error
 
     def close(self) -> None:
-        """Close the connections; ops not yet complete fail."""
-        self._fail(RuntimeCommError(f"rank {self.rank}: the direct all-reduce connections were closed"))
+        """Write what the sender still holds (bounded by ``timeout_s``: a peer may still wait for it), then close
+        the connections; ops not yet complete fail."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._send_lock:
+            while self._error is None and any(self._backlog.values()) and time.monotonic() < deadline:
+                self._send_lock.wait(timeout=max(deadline - time.monotonic(), 0.0))
+            self._fail(RuntimeCommError(f"rank {self.rank}: the direct all-reduce connections were closed"))
+            self._send_lock.notify_all()
         for sock in self.peers.values():
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
+        if self._sender is not None:
+            self._sender.join(timeout=1.0)  # a write in progress ended with the shutdown
+        for sock in self.peers.values():
             sock.close()
-
-
-def _send(sock: socket.socket, header: bytes, payload: memoryview) -> None:
-    """``header`` then ``payload``, in one system call where the socket takes both."""
-    sent = sock.sendmsg([header, payload])
-    if sent < len(header):
-        sock.sendall(header[sent:])
-        sent = len(header)
-    if sent - len(header) < len(payload):
-        sock.sendall(payload[sent - len(header) :])
 
 
 def _read(sock: socket.socket, view: memoryview, deadline: float, where: str, limit: float) -> None:
