@@ -9,6 +9,8 @@ prints for rank 0 the median over repeats of the wall time and the process's CPU
 
 ``gloo``        ``dist.all_reduce`` on the default gloo group (PyTorch's default: two worker threads);
 ``gloo-1``      the same on a gloo group built with one worker thread (``ProcessGroupGloo`` options);
+``direct``      the runtime's all-reduce of CPU tensors between 2 ranks, over its own connections
+                (``Collectives``, :mod:`commsched.transport.direct`), started and waited for;
 ``tcp``         the floor: rank 0 sends its tensor over one TCP connection and receives rank 1's, rank 1
                 the other way round, and each adds what it received; the same bytes as a ring
                 all-reduce of two ranks moves per rank, with none of a collective library's work.
@@ -32,6 +34,8 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+
+from commsched.transport.collectives import Collectives
 
 
 def _timed(op: Callable[[], None], ops: int) -> tuple[float, float]:
@@ -108,6 +112,7 @@ def rank_main(rank: int, args: argparse.Namespace) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank, world_size=2)
     one_thread = _one_thread_group(rank, args.port)
     conn = _tcp_pair(rank, args.port)
+    runtime = Collectives(dist.new_group(), timeout_s=60.0, ring=False, direct=True)
     rows = []
     for kib in args.sizes_kib:
         tensor = torch.ones(kib * 256)
@@ -115,6 +120,7 @@ def rank_main(rank: int, args: argparse.Namespace) -> None:
         methods: dict[str, Callable[[], None]] = {
             "gloo": _gloo(None, tensor),
             "gloo-1": _gloo(one_thread, tensor),
+            "direct": lambda tensor=tensor: runtime.all_reduce(tensor).wait(),
             "tcp": _exchange(conn, rank, tensor, scratch),
         }
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in methods}
@@ -126,6 +132,7 @@ def rank_main(rank: int, args: argparse.Namespace) -> None:
         for name, got in samples.items():
             rows.append((name, kib, statistics.median(w for w, _ in got), statistics.median(c for _, c in got)))
     conn.close()
+    runtime.close()
     dist.destroy_process_group()
     if rank == 0:
         print("| method | KiB | wall µs per op | CPU µs per op (process) |")

@@ -1,10 +1,12 @@
-"""Small all-reduces over the direct connections (``commsched.transport.direct``), on real gloo ranks.
+"""All-reduces over the direct connections (``commsched.transport.direct``), on real gloo ranks.
 
-What is checked, each in its own spawned world (every spawn bounded by the harness of test_collectives):
-the sum is the rank-order sum, bit for bit the same on every rank; the size rule routes above
-``DIRECT_MAX_BYTES`` to gloo; strangers that reach the listener while the mesh opens are rejected and the
-mesh still opens; connections bind where told; a frame out of sequence, a hung peer and a dead peer each
-end ``wait()`` with a RuntimeCommError naming the op and the peer, within the timeout.
+What is checked, each in its own spawned world (every spawn bounded by the harness of
+test_collectives): the sum is the rank-order sum, bit for bit the same on every rank; the size
+rule routes above ``DIRECT_MAX_BYTES`` to gloo among 3 ranks, and nothing between 2; strangers
+that reach the listener while the mesh opens are rejected and the mesh still opens; connections
+bind where told; starting never waits for the peer to read; a frame out of sequence, a hung
+peer and a dead peer each end ``wait()`` with a RuntimeCommError naming the op and the peer,
+within the timeout.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def _sums_scenario(rank: int, world: int) -> dict[str, Any]:
         out["digests"].append(hashlib.sha256(b.numpy().tobytes()).hexdigest())
     big = torch.ones(D.DIRECT_MAX_BYTES // (4 * (world - 1)) + 1)
     handle = c.all_reduce(big)
-    out["big_to_gloo"] = isinstance(handle, WorkHandle)
+    out["big_to_gloo"] = isinstance(handle, WorkHandle)  # among 3; between 2 every size goes direct
     handle.wait()
     out["big_sum"] = bool(torch.equal(big, torch.full_like(big, world)))
     c.close()
@@ -72,7 +74,7 @@ def test_small_all_reduces_give_the_rank_order_sum_bit_for_bit_on_every_rank(wor
         assert "harness" not in res, res.get("harness")
         assert set(res["direct"]) == {"DirectHandle"}, res["direct"]
         assert res["rank_order"], f"rank {rank}: a sum differs from b_0 + b_1 + ... in rank order"
-        assert res["big_to_gloo"] and res["big_sum"], res
+        assert res["big_to_gloo"] == (world > 2) and res["big_sum"], res
     assert len({tuple(res["digests"]) for res in results.values()}) == 1, "ranks hold different bits"
 
 

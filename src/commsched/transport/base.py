@@ -38,7 +38,7 @@ def check_mtu(name: str, value: object) -> int:
 @dataclass(frozen=True, slots=True)
 class TransportOptions:
     """Where and how a socket transport listens and authenticates. ``bind`` and ``key`` also serve the
-    collective transport's connections for small all-reduces on gloo (:mod:`commsched.transport.direct`),
+    collective transport's connections for all-reduces of CPU tensors (:mod:`commsched.transport.direct`),
     and the leader's decision channel of ByteScheduler, Prophet, ``ps`` and DLCP
     (:mod:`commsched.runtime.decisions`): every policy on gloo listens on TCP.
 

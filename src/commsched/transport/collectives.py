@@ -57,13 +57,13 @@ How each backend runs them (``ring=None`` picks per backend)
     * CUDA tensors on gloo: gloo's own ops, which stage through host memory
       themselves; a CPU ring would only add copies.  The ring only ever runs on
       CPU tensors, whatever ``ring`` says.
-Small all-reduces (gloo, CPU tensors)
-    An all-reduce where each rank sends at most
-    :data:`~commsched.transport.direct.DIRECT_MAX_BYTES` goes over TCP
-    connections of its own, written by the thread that starts it and read by
-    the one that waits (:mod:`commsched.transport.direct`: a 4 KiB all-reduce
-    took 847 µs of CPU through gloo, 23 µs as a plain TCP exchange). Larger
-    ones, and every one with ``direct=False``, are gloo's.
+All-reduces of CPU tensors (gloo)
+    Between 2 ranks every all-reduce, among more those where each rank sends
+    at most :data:`~commsched.transport.direct.DIRECT_MAX_BYTES`, go over TCP
+    connections of their own, written by the thread that starts them and read
+    by the one that waits (:mod:`commsched.transport.direct`: a 4 KiB
+    all-reduce took 847 µs of CPU through gloo, 23 µs as a plain TCP
+    exchange). The others, and every one with ``direct=False``, are gloo's.
 
 Threads and process groups
     Ring ops run on one worker thread per :class:`Collectives`, in issue order,
@@ -106,7 +106,7 @@ class Collectives:
     group).  ``timeout_s`` bounds every transfer of the ring; the backend's own ops
     are bounded by ``group``'s timeout.  ``ring``: ``True`` runs reduce-scatter and
     all-gather as point-to-point rings on CPU tensors, ``False`` uses the backend's
-    own, ``None`` picks per backend (see the module docstring). ``direct``: small
+    own, ``None`` picks per backend (see the module docstring). ``direct``:
     all-reduces of CPU tensors go over TCP connections of their own
     (:mod:`commsched.transport.direct`; ``None``: where the backend is gloo), which
     listen and authenticate as ``options`` say.
@@ -114,8 +114,8 @@ class Collectives:
     Construction is collective over ``group`` when the ring or the direct connections
     are in use (it creates the ring's process group, and opens the connections); call it
     on every rank of ``group`` in the same order. ``ring`` then says, after ``None`` was
-    resolved, whether CPU tensors use the ring, and ``direct`` whether small all-reduces
-    go over the direct connections.
+    resolved, whether CPU tensors use the ring, and ``direct`` whether all-reduces of CPU
+    tensors go over the direct connections (:meth:`~commsched.transport.direct.DirectAllReduce.takes`).
     """
 
     def __init__(

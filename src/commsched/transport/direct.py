@@ -1,4 +1,4 @@
-"""Small all-reduces straight over TCP, with no collective library's threads between.
+"""All-reduces of CPU tensors straight over TCP, with no collective library's threads between.
 
 Why
     On a host whose cores also compute, a message costs the CPU work of
@@ -9,10 +9,12 @@ Why
     ``benchmarks/results/message-cost/``). gloo hands every op to a worker
     thread and every transfer to its device thread; here the thread that
     starts the op writes it and the thread that waits for it reads.
-    :class:`~commsched.transport.collectives.Collectives` routes an all-reduce
-    of CPU tensors here when each rank sends at most :data:`DIRECT_MAX_BYTES`
-    (``(world - 1) ·`` the buffer's bytes); larger ones stay with gloo's
-    ring, which sends ``2 (world - 1) / world`` of the buffer.
+    :class:`~commsched.transport.collectives.Collectives` routes an
+    all-reduce of CPU tensors here (:meth:`DirectAllReduce.takes`): between 2
+    ranks at any size, since each rank then sends its buffer once, as gloo's
+    ring of 2 does; among more only where each rank sends at most
+    :data:`DIRECT_MAX_BYTES` (``(world - 1) ·`` the buffer's bytes, where the
+    ring sends ``2 (world - 1) / world`` of it).
 
 Connections (collective to open: every rank of the group, same order)
     One TCP connection per pair of ranks, carrying frames both ways, opened
@@ -29,9 +31,10 @@ An op
     magic, sequence number, payload bytes, then the payload as it lies in
     memory) without ever blocking the thread that starts it: one
     non-blocking ``writev`` per peer, and what the socket does not take at
-    once, copied, goes to a sender thread that writes it in order (a rank
-    that starts ops may be the one whose next message lets its peer start
-    them: the leader of ByteScheduler, Prophet and ``ps`` sends its
+    once a sender thread writes from the buffer, in order, while the op
+    completes only once it is written (a rank that starts ops may be the one
+    whose next message lets its peer start them: the leader of
+    ByteScheduler, Prophet and ``ps`` sends its
     decisions after it starts the ops they name). Ops complete in start
     order: a thread that waits for one reads, for every op not yet complete
     up to it, one frame from each peer into scratch memory and sums the
@@ -74,8 +77,9 @@ if TYPE_CHECKING:  # base imports the collectives, which import this module
 
 __all__ = ["DIRECT_MAX_BYTES", "DirectAllReduce", "DirectHandle"]
 
-#: The most bytes one rank sends for an all-reduce that goes over the direct connections (``(world - 1) ·``
-#: the buffer's bytes): 1 MiB, where the direct exchange of 2 ranks still took 0.30x gloo's CPU (above).
+#: Among more than 2 ranks, the most bytes one rank sends for an all-reduce that goes over the direct
+#: connections (``(world - 1) ·`` the buffer's bytes): 1 MiB, where the exchange of 2 ranks still took 0.30x
+#: gloo's CPU (above) and the all-to-all's extra bytes cost little beside the ring's ``2 (world - 1)`` steps.
 DIRECT_MAX_BYTES = 1 << 20
 #: A frame's header: magic, sequence number of the op, payload bytes (network byte order).
 FRAME = struct.Struct("!4sQQ")
@@ -92,6 +96,10 @@ class _Op:
     describe: str
     done: threading.Event = field(default_factory=threading.Event)
     error: RuntimeCommError | None = None
+    #: peers whose frame is not yet written whole (the sender thread's), and set once there are none: the sum
+    #: may then overwrite the buffer
+    unsent: int = 0
+    sent: threading.Event = field(default_factory=threading.Event)
 
 
 class DirectHandle:
@@ -139,7 +147,7 @@ class DirectAllReduce:
         self.peers: dict[int, socket.socket] = {}
         self._send_lock = threading.Condition()  # frames stay whole and in start order; wakes the sender
         #: per peer: what the socket did not take at once, oldest first (the sender thread writes it)
-        self._backlog: dict[int, deque[bytes]] = {}
+        self._backlog: dict[int, deque[tuple[_Op, memoryview]]] = {}
         self._sender: threading.Thread | None = None
         self._read_lock = threading.Lock()  # one reader at a time: ops complete in start order
         self._state = threading.Lock()  # the queue of ops not yet complete
@@ -197,11 +205,14 @@ class DirectAllReduce:
 
     @staticmethod
     def takes(flat: torch.Tensor, world: int) -> bool:
-        """Whether an all-reduce of ``flat`` among ``world`` ranks goes over the direct connections."""
-        return flat.device.type == "cpu" and flat.is_contiguous() and (world - 1) * flat.nbytes <= DIRECT_MAX_BYTES
+        """Whether an all-reduce of ``flat`` among ``world`` ranks goes over the direct connections: a CPU
+        tensor, of any size between 2 ranks (each sends its buffer once, as gloo's ring does), else where each
+        rank sends at most :data:`DIRECT_MAX_BYTES`."""
+        return flat.device.type == "cpu" and (world == 2 or (world - 1) * flat.nbytes <= DIRECT_MAX_BYTES)
 
     def start(self, flat: torch.Tensor, describe: str) -> DirectHandle:
-        """Send ``flat`` to every peer and return a handle at once; after its ``wait()``, ``flat`` holds the sum."""
+        """Send ``flat`` to every peer and return a handle at once; after its ``wait()``, ``flat`` holds the sum
+        (leave it alone until then: what the sockets did not take at once is written from it)."""
         payload = bytes_of(flat.view(-1))
         with self._send_lock:
             op = _Op(self._next, flat, describe)
@@ -221,28 +232,41 @@ class DirectAllReduce:
                         except OSError as exc:
                             self._fail(RuntimeCommError(f"{describe}: sending to rank {peer} failed ({exc})"))
                             break
-                    if sent < len(header) + len(payload):  # the rest, copied: ``flat`` will hold the sum
-                        backlog.append((header + payload.tobytes())[sent:])
+                    if sent < len(header):
+                        backlog.append((op, memoryview(header[sent:])))
+                        sent = len(header)
+                    if sent - len(header) < len(payload):
+                        backlog.append((op, payload[sent - len(header) :]))
+                    if backlog and backlog[-1][0] is op:
+                        op.unsent += 1
                         self._send_lock.notify()
+            if op.unsent == 0:
+                op.sent.set()
         return DirectHandle(self, op)
 
     def _send_loop(self) -> None:
-        """Write each peer's backlog in order (a frame leaves its backlog once written whole)."""
+        """Write each peer's backlog in order; an op is sent once its last piece to every peer is written."""
         while True:
             with self._send_lock:
                 while self._error is None and not any(self._backlog.values()):
                     self._send_lock.wait()
                 if self._error is not None:
                     return
-                peer, chunk = next((p, b[0]) for p, b in self._backlog.items() if b)
+                peer, (op, chunk) = next((p, b[0]) for p, b in self._backlog.items() if b)
             try:
                 self.peers[peer].sendall(chunk)
             except OSError as exc:
                 with self._send_lock:
                     self._fail(RuntimeCommError(f"rank {self.rank}: sending to rank {peer} failed ({exc})"))
+                    self._send_lock.notify_all()
                 return
             with self._send_lock:
-                self._backlog[peer].popleft()
+                backlog = self._backlog[peer]
+                backlog.popleft()
+                if not (backlog and backlog[0][0] is op):  # its last piece to this peer
+                    op.unsent -= 1
+                    if op.unsent == 0:
+                        op.sent.set()
                 self._send_lock.notify_all()  # a close may wait for the backlog to drain
 
     def complete_through(self, op: _Op, timeout_s: float | None = None) -> None:
@@ -291,6 +315,11 @@ class DirectAllReduce:
             _read(sock, bytes_of(scratch), deadline, where, limit)
             parts.append(scratch)
         parts.insert(self.rank, flat)
+        while not op.sent.wait(timeout=min(max(deadline - time.monotonic(), 0.0), 0.5)):
+            if self._error is not None:
+                raise self._error
+            if time.monotonic() >= deadline:
+                raise RuntimeCommError(f"{op.describe}: its buffer was not sent within {limit:g} s")
         if self.world == 2:  # one addition, the same bits in either order
             flat.add_(parts[1 - self.rank])
             return
