@@ -301,3 +301,31 @@ def test_the_ps_transport_is_priced_by_its_own_probed_cpu_work() -> None:
     unfused = {"ps": {"fuse_kb": 0.0}}  # no plan recorded: ps as it ran before it fused by default
     expected = predict(w, cluster, ["ps"], knobs=unfused, update_ms=7.0, cpu=with_ps.cpu, ps_cpu=with_ps.ps_cpu)["ps"]
     assert rows_with["ps"]["predicted_ms"] == pytest.approx(expected)
+
+
+def test_pytorch_ddp_rows_are_priced_by_the_backends_own_all_reduce_and_the_runtime_by_its_own() -> None:
+    data = _calibration_data()
+
+    def cpu(per_op_s: float, per_byte_s: float, n: int) -> list[float]:
+        return [per_op_s + per_byte_s * n] * 3
+
+    for s in data["samples"]:  # the runtime's all-reduce: 0.05 ms per op, 0.3 ms per MiB
+        s["cpu_seconds"] = cpu(0.05e-3, 0.3e-3 / 2**20, s["nbytes"])
+    gloo_alpha_s = 4 * ALPHA_S
+    gloo = [{"op": "gloo_all_reduce", "nbytes": n, "world_size": 4,
+             "seconds": [ring_all_reduce_s(n, 4, gloo_alpha_s, 1 / BETA)] * 3,
+             "cpu_seconds": cpu(1.2e-3, 0.8e-3 / 2**20, n)} for n in (2**16, 2**20, 2**24)]  # fmt: skip
+    both = Calibration({**data, "samples": [*data["samples"], *gloo]}, "test")
+    runtime_only = Calibration(data, "test")
+    assert runtime_only.gloo_cpu is None and runtime_only.as_pytorch_ddp() is runtime_only  # older reports
+    assert both.gloo_cpu is not None and both.gloo_cpu.per_op_ms == pytest.approx(1.2)
+    assert both.alpha_s == pytest.approx(ALPHA_S)  # the runtime's fit stays the calibration's
+    ddp_priced = both.as_pytorch_ddp()
+    assert ddp_priced.alpha_s == pytest.approx(gloo_alpha_s) and ddp_priced.cpu == both.gloo_cpu
+    assert both.summary()["gloo_cpu_per_task_ms"] == pytest.approx(1.2)
+    measured = {"ddp": 800.0, "torch_ddp": 800.0, YARDSTICK: 800.0}
+    rows_both = predict_session(_session(measured), both, ["ddp"], {})["rows"]
+    rows_runtime = predict_session(_session(measured), runtime_only, ["ddp"], {})["rows"]
+    assert rows_both["ddp"]["predicted_ms"] == rows_runtime["ddp"]["predicted_ms"]  # the runtime's own
+    for name in ("torch_ddp", YARDSTICK):  # PyTorch's DDP pays gloo's α and CPU work: predicted slower
+        assert rows_both[name]["predicted_ms"] > rows_runtime[name]["predicted_ms"], name

@@ -4,9 +4,12 @@ Before a session's policies run, the ``calibrate`` task of the workers
 (:mod:`commsched.bench.worker`) measures, on the same shaped links and with
 the same ranks sharing the same CPUs:
 
-* the network: the α-β fit of gloo's ring all-reduce over a sweep of sizes
+* the network: the α-β fit of the runtime's all-reduce over a sweep of sizes
   (:func:`commsched.profile.network.probe_network`), which becomes a Cluster of
-  one device per worker (:func:`measured_cluster`);
+  one device per worker (:func:`measured_cluster`); beside it, the backend's
+  own all-reduce (gloo's ring, :data:`~commsched.profile.network.GLOO_OP`),
+  what PyTorch DDP runs where the runtime's all-reduces of CPU tensors take
+  connections of their own (:mod:`commsched.transport.direct`);
 * the compute: rank 0's layer-by-layer profile of one training iteration
   (:func:`commsched.profile.profile_model`), taken while every rank profiles
   its own replica in lock-step, and the time of ``optimizer.step()`` +
@@ -42,7 +45,9 @@ Communication's CPU work: the probe also records the CPU time each
 all-reduce costs its rank (:func:`commsched.profile.probe_fit.fit_cpu`); the
 simulator takes it from compute wherever a task starts while its worker
 computes (``SimOptions.cpu_per_task_ms``/``cpu_ms_per_mb``). Reports saved
-before the probe recorded it predict without.
+before the probe recorded it predict without. The PyTorch DDP rows are
+predicted with the α and the CPU work of the backend's own all-reduce
+(:meth:`Calibration.as_pytorch_ddp`), where the probe timed it.
 
 The bandwidth is then fitted to the session's ``all-reduce alone``
 reference (:meth:`Calibration.fitted`): the probe's sweep times isolated
@@ -91,7 +96,7 @@ from commsched.bench.validate import predict
 from commsched.cluster import Cluster
 from commsched.errors import CommschedError
 from commsched.formulas import ring_all_reduce_s, ring_factors
-from commsched.profile.network import OPS, PS_OP
+from commsched.profile.network import GLOO_OP, OPS, PS_OP
 from commsched.profile.probe_fit import ProbeSample, fit_alpha_beta, fit_cpu, measured_cluster
 from commsched.schedule import AUTO, POLICIES, TORCH_DDP_AS_POLICY
 from commsched.workload import Workload
@@ -127,6 +132,9 @@ class Calibration:
         #: the CPU work of a push and its pull through the "ps" transport (None in reports saved before the
         #: probe timed them: the ps tasks are then charged as all-reduces)
         self.ps_cpu = fit_cpu(self.samples, PS_OP)
+        #: the CPU work of the backend's own all-reduce, PyTorch DDP's (None where the probe did not time it:
+        #: before the runtime's all-reduces had connections of their own, its all-reduce was gloo's)
+        self.gloo_cpu = fit_cpu(self.samples, GLOO_OP)
         #: what communicating beside compute costs the device (:mod:`commsched.bench.overlap`): the cluster's
         #: ``overlap_ms_per_mb``, ``overlap_ms_per_task``, ``overlap_comm_rate`` (none where not timed);
         #: recorded, not predicted with (:attr:`cluster_with_overlap`)
@@ -152,6 +160,17 @@ class Calibration:
         return measured_cluster(
             self.alpha_s, self.beta_s_per_byte, self.world_size, name="testbed (measured)", device_fields=device_fields
         )
+
+    def as_pytorch_ddp(self) -> Calibration:
+        """A copy with the α and the CPU work of the backend's own all-reduce, as PyTorch DDP runs it (this one
+        where the probe did not time that apart); the bandwidth stays the one fitted to the reference, itself
+        the backend's all-reduce."""
+        if self.gloo_cpu is None:
+            return self
+        out = copy.copy(self)
+        out.alpha_s = fit_alpha_beta(self.samples, GLOO_OP).alpha_s
+        out.cpu = self.gloo_cpu
+        return out
 
     def probe_allreduce_ms(self) -> float:
         """The probe's α-β prediction of one ring all-reduce of every gradient."""
@@ -201,6 +220,8 @@ class Calibration:
             "comm_cpu_ms_per_mb": self.cpu.ms_per_mb if self.cpu is not None else None,
             "ps_cpu_per_pair_ms": self.ps_cpu.per_op_ms if self.ps_cpu is not None else None,
             "ps_cpu_ms_per_mb": self.ps_cpu.ms_per_mb if self.ps_cpu is not None else None,
+            "gloo_cpu_per_task_ms": self.gloo_cpu.per_op_ms if self.gloo_cpu is not None else None,
+            "gloo_cpu_ms_per_mb": self.gloo_cpu.ms_per_mb if self.gloo_cpu is not None else None,
             **self.overlap,
         }
 
@@ -233,7 +254,7 @@ def predict_session(
     """
     summary = session["summary"]
     calibration = fitted_to(calibration, session)
-    workload, cluster = calibration.workload, calibration.cluster
+    workload = calibration.workload
     rows: dict[str, dict[str, Any]] = {}
     for name in [*policies, *(c.name for c in DDP_GRID if c.name not in policies)]:
         if name not in summary:
@@ -247,10 +268,11 @@ def predict_session(
                 rows[name] = {"error": "the runs did not record the plan auto chose", "simulated_as": AUTO,
                               "measured_ms": summary[name]["median_ms"]}  # fmt: skip
                 continue
+        priced = calibration.as_pytorch_ddp() if name in _SIMULATED_AS else calibration  # PyTorch DDP: gloo's
         try:
             predictions = [
-                predict(workload, cluster, [policy], knobs={policy: policy_knobs}, update_ms=calibration.update_ms,
-                        cpu=calibration.cpu, ps_cpu=calibration.ps_cpu)[policy]
+                predict(workload, priced.cluster, [policy], knobs={policy: policy_knobs},
+                        update_ms=calibration.update_ms, cpu=priced.cpu, ps_cpu=calibration.ps_cpu)[policy]
                 for policy, policy_knobs in cases
             ]  # fmt: skip
         except CommschedError as exc:  # a prediction that fails must not cost the measurements

@@ -59,7 +59,7 @@ def calibration_sizes(numel: int) -> list[int]:
 def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
     """The steps of the module docstring on this rank (every rank of the process group calls it together)."""
     from commsched.profile import profile_model
-    from commsched.profile.network import OPS, PS_OP, probe_network
+    from commsched.profile.network import GLOO_OP, OPS, PS_OP, probe_network
 
     progress = Progress(Path(job.out) / "progress.jsonl", rank == 0)
     model = build_model(job.model, job.seed)
@@ -68,7 +68,7 @@ def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         sizes_bytes=calibration_sizes(numel),
         repeats=job.iters,
         warmup=1,
-        ops=(*OPS, PS_OP),  # the "ps" transport's CPU work per task is its own, not gloo's
+        ops=(*OPS, PS_OP, GLOO_OP),  # the "ps" transport's CPU work is its own; PyTorch DDP's is gloo's
         progress=lambda _: progress("probe", 0, 0),
     )
     opt = torch.optim.SGD(model.parameters(), lr=job.lr, momentum=job.momentum)

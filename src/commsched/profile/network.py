@@ -14,7 +14,10 @@ point-to-point steps, so every op in :data:`OPS` follows the ring formulas that
 by name, times the runtime's parameter-server transport instead (a push, then
 the pull of the sum): its CPU work per task is not gloo's
 (:func:`~commsched.profile.probe_fit.fit_cpu` of its samples prices the
-``"ps"`` transport's tasks).
+``"ps"`` transport's tasks). :data:`GLOO_OP`, asked for by name, times the
+backend's own all-reduce (``dist.all_reduce`` on the group), what PyTorch's
+``DistributedDataParallel`` runs where the runtime's all-reduces of CPU tensors
+go over connections of their own (:mod:`commsched.transport.direct`).
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ import torch.distributed as dist
 
 from commsched.cluster import Cluster
 from commsched.errors import SpecError
-from commsched.profile.probe_fit import AlphaBetaFit, CpuFit, ProbeSample, fit_alpha_beta, measured_cluster
+from commsched.profile.probe_fit import GLOO_OP, AlphaBetaFit, CpuFit, ProbeSample, fit_alpha_beta, measured_cluster
 
 if TYPE_CHECKING:
     from commsched.transport.base import TransportOptions
 
 __all__ = [
     "DEFAULT_SIZES_BYTES",
+    "GLOO_OP",
     "OPS",
     "PS_OP",
     "NetworkProbe",
@@ -131,8 +135,8 @@ def measure_ops(
     progress: Callable[[str], None] | None = None,
     transport_options: TransportOptions | None = None,
 ) -> tuple[ProbeSample, ...]:
-    """The samples of :func:`probe_network` without the fit: ``ops`` (any of :data:`OPS` and
-    :data:`PS_OP`) timed over ``sizes_bytes``, the same way. Collective, as it is.
+    """The samples of :func:`probe_network` without the fit: ``ops`` (any of :data:`OPS`,
+    :data:`PS_OP` and :data:`GLOO_OP`) timed over ``sizes_bytes``, the same way. Collective, as it is.
     ``transport_options``: where :data:`PS_OP`'s transport listens and how it authenticates
     (default: :class:`~commsched.transport.base.TransportOptions`'s)."""
     from commsched.transport.collectives import Collectives
@@ -145,9 +149,9 @@ def measure_ops(
         problems.append(f"repeats: must be >= 1, got {repeats}")
     if warmup < 0:
         problems.append(f"warmup: must be >= 0, got {warmup}")
-    bad_ops = [op for op in ops if op not in (*OPS, PS_OP)]
+    bad_ops = [op for op in ops if op not in (*OPS, PS_OP, GLOO_OP)]
     if bad_ops or not ops:
-        problems.append(f"ops: must be one or more of {', '.join((*OPS, PS_OP))}, got {list(ops)}")
+        problems.append(f"ops: must be one or more of {', '.join((*OPS, PS_OP, GLOO_OP))}, got {list(ops)}")
     usable = sorted({(int(s) // 4 // world) * world * 4 for s in sizes_bytes})
     if len([s for s in usable if s > 0]) < 2:
         problems.append(f"sizes_bytes: need two distinct sizes of at least {4 * world} bytes, got {list(sizes_bytes)}")
@@ -163,7 +167,7 @@ def measure_ops(
             numel = nbytes // 4
             flat = torch.zeros(numel)  # zeros: repeated sums stay finite
             shard = torch.zeros(numel // world)
-            names = [op for op in (*OPS, PS_OP) if op in ops]
+            names = [op for op in (*OPS, PS_OP, GLOO_OP) if op in ops]
             times: dict[str, list[float]] = {op: [] for op in names}
             cpu: dict[str, list[float]] = {op: [] for op in names}
             for i in range(warmup + repeats):
@@ -174,6 +178,8 @@ def measure_ops(
                     if op == PS_OP:
                         assert ps is not None
                         ps.run(size_index, flat)
+                    elif op == GLOO_OP:
+                        dist.all_reduce(flat, group=group)
                     else:
                         assert coll is not None
                         _run(coll, op, flat, shard)

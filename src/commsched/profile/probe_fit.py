@@ -51,6 +51,7 @@ from commsched.errors import SpecError
 from commsched.formulas import ring_factors
 
 __all__ = [
+    "GLOO_OP",
     "AlphaBetaFit",
     "CpuFit",
     "ProbeSample",
@@ -129,6 +130,12 @@ def _noise_s(samples: Sequence[ProbeSample]) -> np.ndarray:
     return np.sqrt(jitter**2 + (0.01 * t) ** 2)
 
 
+GLOO_OP = "gloo_all_reduce"
+"""A probe op (:func:`commsched.profile.network.measure_ops`): the backend's own all-reduce on the group
+(``dist.all_reduce``), as PyTorch's DDP runs it, a ring all-reduce; its fits price PyTorch DDP's tasks where
+the simulator stands for it beside the runtime."""
+
+
 def fit_alpha_beta(samples: Sequence[ProbeSample], op: str = "all_reduce") -> AlphaBetaFit:
     """Least-squares α-β fit of ``op``'s median times (see the module docstring).
 
@@ -157,7 +164,7 @@ def fit_alpha_beta(samples: Sequence[ProbeSample], op: str = "all_reduce") -> Al
             "network probe", [f"{op}: time does not grow with message size (slope {b:.3g} s/byte); widen the sizes"]
         )
     fitted = a + b * n
-    steps, volume = ring_factors(op, p)
+    steps, volume = ring_factors("all_reduce" if op == GLOO_OP else op, p)
     return AlphaBetaFit(
         op=op,
         world_size=p,
