@@ -98,8 +98,9 @@ def test_the_probe_times_the_parameter_server_transport_when_asked_and_fits_its_
     ps = [s for s in probe.samples if s.op == PS_OP]
     assert [s.nbytes for s in ps] == [16 << 10, 1 << 20, 4 << 20]
     assert all(len(s.seconds) == 3 and s.median_s > 0 and len(s.cpu_seconds) == 3 for s in ps)
-    # 4 MiB pushed and pulled take longer than 16 KiB (on loopback too: the bytes are copied and summed)
-    assert ps[-1].median_s > ps[0].median_s
+    # 4 MiB pushed and pulled take longer than 16 KiB (on loopback too: the bytes are copied and summed); the
+    # fastest of each, as a busy host's stalls only add time (a 4 ms stall once made 16 KiB's median the larger)
+    assert min(ps[-1].seconds) > min(ps[0].seconds)
     fit = fit_cpu(probe.samples, PS_OP)
     assert fit is not None and fit.op == PS_OP and fit.per_op_s >= 0 and fit.per_byte_s >= 0
     assert fit.per_op_s + fit.per_byte_s * (4 << 20) > 0
