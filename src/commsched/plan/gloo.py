@@ -49,15 +49,19 @@ def gloo_options(
       with no algorithm set runs its ring), and the runtime's reduce-scatter
       and all-gather are rings of point-to-point steps.
     * ``max_concurrent``: the runtime's agent issues collectives without
-      waiting for earlier ones. Its all-reduces go to gloo, whose process group
-      serves them on 2 worker threads (``ProcessGroupGloo::Options::threads``
-      defaults to 2), so 2 can be in flight; its reduce-scatters and
-      all-gathers go to one ring thread (``Collectives``), one at a time. So 2
-      when the policy's plan is all all-reduces, else 1.
+      waiting for earlier ones. PyTorch DDP's all-reduces go to gloo, whose
+      process group serves them on 2 worker threads
+      (``ProcessGroupGloo::Options::threads`` defaults to 2), so 2 can be in
+      flight; the runtime's reduce-scatters and all-gathers go to one ring
+      thread (``Collectives``), one at a time. So 2 when the policy's plan is
+      all all-reduces, else 1. The runtime's own all-reduces of CPU tensors
+      (:mod:`commsched.transport.direct`) are all in flight at once, their
+      frames written one after another on each connection; they are modelled
+      as gloo's, which the validation has not yet set apart.
     * ``update_ms``: the optimizer's time per iteration (a profile from
       :func:`commsched.profile.profile_model` has none in it).
     * ``cpu_per_task_ms``, ``cpu_ms_per_mb``: communication's CPU work, which
-      gloo's threads and the kernel's TCP take from compute on the same cores
+      the transport's threads and the kernel's TCP take from compute on the same cores
       (:class:`~commsched.sim.SimOptions`); measured by the network probe or
       the runtime's warm-up; ``cpu_scales_with_speed`` where slower ranks are
       slower CPUs (:class:`~commsched.sim.SimOptions`).
