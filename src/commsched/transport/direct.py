@@ -175,7 +175,7 @@ class DirectAllReduce:
             for sock in self.peers.values():
                 sock.settimeout(timeout_s)  # bounds the sender's writes; reads wait with select, bounded by the wait
             self._backlog = {peer: deque() for peer in self.peers}
-            self._sender = daemon_thread(self._send_loop, f"commsched-direct-send-r{self.rank}")
+            self._sender = daemon_thread(self._send_loop, f"commsched-dsend-r{self.rank}")
             self._sender.start()
         except BaseException:
             self.close()
