@@ -330,6 +330,19 @@ def _exactness_scenario(rank: int, world: int) -> dict[str, Any]:
     return results
 
 
+def _outcome(fn: Callable[[], None]) -> dict[str, Any]:
+    """How long ``fn`` took and the RuntimeCommError it raised (None: none; any other error is named as such)."""
+    t0 = time.monotonic()
+    try:
+        fn()
+        error = None
+    except RuntimeCommError as exc:
+        error = str(exc)
+    except Exception as exc:
+        error = f"not a RuntimeCommError: {exc!r}"
+    return {"elapsed_s": time.monotonic() - t0, "error": error}
+
+
 def _fault_scenario(rank: int, world: int) -> dict[str, Any]:
     """Rank 1 first hangs (never issues), then issues a large op and exits in the middle of it."""
     hung = Collectives(timeout_s=2.0, ring=True)
@@ -341,24 +354,13 @@ def _fault_scenario(rank: int, world: int) -> dict[str, Any]:
         dying.reduce_scatter(flat, shard)
         os._exit(1)
 
-    def outcome(fn: Callable[[], None]) -> dict[str, Any]:
-        t0 = time.monotonic()
-        try:
-            fn()
-            error = None
-        except RuntimeCommError as exc:
-            error = str(exc)
-        except Exception as exc:
-            error = f"not a RuntimeCommError: {exc!r}"
-        return {"elapsed_s": time.monotonic() - t0, "error": error}
-
     small = torch.ones(world * 1000)
     h = hung.reduce_scatter(small, torch.empty(1000))
-    out = {"wait_bounded_by_caller": outcome(lambda: h.wait(timeout_s=0.5))}
-    out["wait_bounded_by_timeout_s"] = outcome(h.wait)
-    out["queued_after_failure"] = outcome(hung.all_gather(torch.ones(1000), small).wait)
-    out["dead_peer_ring"] = outcome(dying.reduce_scatter(flat, shard).wait)
-    out["dead_peer_backend"] = outcome(dying.all_reduce(torch.ones(1000)).wait)
+    out = {"wait_bounded_by_caller": _outcome(lambda: h.wait(timeout_s=0.5))}
+    out["wait_bounded_by_timeout_s"] = _outcome(h.wait)
+    out["queued_after_failure"] = _outcome(hung.all_gather(torch.ones(1000), small).wait)
+    out["dead_peer_ring"] = _outcome(dying.reduce_scatter(flat, shard).wait)
+    out["dead_peer_backend"] = _outcome(dying.all_reduce(torch.ones(1000)).wait)
     return out
 
 

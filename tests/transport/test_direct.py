@@ -21,9 +21,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from test_collectives import GROUP_TIMEOUT_S, _spawn
+from test_collectives import GROUP_TIMEOUT_S, _outcome, _spawn
 
-from commsched.errors import RuntimeCommError
 from commsched.transport import TransportOptions
 from commsched.transport import direct as D
 from commsched.transport.collectives import Collectives
@@ -129,17 +128,6 @@ def test_strangers_are_rejected_the_mesh_opens_and_binds_where_told() -> None:
 def _faults_scenario(rank: int, world: int) -> dict[str, Any]:
     """Rank 1 first sends a frame out of sequence, then stays silent, then exits."""
 
-    def outcome(fn: Any) -> dict[str, Any]:
-        t0 = time.monotonic()
-        try:
-            fn()
-            error = None
-        except RuntimeCommError as exc:
-            error = str(exc)
-        except Exception as exc:
-            error = f"not a RuntimeCommError: {exc!r}"
-        return {"elapsed_s": time.monotonic() - t0, "error": error}
-
     out: dict[str, Any] = {}
     garbled = Collectives(dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=False)
     hung = Collectives(dist.new_group(), timeout_s=2.0, ring=False)
@@ -150,12 +138,12 @@ def _faults_scenario(rank: int, world: int) -> dict[str, Any]:
         time.sleep(4.0)
         os._exit(1)  # without a frame for ``dying``
     first = garbled.all_reduce(torch.ones(10))
-    out["out_of_sequence"] = outcome(first.wait)
-    out["after_it"] = outcome(garbled.all_reduce(torch.ones(10)).wait)
+    out["out_of_sequence"] = _outcome(first.wait)
+    out["after_it"] = _outcome(garbled.all_reduce(torch.ones(10)).wait)
     handle = hung.all_reduce(torch.ones(10))
-    out["bounded_by_caller"] = outcome(lambda: handle.wait(timeout_s=0.5))
-    out["bounded_by_timeout_s"] = outcome(hung.all_reduce(torch.ones(10)).wait)
-    out["dead_peer"] = outcome(dying.all_reduce(torch.ones(100)).wait)
+    out["bounded_by_caller"] = _outcome(lambda: handle.wait(timeout_s=0.5))
+    out["bounded_by_timeout_s"] = _outcome(hung.all_reduce(torch.ones(10)).wait)
+    out["dead_peer"] = _outcome(dying.all_reduce(torch.ones(100)).wait)
     return out
 
 
