@@ -81,6 +81,8 @@ __all__ = ["DIRECT_MAX_BYTES", "DirectAllReduce", "DirectHandle"]
 #: connections (``(world - 1) ·`` the buffer's bytes): 1 MiB, where the exchange of 2 ranks still took 0.30x
 #: gloo's CPU (above) and the all-to-all's extra bytes cost little beside the ring's ``2 (world - 1)`` steps.
 DIRECT_MAX_BYTES = 1 << 20
+#: The most scratch memory kept between ops (beyond one op's own, whatever its size).
+SCRATCH_CAP_BYTES = 256 << 20
 #: A frame's header: magic, sequence number of the op, payload bytes (network byte order).
 FRAME = struct.Struct("!4sQQ")
 MAGIC = b"CSA1"
@@ -329,11 +331,14 @@ class DirectAllReduce:
         flat.copy_(total)
 
     def _scratch_for(self, peer: int, flat: torch.Tensor) -> torch.Tensor:
+        """Memory to read ``peer``'s frame into, kept for the next op of that size (a plan repeats its sizes
+        every iteration; a fresh large tensor costs its page faults again); at most :data:`SCRATCH_CAP_BYTES`
+        kept beside the one in use."""
         key = (peer, flat.dtype, flat.numel())
         scratch = self._scratch.get(key)
         if scratch is None:
-            if len(self._scratch) > 64 * max(len(self.peers), 1):  # bounded: a plan's buffers, a few sizes each
-                self._scratch.clear()
+            if sum(t.nbytes for t in self._scratch.values()) + flat.nbytes > SCRATCH_CAP_BYTES:
+                self._scratch.clear()  # e.g. after a plan switch: the old plan's sizes
             scratch = self._scratch[key] = torch.empty_like(flat)
         return scratch
 
