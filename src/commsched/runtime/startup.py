@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from commsched.errors import RuntimeCommError
-from commsched.transport import Collectives, TransportOptions
+from commsched.transport import Collectives
 from commsched.transport.groups import release_groups
 
 
@@ -143,31 +143,21 @@ def peers(what: str) -> Iterator[None]:
         raise RuntimeCommError(f"{what} failed, a peer may have crashed or hung: {exc}") from exc
 
 
-def tiny_allreduces(
-    group: dist.ProcessGroup,
-    repeats: int,
-    device: torch.device,
-    timeout_s: float,
-    options: TransportOptions | None = None,
-) -> list[tuple[float, float]]:
-    """``(seconds, CPU seconds)`` of ``repeats`` all-reduces of one element on ``group``, taken the way the
-    plan's all-reduces take them (:class:`~commsched.transport.Collectives`: on gloo, CPU tensors, over the
-    direct connections of :mod:`commsched.transport.direct`, opened for this and closed after); collective:
-    every rank calls it. CPU time is this process's, every thread (``time.process_time``)."""
+def tiny_allreduces(coll: Collectives, repeats: int, device: torch.device) -> list[tuple[float, float]]:
+    """``(seconds, CPU seconds)`` of ``repeats`` all-reduces of one element on ``coll``, the collectives the
+    plan's tasks run on (on gloo with CPU tensors, over the direct connections of
+    :mod:`commsched.transport.direct`); collective: every rank calls it with nothing else in flight. CPU time is
+    this process's, every thread (``time.process_time``)."""
     one = torch.zeros(1, device=device)
     out = []
     with peers("timing a one-element all-reduce"):
-        coll = Collectives(group, timeout_s=timeout_s, ring=False, options=options)
-        try:
-            coll.all_reduce(one).wait()  # connections warm
-            for _ in range(repeats):
-                start, cpu = time.perf_counter(), time.process_time()
-                coll.all_reduce(one).wait()
-                if one.is_cuda:
-                    torch.cuda.synchronize(device)
-                out.append((time.perf_counter() - start, time.process_time() - cpu))
-        finally:
-            coll.close()
+        coll.all_reduce(one).wait()  # connections warm
+        for _ in range(repeats):
+            start, cpu = time.perf_counter(), time.process_time()
+            coll.all_reduce(one).wait()
+            if one.is_cuda:
+                torch.cuda.synchronize(device)
+            out.append((time.perf_counter() - start, time.process_time() - cpu))
     return out
 
 

@@ -45,8 +45,8 @@ from commsched.schedule import (
     reference_plan,
     updating_like,
 )
-from commsched.schedule.base import PS_TRANSPORT
-from commsched.transport.base import HOST_MEMORY, check_transports
+from commsched.schedule.base import COLLECTIVE, PS_TRANSPORT
+from commsched.transport.base import HOST_MEMORY, CollectiveTransport, check_transports
 from commsched.workload import Workload
 
 if TYPE_CHECKING:
@@ -86,8 +86,10 @@ def replan_after_warmup(engine: Engine) -> None:
     """After the warm-up: rank 0 plans from what it measured and sends the plan to every rank."""
     payload: list[Any] = [None]
     if engine.world > 1 and engine.network is None:  # the per-message cost: a few one-element all-reduces
-        device, options = engine._params[0].device, engine._transport_options
-        for wall_s, cpu_s in startup.tiny_allreduces(engine.groups.sync, 5, device, engine.timeout_s, options):
+        warmup_transport = engine._transport(COLLECTIVE)  # the warm-up's plan all-reduces every gradient
+        assert isinstance(warmup_transport, CollectiveTransport)
+        coll, device = warmup_transport.collectives, engine._params[0].device
+        for wall_s, cpu_s in startup.tiny_allreduces(coll, 5, device):
             engine.recorder.latency_s.append(wall_s)
             engine.recorder.latency_cpu_s.append(cpu_s)
         if isinstance(engine.planner, AutoPlanner):  # and the transports whose CPU work the search prices apart

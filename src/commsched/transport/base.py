@@ -112,27 +112,28 @@ class Transport(Protocol):
 class CollectiveTransport:
     """gloo/NCCL collectives: all-reduce in place; reduce-scatter ``flat`` → ``shard``; all-gather back."""
 
-    __slots__ = ("_coll",)
+    __slots__ = ("collectives",)
 
     def __init__(
         self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions | None = None
     ) -> None:
-        self._coll = Collectives(group, timeout_s=timeout_s, options=options)
+        #: the collectives the tasks run on (the warm-up times its per-message cost on them too)
+        self.collectives = Collectives(group, timeout_s=timeout_s, options=options)
 
     def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
         if task.kind == "all_reduce":
-            return self._coll.all_reduce(buffer.flat)
+            return self.collectives.all_reduce(buffer.flat)
         if buffer.shard is None or task.kind not in ("reduce_scatter", "all_gather"):
             raise UnsupportedError(
                 f"transport {COLLECTIVE!r}: cannot run task {task.name!r} of kind {task.kind!r}; "
                 "it runs all_reduce, reduce_scatter and all_gather"
             )
         if task.kind == "reduce_scatter":
-            return self._coll.reduce_scatter(buffer.flat, buffer.shard)
-        return self._coll.all_gather(buffer.shard, buffer.flat)
+            return self.collectives.reduce_scatter(buffer.flat, buffer.shard)
+        return self.collectives.all_gather(buffer.shard, buffer.flat)
 
     def close(self) -> None:
-        self._coll.close()
+        self.collectives.close()
 
 
 def _parameter_server(group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions) -> Transport:

@@ -116,6 +116,8 @@ class DirectHandle:
         self._owner.complete_through(self._op, timeout_s)
 
     def is_completed(self) -> bool:
+        """True once a ``wait()`` (of this op or a later one) completed it: the peers' frames are read by
+        whoever waits, so an op nobody waits for stays incomplete."""
         return self._op.done.is_set()
 
 
