@@ -26,6 +26,11 @@ the same ranks sharing the same CPUs:
   300 Mbit/s, because the per-task cost they give (0.62 ms) is below the
   probe's CPU per all-reduce (1.65 ms), which the simulator charges
   otherwise, and the policies of many small messages came out faster still.
+  Tried again over every saved report, with a reduce-scatter or all-gather
+  charged per MiB for half its buffer (BENCHMARKS.md, "Where the policies
+  of many messages lose time unshaped"): better in the five sessions of
+  the runtime's own all-reduce connections (11.9 to 6.5 % on resnet5m
+  unshaped), worse over all 263 predictions (median 6.8 to 7.5 %).
 
 :func:`predict_session` then runs :func:`commsched.bench.validate.predict` (the
 simulator with the runtime's gloo options) for every policy of the session
