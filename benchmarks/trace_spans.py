@@ -30,24 +30,13 @@ messages cost compute.
 from __future__ import annotations
 
 import argparse
-import gzip
 import itertools
-import json
 import statistics
 from pathlib import Path
-from typing import Any
 
 from commsched.trace import COMM_KINDS, Trace, TraceEvent
 
 COLUMNS = ("fwd+bwd", "forward", "backward", "tail", "to next")
-
-
-def load(path: Path) -> Trace:
-    """A trace from a Chrome (or native) trace file, gzipped or not."""
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    data: dict[str, Any] = json.loads(text)
-    native = data.get("commsched", data) if "traceEvents" in data else data
-    return Trace([TraceEvent(**e) for e in native.get("events", [])], dict(native.get("meta", {})))
 
 
 def spans(trace: Trace, skip: int) -> dict[int, dict[str, float]]:
@@ -84,7 +73,7 @@ def table(paths: list[Path], skip: int) -> str:
     header = "| trace | rank | " + " | ".join(f"{c} ms" for c in COLUMNS) + " |"
     lines = [header, "|---|---:" + "|---:" * len(COLUMNS) + "|"]
     for path in paths:
-        trace = load(path)
+        trace = Trace.load(path)
         label = str(trace.meta.get("policy") or path.name)
         for rank, cells in spans(trace, skip).items():
             lines.append(f"| {label} | {rank} | " + " | ".join(f"{cells[c]:.1f}" for c in COLUMNS) + " |")

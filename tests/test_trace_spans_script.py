@@ -36,7 +36,7 @@ def test_each_rank_s_spans_are_the_medians_of_its_iterations(
     _trace(5.0).save_chrome(plain)
     zipped.write_bytes(gzip.compress(plain.read_bytes()))
     for path in (plain, zipped):
-        got = spans.spans(spans.load(path), skip=1)
+        got = spans.spans(Trace.load(path), skip=1)
         assert sorted(got) == [0, 1]
         assert got[1] == pytest.approx({"fwd+bwd": 70.0, "forward": 30.0, "backward": 40.0, "tail": 10.0,
                                         "to next": 20.0})  # fmt: skip

@@ -12,6 +12,7 @@ Times are seconds from the start of the run.
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -77,7 +78,9 @@ class Trace:
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        data = json.loads(Path(path).read_text())
+        """A trace saved by :meth:`save` or :meth:`save_chrome`, gzipped where its name ends in ``.gz``."""
+        path = Path(path)
+        data = json.loads(gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_text())
         if "traceEvents" in data:  # a Chrome trace written by to_chrome
             data = data.get("commsched", {})
         return cls([TraceEvent(**e) for e in data.get("events", [])], dict(data.get("meta", {})))
