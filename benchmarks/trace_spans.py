@@ -46,14 +46,16 @@ def spans(trace: Trace, skip: int) -> dict[int, dict[str, float]]:
         per.setdefault((e.worker, e.iteration), []).append(e)
     ranks = sorted({w for w, _ in per})
     iterations = sorted({i for _, i in per if i >= skip and all((w, i) in per for w in ranks)})
+    for w in ranks:
+        for i in iterations:
+            if not {"forward", "backward"} <= {e.kind for e in per[(w, i)]}:
+                raise SystemExit(f"rank {w}, iteration {i}: the trace has no forward or no backward there")
     rows: dict[int, dict[str, list[float]]] = {w: {c: [] for c in COLUMNS} for w in ranks}
     for i, nxt in itertools.pairwise(iterations):
         for w in ranks:
             events = per[(w, i)]
             backward = [e for e in events if e.kind == "backward"]
             forward = [e for e in events if e.kind == "forward"]
-            if not backward or not forward:
-                raise SystemExit(f"rank {w}, iteration {i}: the trace has no forward or no backward there")
             start = min(e.start_s for e in forward)
             end = max(e.end_s for e in backward)
             last = max((e.end_s for e in events if e.kind in COMM_KINDS), default=end)

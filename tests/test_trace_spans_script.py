@@ -51,7 +51,8 @@ def test_a_trace_without_a_backward_is_refused_naming_rank_and_iteration(
     script_loader: Callable[[str], ModuleType],
 ) -> None:
     spans = script_loader("benchmarks/trace_spans.py")
-    trace = _trace(0.0)
-    trace.events = [e for e in trace.events if not (e.kind == "backward" and e.worker == 1 and e.iteration == 2)]
-    with pytest.raises(SystemExit, match="rank 1, iteration 2"):
-        spans.spans(trace, skip=0)
+    for kind, iteration in (("backward", 2), ("forward", 3)):  # the last iteration has no next: checked too
+        trace = _trace(0.0)
+        trace.events = [e for e in trace.events if (e.kind, e.worker, e.iteration) != (kind, 1, iteration)]
+        with pytest.raises(SystemExit, match=f"rank 1, iteration {iteration}"):
+            spans.spans(trace, skip=0)
