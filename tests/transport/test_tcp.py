@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_collectives import _outcome
 
 from commsched.errors import RuntimeCommError
 from commsched.schedule.base import CommTask, Segment
@@ -246,23 +247,12 @@ def _fault_scenario(rank: int, world: int) -> dict[str, Any]:
         time.sleep(3.0)
         os._exit(1)
 
-    def outcome(fn: Callable[[], None]) -> dict[str, Any]:
-        t0 = time.monotonic()
-        try:
-            fn()
-            error = None
-        except RuntimeCommError as exc:
-            error = str(exc)
-        except Exception as exc:
-            error = f"not a RuntimeCommError: {exc!r}"
-        return {"elapsed_s": time.monotonic() - t0, "error": error}
-
     h = hung.start(_task(0, "push", 1000), TaskBuffer(torch.ones(1000)))
-    out = {"hung": outcome(lambda: h.wait())}
+    out = {"hung": _outcome(lambda: h.wait())}
     big = torch.ones(2**22)
     d = dying.start(_task(0, "push", big.numel()), TaskBuffer(big))
-    out["dead"] = outcome(lambda: d.wait())
-    out["close"] = outcome(dying.close)
+    out["dead"] = _outcome(lambda: d.wait())
+    out["close"] = _outcome(dying.close)
     return out
 
 
