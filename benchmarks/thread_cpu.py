@@ -1,4 +1,4 @@
-"""Each thread's CPU per timed iteration, per configuration and rank, from a ``commsched bench`` report.
+"""Each thread's CPU and wait for a core per timed iteration, per configuration and rank, of a bench report.
 
     python benchmarks/thread_cpu.py benchmarks/results/RUN/bench.json
 
@@ -8,7 +8,9 @@ name: the training thread; ``cs-*``: the runtime's own threads, in reports
 made since they are named; ``gloo_tcp_loop``: gloo's socket loops;
 ``pt_gloo_runloop``: its work threads), beside the iteration time. Reports
 made before the bench recorded threads (no ``thread_cpu_ms``) print nothing
-for those runs.
+for those runs. Reports that recorded each thread's run-queue delay
+(``thread_wait_ms``: time runnable while other threads held the cores) get a
+second table of those.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from typing import Any
 from commsched.bench.report import shaping
 
 
-def table(session: dict[str, Any]) -> str:
-    """The Markdown table of one session (configurations without thread readings left out)."""
+def table(session: dict[str, Any], key: str = "thread_cpu_ms", what: str = "CPU ms per iteration") -> str:
+    """The Markdown table of one session's ``key`` readings (configurations without them left out)."""
     rows = []
     for name, runs in session["runs"].items():
-        readings = [r["thread_cpu_ms"] for r in runs if r.get("thread_cpu_ms")]
+        readings = [r[key] for r in runs if r.get(key)]
         if not readings:
             continue
         world = len(readings[0])
@@ -40,7 +42,7 @@ def table(session: dict[str, Any]) -> str:
     if not rows:
         return ""
     world = rows[0].count("|") - 3
-    head = "| configuration | iter ms | " + " | ".join(f"rank {r}: CPU ms per iteration" for r in range(world)) + " |"
+    head = "| configuration | iter ms | " + " | ".join(f"rank {r}: {what}" for r in range(world)) + " |"
     return "\n".join([head, "|---" * (world + 2) + "|", *rows])
 
 
@@ -53,6 +55,9 @@ def main() -> None:
             text = table(session)
             if text:
                 print(f"**links {shaping(session)}**\n\n{text}\n")
+            waits = table(session, "thread_wait_ms", "ms per iteration waiting for a core")
+            if waits:
+                print(f"**links {shaping(session)}**, waiting for a core\n\n{waits}\n")
 
 
 if __name__ == "__main__":

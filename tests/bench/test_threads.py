@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from commsched.bench.threads import per_iteration_ms, thread_cpu_s
+from commsched.bench.threads import per_iteration_ms, thread_cpu_s, thread_wait_s
 
 
 def test_per_iteration_sums_threads_of_one_name_and_divides_by_the_iterations() -> None:
@@ -29,3 +32,31 @@ def test_the_calling_threads_spin_shows_in_the_readings() -> None:
     after = thread_cpu_s()
     assert after and all(key.rsplit(":", 1)[1].isdigit() for key in after), after  # name:tid
     assert sum(per_iteration_ms(before, after, 1).values()) >= 280.0  # 300 ms spun, read in ticks of 10 ms
+
+
+_CONTENDED = """
+import os, subprocess, sys, time
+from commsched.bench.threads import per_iteration_ms, thread_wait_s
+cpu = min(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpu})
+rival = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {%d})\\nwhile True: pass" % cpu])
+try:
+    time.sleep(0.2)  # the rival spinning on the same core
+    before = thread_wait_s()
+    start = time.thread_time()
+    while time.thread_time() - start < 0.3:
+        pass
+    print(sum(per_iteration_ms(before, thread_wait_s(), 1).values()))
+finally:
+    rival.kill()
+"""
+
+
+def test_a_thread_sharing_its_core_with_a_spinning_process_shows_its_wait() -> None:
+    if not Path("/proc/self/schedstat").exists():
+        pytest.skip("this kernel keeps no scheduler statistics (/proc/self/schedstat)")
+    quiet = thread_wait_s()
+    assert quiet and all(v >= 0 for v in quiet.values()), quiet
+    done = subprocess.run([sys.executable, "-c", _CONTENDED], capture_output=True, text=True, timeout=60, check=True)
+    # 300 ms of CPU on a core shared with a spinner: the scheduler keeps it waiting about as long
+    assert float(done.stdout) >= 100.0, done.stdout
