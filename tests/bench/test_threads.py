@@ -60,3 +60,22 @@ def test_a_thread_sharing_its_core_with_a_spinning_process_shows_its_wait() -> N
     done = subprocess.run([sys.executable, "-c", _CONTENDED], capture_output=True, text=True, timeout=60, check=True)
     # 300 ms of CPU on a core shared with a spinner: the scheduler keeps it waiting about as long
     assert float(done.stdout) >= 100.0, done.stdout
+
+
+def test_a_pinned_worker_and_the_threads_it_starts_run_on_its_core_alone() -> None:
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip(f"needs 2 cores to tell rank 1's apart, this process may use {cores}")
+    code = (
+        "import os, threading\n"
+        "from commsched.bench.worker import pin_to_core\n"
+        "core = pin_to_core(1)\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))\n"
+        "t.start(); t.join()\n"
+        "print(core, sorted(os.sched_getaffinity(0)), seen[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split(maxsplit=1) == [str(cores[1]), f"[{cores[1]}] [{cores[1]}]\n"], done.stdout

@@ -130,3 +130,16 @@ def test_the_links_mtu_reaches_the_config_and_is_refused_with_plan_or_out_of_ran
     assert result.exit_code == 2 and "--mtu" in result.output and "100" in result.output
     result = CliRunner().invoke(cli, ["bench", "--plan", "auto", "--mtu", "9000", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--mtu" in result.output and not started[1:]
+
+
+def test_pinned_cores_reach_the_config_and_are_refused_beyond_the_cores_or_with_plan(
+    started: list[Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})  # a 2-core machine
+    base = ["bench", "--isolation", "loopback", "--policies", "ddp", "--out", str(tmp_path), "--pin-cores"]
+    result = CliRunner().invoke(cli, [*base, "--workers", "2"])
+    assert isinstance(result.exception, Started) and started[-1].pin_cores
+    result = CliRunner().invoke(cli, [*base, "--workers", "3"])
+    assert result.exit_code == 2 and "--pin-cores" in result.output and "3 workers" in result.output, result.output
+    result = CliRunner().invoke(cli, ["bench", "--plan", "auto", "--pin-cores", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--pin-cores" in result.output and len(started) == 1, result.output

@@ -7,6 +7,7 @@ a commsched policy profiles its warm-up iterations, then switches to its plan
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ class BenchConfig:
     references: bool = True
     ddp_grid: bool = True
     probe: bool = True
+    pin_cores: bool = False  # worker r's process on core r alone (every thread of it)
     validate: bool = False
     isolation: Isolation = "auto"
     mtu_bytes: int = 1500  # every veth's MTU; a datagram transport (dlcp) cuts its datagrams to it
@@ -77,6 +79,11 @@ class BenchConfig:
         if not self.shapes:
             raise ValueError("shapes: need at least one link shaping")
         check_mtu("mtu", self.mtu_bytes)
+        if self.pin_cores and self.workers > len(os.sched_getaffinity(0)):
+            raise ValueError(
+                f"pin_cores: {self.workers} workers need a core each; this process may run on "
+                f"{len(os.sched_getaffinity(0))} core(s)"
+            )
 
     def notes(self) -> list[str]:
         """What a reader of this configuration's results should know (nothing wrong with it)."""

@@ -35,6 +35,7 @@ class Job:
     threads: int = 1
     comm_timeout_s: float = 60.0
     mtu_bytes: int = 1500  # the links' MTU: a datagram transport's datagrams are cut to it
+    pin_cores: bool = False  # rank r runs on the r-th core this process may use, every thread of it
     trace_repeat: int = 0
     fail: dict[str, Any] | None = None  # {"rank", "policy", "step"}: that rank dies there (tests)
     curve_global_batch: int = 0  # calibrate: > 0 times each rank's batch curve around its share of it

@@ -170,6 +170,7 @@ def run_bench(
             "threads": config.threads,
             "comm_timeout_s": config.comm_timeout_s,
             "mtu_bytes": config.mtu_bytes,
+            "pin_cores": config.pin_cores,
         }
         launch = 0
 

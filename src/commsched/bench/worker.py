@@ -289,6 +289,13 @@ def _session(job: Job, rank: int, world: int) -> dict[str, Any]:
     return {"rank": rank, "world": world, "runs": runs}
 
 
+def pin_to_core(rank: int) -> int:
+    """Run this process, and the threads it starts from now on, on the ``rank``-th core it may use; that core."""
+    core = sorted(os.sched_getaffinity(0))[rank]
+    os.sched_setaffinity(0, {core})
+    return core
+
+
 def main() -> None:
     job = Job(**json.loads(Path(sys.argv[1]).read_text()))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -297,6 +304,8 @@ def main() -> None:
     handler.setFormatter(logging.Formatter(f"[%(asctime)s rank {rank}] %(message)s"))
     logging.getLogger("commsched").addHandler(handler)
     logging.getLogger("commsched").setLevel(logging.INFO)
+    if job.pin_cores:  # before any thread starts: they inherit it
+        pin_to_core(rank)
     torch.set_num_threads(job.threads)
     out = Path(job.out)
     if job.task == "compute_alone":

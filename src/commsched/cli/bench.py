@@ -94,6 +94,12 @@ def _refuse_what_cannot_be_built(shapes: tuple[LinkShape, ...], isolation: str) 
 @click.option("--no-references", is_flag=True, help="skip compute-alone and all-reduce-alone")
 @click.option("--no-probe", is_flag=True, help="skip the TCP throughput/RTT check of each shaping")
 @click.option(
+    "--pin-cores",
+    is_flag=True,
+    help="pin worker r's process, every thread of it, to core r (one core each; needs a core per worker); "
+    "off: the workers share every core",
+)
+@click.option(
     "--validate",
     is_flag=True,
     help="before each session, measure the links (α-β) and the model's per-layer compute on this testbed, "
@@ -158,6 +164,7 @@ def command(
     ddp_grid: bool,
     no_references: bool,
     no_probe: bool,
+    pin_cores: bool,
     validate: bool,
     mtu: int,
     isolation: str,
@@ -201,6 +208,8 @@ def command(
     if plan is not None:
         if mtu != 1500:
             raise click.BadParameter("--plan runs use 1500-byte links; leave --mtu out", param_hint="'--mtu'")
+        if pin_cores:
+            raise click.BadParameter("--plan sets each worker's CPU itself (--worker-cpu)", param_hint="'--pin-cores'")
         bench_plan.run(
             plan=plan,
             model=model,
@@ -251,6 +260,7 @@ def command(
             references=not no_references,
             ddp_grid=ddp_grid,
             probe=not no_probe,
+            pin_cores=pin_cores,
             validate=validate,
             isolation=isolation,  # type: ignore[arg-type]
             mtu_bytes=mtu,
@@ -258,7 +268,7 @@ def command(
         )
     except ValueError as exc:  # "field: problem"; the fields are named after the options
         field, _, problem = str(exc).partition(": ")
-        option = f"--{field}"
+        option = f"--{field.replace('_', '-')}"
         if any(option in param.opts for param in click.get_current_context().command.params):
             raise click.BadParameter(problem, param_hint=f"'{option}'") from None
         raise click.UsageError(str(exc)) from None
