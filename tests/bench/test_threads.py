@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -63,8 +64,6 @@ def test_a_thread_sharing_its_core_with_a_spinning_process_shows_its_wait() -> N
 
 
 def test_a_pinned_worker_and_the_threads_it_starts_run_on_its_core_alone() -> None:
-    import os
-
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         pytest.skip(f"needs 2 cores to tell rank 1's apart, this process may use {cores}")

@@ -33,10 +33,10 @@ def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str
         for key in ("max_param_diff", "max_param_abs", "max_param_moved", "replica_spread", "plan", "trials", "again"):
             if key in run0:
                 run[key] = run0[key]
-        if "thread_cpu_ms" in run0:  # per rank: CPU ms per timed iteration of each thread name
-            run["thread_cpu_ms"] = [r.get("thread_cpu_ms") for r in per_rank]
-        if "thread_wait_ms" in run0:  # per rank: ms per timed iteration each thread name waited for a core
-            run["thread_wait_ms"] = [r.get("thread_wait_ms") for r in per_rank]
+        # per rank, ms per timed iteration of each thread name: its CPU, and its wait for a core
+        for key in ("thread_cpu_ms", "thread_wait_ms"):
+            if key in run0:
+                run[key] = [r.get(key) for r in per_rank]
         runs.setdefault(run0["name"], []).append(run)
     summary = {
         name: _summarise(rs, world if name != "compute_alone" else 1, batch, warmup) for name, rs in runs.items()

@@ -79,10 +79,10 @@ class BenchConfig:
         if not self.shapes:
             raise ValueError("shapes: need at least one link shaping")
         check_mtu("mtu", self.mtu_bytes)
-        if self.pin_cores and self.workers > len(os.sched_getaffinity(0)):
+        cores = len(os.sched_getaffinity(0))
+        if self.pin_cores and self.workers > cores:
             raise ValueError(
-                f"pin_cores: {self.workers} workers need a core each; this process may run on "
-                f"{len(os.sched_getaffinity(0))} core(s)"
+                f"pin_cores: {self.workers} workers need a core each; this process may run on {cores} core(s)"
             )
 
     def notes(self) -> list[str]:
