@@ -8,7 +8,8 @@ thread) and both talk over loopback. The configurations take turns in blocks
 falls on all of them alike. Per timed iteration (after ``--warmup``): wall
 time, the process's CPU time (every thread), the training thread's CPU time,
 and forward / backward / step; per block, the CPU each thread of the process
-used (``/proc/self/task/*/stat``, summed by thread name: the interpreter's
+used (``/proc/self/task/*/stat``) and how often it blocked (voluntary
+context switches, ``status``: each a wake-up to come), summed by thread name: the interpreter's
 name is the training thread, ``cs-*`` the runtime's own threads,
 ``gloo_tcp_loop`` gloo's socket loops, ``pt_gloo_runloop`` its work
 threads; :mod:`commsched.bench.threads`), per iteration. Medians
@@ -37,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
 
-from commsched.bench.threads import per_iteration_ms, thread_cpu_s
+from commsched.bench.threads import per_iteration, per_iteration_ms, thread_cpu_s, thread_sleeps
 
 PHASES = ("wall", "cpu", "thread", "forward", "backward", "step")
 
@@ -62,13 +63,15 @@ def _rank(rank: int, args: argparse.Namespace, out: Path) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2)
     data = [synthetic_batch(args.model, args.batch, 0, rank, step) for step in range(4)]
     configs = args.configs.split(",")
-    result: dict[str, Any] = {c: {"times_s": {p: [] for p in PHASES}, "threads_ms": []} for c in configs}
+    result: dict[str, Any] = {
+        c: {"times_s": {p: [] for p in PHASES}, "threads_ms": [], "threads_sleeps": []} for c in configs
+    }
     for block in range(args.blocks):
         for name in configs:
             model = build_model(args.model, 0)
             wrapped, opt = _wrap(name, model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
             times = result[name]["times_s"]
-            before = thread_cpu_s()
+            before, slept = thread_cpu_s(), thread_sleeps()
             for it in range(args.warmup + args.iters):
                 x, y = data[it % len(data)]
                 t0, c0, th0 = time.perf_counter(), time.process_time(), time.thread_time()
@@ -80,7 +83,7 @@ def _rank(rank: int, args: argparse.Namespace, out: Path) -> None:
                 opt.zero_grad()
                 t3 = time.perf_counter()
                 if it == args.warmup - 1:
-                    before = thread_cpu_s()
+                    before, slept = thread_cpu_s(), thread_sleeps()
                 if it >= args.warmup:
                     for phase, seconds in zip(
                         PHASES,
@@ -89,6 +92,7 @@ def _rank(rank: int, args: argparse.Namespace, out: Path) -> None:
                     ):
                         times[phase].append(seconds)
             result[name]["threads_ms"].append(per_iteration_ms(before, thread_cpu_s(), args.iters))
+            result[name]["threads_sleeps"].append(per_iteration(slept, thread_sleeps(), args.iters))
             close = getattr(wrapped, "close", None)
             if close is not None:
                 close()
@@ -104,16 +108,25 @@ def _rank(rank: int, args: argparse.Namespace, out: Path) -> None:
 
 
 def summary(report: dict[str, Any]) -> str:
-    """Rank 0's medians as a Markdown table, and the CPU per thread name (median over blocks)."""
+    """Rank 0's medians as a Markdown table, with the CPU per thread name and, where the run counted them, the
+    sleeps per thread name (medians over blocks)."""
+    counted = all(r.get("threads_sleeps") for r in report["results"].values())
     lines = ["| configuration | " + " | ".join(f"{p} ms" for p in PHASES) + " | CPU per thread, ms per iteration |"]
-    lines.append("|---" * (len(PHASES) + 2) + "|")
+    lines[0] += " sleeps per thread per iteration |" if counted else ""
+    lines.append("|---" * (len(PHASES) + 2 + counted) + "|")
     for name, r in report["results"].items():
         cells = [f"{1e3 * statistics.median(r['times_s'][p]):.1f}" for p in PHASES]
-        names = sorted({n for block in r["threads_ms"] for n in block})
-        cpu = {n: statistics.median(block.get(n, 0.0) for block in r["threads_ms"]) for n in names}
-        threads = ", ".join(f"{n} {ms:.1f}" for n, ms in sorted(cpu.items(), key=lambda kv: -kv[1]) if ms > 0)
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {threads} |")
+        threads = _per_name(r["threads_ms"])
+        sleeps = f" {_per_name(r['threads_sleeps'])} |" if counted else ""
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {threads} |" + sleeps)
     return "\n".join(lines)
+
+
+def _per_name(blocks: list[dict[str, float]]) -> str:
+    """Each thread name's median over ``blocks``, largest first, as ``name value``."""
+    names = sorted({n for block in blocks for n in block})
+    median = {n: statistics.median(block.get(n, 0.0) for block in blocks) for n in names}
+    return ", ".join(f"{n} {v:.1f}" for n, v in sorted(median.items(), key=lambda kv: -kv[1]) if v > 0)
 
 
 def main() -> None:

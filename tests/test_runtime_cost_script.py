@@ -21,7 +21,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_a_tiny_run_times_every_phase_and_every_thread_of_both_configurations(tmp_path: Path) -> None:
+def test_a_tiny_run_times_every_phase_and_counts_every_threads_cpu_and_sleeps_in_both_configurations(
+    tmp_path: Path,
+) -> None:
     out = tmp_path / "cost.json"
     argv = [sys.executable, str(ROOT / "benchmarks" / "runtime_cost.py"), "--configs", "torch,ddp",
             "--model", "cnn", "--iters", "3", "--warmup", "3", "--blocks", "2", "--port", str(_free_port()),
@@ -34,6 +36,10 @@ def test_a_tiny_run_times_every_phase_and_every_thread_of_both_configurations(tm
         assert all(len(v) == 3 * 2 and all(t > 0 for t in v) for v in r["times_s"].values()), name
         blocks = r["threads_ms"]  # the training thread's name is the interpreter's: python, python3, ...
         assert len(blocks) == 2 and all(any(n.startswith("python") for n in block) for block in blocks), name
+        assert len(r["threads_sleeps"]) == 2, name
+    # the runtime's watcher blocks at least once per iteration, waiting for the all-reduce
+    assert all(block["cs-watch-r0"] >= 1 for block in results["ddp"]["threads_sleeps"]), results["ddp"]
+    assert "sleeps per thread per iteration" in done.stdout
     assert "| torch |" in done.stdout and "| ddp |" in done.stdout
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from commsched.bench.threads import per_iteration_ms, thread_cpu_s, thread_wait_s
+from commsched._threads import daemon_thread
+from commsched.bench.threads import per_iteration, per_iteration_ms, thread_cpu_s, thread_sleeps, thread_wait_s
 
 
 def test_per_iteration_sums_threads_of_one_name_and_divides_by_the_iterations() -> None:
@@ -33,6 +35,31 @@ def test_the_calling_threads_spin_shows_in_the_readings() -> None:
     after = thread_cpu_s()
     assert after and all(key.rsplit(":", 1)[1].isdigit() for key in after), after  # name:tid
     assert sum(per_iteration_ms(before, after, 1).values()) >= 280.0  # 300 ms spun, read in ticks of 10 ms
+
+
+def test_a_thread_that_sleeps_shows_each_sleep_and_one_that_spins_hardly_any() -> None:
+    slept, read = threading.Event(), threading.Event()
+
+    def sleep_fifty_times() -> None:
+        for _ in range(50):
+            time.sleep(0.002)  # blocks: one voluntary switch each
+        slept.set()
+        read.wait(30)
+
+    sleeper = daemon_thread(sleep_fifty_times, "commsched-sleeper")
+    before = thread_sleeps()
+    sleeper.start()
+    start = time.thread_time()
+    while time.thread_time() - start < 0.05:  # this thread spins meanwhile, never blocking
+        pass
+    assert slept.wait(30)
+    after = thread_sleeps()
+    read.set()
+    sleeper.join()
+    got = per_iteration(before, after, 1)
+    assert got["cs-sleeper"] >= 50, got
+    me = next(key for key in after if key.endswith(f":{threading.get_native_id()}"))
+    assert after[me] - before[me] < 25, (before[me], after[me])  # the spinner: a few switches (its /proc reads)
 
 
 _CONTENDED = """

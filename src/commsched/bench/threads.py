@@ -12,6 +12,9 @@ kernels) per thread and reading, so a stretch should last seconds.
 (``schedstat``, in ns: time runnable but not running, because other threads,
 of this process or another, held the cores): the part of a thread's wall
 time that no thread's CPU time shows and that is not blocking.
+:func:`thread_sleeps` counts each thread's voluntary context switches
+(``status``): how often it blocked, and so how often something had to wake
+it, each wake-up a chance to preempt whatever thread held the core.
 """
 
 from __future__ import annotations
@@ -39,16 +42,37 @@ def thread_wait_s() -> dict[str, float]:
     return _per_thread(lambda task: int((task / "schedstat").read_text().split()[1]) / 1e9)
 
 
+def thread_sleeps() -> dict[str, float]:
+    """How often each thread of this process has blocked (voluntary context switches, from ``status``),
+    keyed ``name:tid`` as :func:`thread_cpu_s`; {} where ``/proc`` has no task list."""
+
+    def sleeps(task: Path) -> float:
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                return float(line.split()[1])
+        raise OSError(f"{task}/status: no voluntary_ctxt_switches")
+
+    return _per_thread(sleeps)
+
+
 def per_iteration_ms(before: dict[str, float], after: dict[str, float], iterations: int) -> dict[str, float]:
     """CPU ms per iteration that each thread name used between two :func:`thread_cpu_s` readings
     (threads summed by name; a thread that ended meanwhile is not counted). The same for
     :func:`thread_wait_s` readings."""
+    return per_iteration(before, after, iterations, scale=1e3)
+
+
+def per_iteration(
+    before: dict[str, float], after: dict[str, float], iterations: int, scale: float = 1.0
+) -> dict[str, float]:
+    """What each thread name gained per iteration between two readings, times ``scale`` (threads summed by
+    name; a thread that ended meanwhile is not counted): sleeps per iteration from :func:`thread_sleeps`."""
     if iterations < 1:
         raise ValueError(f"iterations: must be >= 1, got {iterations}")
     out: dict[str, float] = {}
-    for key, seconds in after.items():
+    for key, value in after.items():
         name = key.rsplit(":", 1)[0]
-        out[name] = out.get(name, 0.0) + (seconds - before.get(key, 0.0)) * 1e3 / iterations
+        out[name] = out.get(name, 0.0) + (value - before.get(key, 0.0)) * scale / iterations
     return out
 
 
