@@ -457,9 +457,16 @@ def _live() -> tuple[int, int]:
     return len(os.listdir("/proc/self/task")), len(dist.distributed_c10d._world.pg_map)
 
 
+def _event_loops() -> int:
+    """gloo's event-loop threads in this process: one per live gloo group."""
+    tasks = Path("/proc/self/task")
+    return sum((task / "comm").read_text().strip() == "gloo_tcp_loop" for task in tasks.iterdir())
+
+
 def repeated_runs(rank: int, world: int, port: int, out: str, policies: list[str], hashed_group: bool) -> None:
     """One policy after another in this process, each closed: what is live after each run, and each run's
-    distance from DDP. ``hashed_group``: a locally synchronised group lives first (groups are then kept)."""
+    distance from DDP; the gloo event loops while each run trains. ``hashed_group``: a locally synchronised
+    group lives first (groups are then kept)."""
     try:
         init(rank, world, port)
         if hashed_group:
@@ -470,17 +477,19 @@ def repeated_runs(rank: int, world: int, port: int, out: str, policies: list[str
         ref, ref_opt = parallelize(ref_model, M.make_optimizer("adamw", ref_model), policy="torch_ddp")
         M.train(ref, ref_opt, rank, 6)
         before = _live()
-        after, diffs = [], []
+        after, diffs, loops = [], [], []
         for policy in policies:
             model = M.clone(base)
+            idle = _event_loops()
             wrapped, opt = parallelize(model, M.make_optimizer("adamw", model), policy=policy, **SMALL_KNOBS[policy])
             M.train(wrapped, opt, rank, 6)
+            loops.append(_event_loops() - idle)
             diffs.append(_diff(M.snapshot(wrapped), M.snapshot(ref)))
             wrapped.close()  # type: ignore[operator]
             del wrapped, opt, model
             gc.collect()
             after.append(_live())
-        result = {"before": before, "after": after, "diffs": diffs}
+        result = {"before": before, "after": after, "diffs": diffs, "loops": loops}
     except Exception:
         result = {"error": traceback.format_exc()}
     _write(out, rank, result)

@@ -299,6 +299,21 @@ def _check_subgroups(rank: int, world: int) -> None:
     c.close()
 
 
+def _check_ring_opened_later(rank: int, world: int) -> None:
+    """A ring left closed at construction refuses a reduce-scatter at issue, naming why; opened, it runs."""
+    c = Collectives(dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=True, open_ring=False)
+    flat = torch.arange(2.0 * world) + rank
+    shard = torch.empty(2)
+    with pytest.raises(RuntimeCommError, match="the ring is not open"):
+        c.reduce_scatter(flat, shard).wait()
+    c.open_ring()
+    c.open_ring()  # once only: a second call creates no group
+    c.reduce_scatter(flat, shard).wait()
+    expected = sum(torch.arange(2.0 * world) + r for r in range(world))
+    assert torch.equal(shard, expected.chunk(world)[rank])
+    c.close()
+
+
 def _exactness_scenario(rank: int, world: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     default = Collectives(dist.new_group())
@@ -319,11 +334,12 @@ def _exactness_scenario(rank: int, world: int) -> dict[str, Any]:
             except Exception:
                 results[f"{mode}:{name}"] = traceback.format_exc()
         c.close()
-    try:
-        _check_subgroups(rank, world)
-        results["subgroups"] = None
-    except Exception:
-        results["subgroups"] = traceback.format_exc()
+    for name, check in (("subgroups", _check_subgroups), ("ring opened later", _check_ring_opened_later)):
+        try:
+            check(rank, world)
+            results[name] = None
+        except Exception:
+            results[name] = traceback.format_exc()
     # Rank 0 hosts the TCPStore: if it exited while a peer still set up its 1-rank subgroup through
     # the store, the peer got "Connection reset by peer" (seen once at world 2). Leave together.
     dist.barrier()
@@ -434,6 +450,12 @@ def test_collectives_on_subgroups(exactness: tuple[int, list[dict[str, Any]]]) -
     world, results = exactness
     for rank, result in enumerate(results):
         assert result["subgroups"] is None, f"world {world}, rank {rank}:\n{result['subgroups']}"
+
+
+def test_a_ring_left_closed_refuses_its_ops_until_opened(exactness: tuple[int, list[dict[str, Any]]]) -> None:
+    world, results = exactness
+    for rank, result in enumerate(results):
+        assert result["ring opened later"] is None, f"world {world}, rank {rank}:\n{result['ring opened later']}"
 
 
 def test_dead_or_hung_peer_ends_wait_with_runtime_comm_error_in_bounded_time() -> None:

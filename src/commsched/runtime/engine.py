@@ -39,7 +39,7 @@ from commsched.runtime.replicas import DEFAULT_EVERY, ReplicaCheck
 from commsched.runtime.updates import DeferredUpdates, averaged_square_norm, clip_coefficient, due_layers
 from commsched.schedule import CommPlan, NetworkEstimate, provisional_plan
 from commsched.trace import Trace
-from commsched.transport import Transport, TransportOptions, open_transports
+from commsched.transport import Transport, TransportOptions, open_transports, prepare_transport
 from commsched.workload import Workload
 
 log = logging.getLogger("commsched")
@@ -115,7 +115,7 @@ class Engine:
         self._transport_options = transport_options
         self.agent = Agent(
             self.rank, self.world, self._transport,
-            lambda: DecisionChannel(self.groups.decisions, timeout_s, transport_options),
+            lambda: DecisionChannel(self.groups.control, timeout_s, transport_options),
             timeout_s, self.trace, self._t0,
         )  # fmt: skip
         self.recorder = warmup.Recorder()
@@ -176,6 +176,8 @@ class Engine:
         self._tensors_of_layer = live.tensors_of_layer
         for name in sorted({t.transport for t in plan.tasks} - set(self._transports)):
             self._transports.update(open_transports([name], self.groups.data, self.timeout_s, self._transport_options))
+        for name in sorted({t.transport for t in plan.tasks}):
+            prepare_transport(self._transports[name], [t for t in plan.tasks if t.transport == name])
         self.losses.plan_adopted(plan, self._iteration, self._transports)
         self.buffers = GradientBuffers(plan, live.params, self.world, gradient_weight(self.batch_sizes, self.rank))
         self.updates = DeferredUpdates(self.optimizer, self._orig_step)

@@ -5,12 +5,19 @@ user's ``timeout_s`` — never on the user's default group, whose timeout is
 30 minutes — so a hung peer ends every rank within ``timeout_s``:
 
 * ``control`` (gloo): the start-up agreement, the plan sent after warm-up, the
-  gradient norm for clipping — the training thread's small messages;
+  gradient norm for clipping — the training thread's small messages — and the
+  exchange of addresses that opens the deciding leader's channel to its
+  followers (:mod:`commsched.runtime.decisions`, TCP connections of the
+  runtime's own);
 * ``sync`` (the user's backend): the initial parameter broadcast and the
-  buffer broadcasts before forwards — the training thread's tensors;
-* ``data`` (the user's backend): the transports' tasks, issued by the agent;
-* ``decisions`` (gloo): opens the deciding leader's channel to its followers
-  (:mod:`commsched.runtime.decisions`, TCP connections of the runtime's own).
+  buffer broadcasts before forwards — the training thread's tensors; where the
+  user's backend is gloo, ``control`` itself;
+* ``data`` (the user's backend): the transports' tasks, issued by the agent.
+
+Every gloo group costs its process an event-loop thread that wakes 100
+times a second while idle (a 10 ms ``epoll_wait``; ``python
+benchmarks/runtime_cost.py`` counts them): groups used by the same thread,
+one op after the other, are therefore one group.
 
 Before any tensor moves, the ranks exchange a :class:`Fingerprint` (policy,
 knobs or plan, parameter names and shapes, world size, warm-up length, per-rank batches); a
@@ -42,7 +49,6 @@ class Groups:
     control: dist.ProcessGroup
     sync: dist.ProcessGroup
     data: dist.ProcessGroup
-    decisions: dist.ProcessGroup
     ranks: list[int] | None
 
     def leader(self) -> int:
@@ -51,7 +57,7 @@ class Groups:
 
     def release(self, *others: dist.ProcessGroup | None) -> bool:
         """Destroy these groups and ``others`` where that is safe (:func:`release_groups`); True if done."""
-        return release_groups([self.control, self.sync, self.data, self.decisions, *others])
+        return release_groups([self.control, self.sync, self.data, *others])  # sync may be control: destroyed once
 
 
 def control_group(process_group: dist.ProcessGroup | None, timeout_s: float) -> dist.ProcessGroup:
@@ -62,10 +68,10 @@ def control_group(process_group: dist.ProcessGroup | None, timeout_s: float) -> 
 def other_groups(process_group: dist.ProcessGroup | None, control: dist.ProcessGroup, timeout_s: float) -> Groups:
     ranks = None if process_group is None else dist.get_process_group_ranks(process_group)
     timeout = timedelta(seconds=timeout_s)
-    sync = dist.new_group(ranks=ranks, timeout=timeout)
+    gloo = str(dist.get_backend(process_group)) == "gloo"
+    sync = control if gloo else dist.new_group(ranks=ranks, timeout=timeout)
     data = dist.new_group(ranks=ranks, timeout=timeout)
-    decisions = dist.new_group(ranks=ranks, timeout=timeout, backend="gloo")
-    return Groups(control, sync, data, decisions, ranks)
+    return Groups(control, sync, data, ranks)
 
 
 @dataclass(frozen=True)

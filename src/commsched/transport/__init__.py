@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         TransportOptions,
         check_transports,
         open_transports,
+        prepare_transport,
     )
     from commsched.transport.collectives import Collectives
     from commsched.transport.handles import Handle
@@ -42,6 +43,7 @@ _HOMES = {
     "TransportOptions": "base",
     "check_transports": "base",
     "open_transports": "base",
+    "prepare_transport": "base",
     "Collectives": "collectives",
     "Handle": "handles",
 }
@@ -59,4 +61,5 @@ __all__ = [
     "TransportOptions",
     "check_transports",
     "open_transports",
+    "prepare_transport",
 ]

@@ -109,8 +109,20 @@ class Transport(Protocol):
         ...
 
 
+def prepare_transport(transport: Transport, tasks: Iterable[CommTask]) -> None:
+    """Before ``tasks`` run on ``transport``: let it open what they need and it has not opened yet (the
+    collective transport's ring; collective: every rank, the same tasks, in the same order). Transports
+    without a ``prepare(tasks)`` need nothing."""
+    prepare = getattr(transport, "prepare", None)
+    if prepare is not None:
+        prepare(list(tasks))
+
+
 class CollectiveTransport:
-    """gloo/NCCL collectives: all-reduce in place; reduce-scatter ``flat`` → ``shard``; all-gather back."""
+    """gloo/NCCL collectives: all-reduce in place; reduce-scatter ``flat`` → ``shard``; all-gather back.
+
+    The ring that reduce-scatters and all-gathers CPU tensors opens with the first plan that has such
+    tasks (:meth:`prepare`): plans of all-reduces never start its group's thread."""
 
     __slots__ = ("collectives",)
 
@@ -118,7 +130,12 @@ class CollectiveTransport:
         self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions | None = None
     ) -> None:
         #: the collectives the tasks run on (the warm-up times its per-message cost on them too)
-        self.collectives = Collectives(group, timeout_s=timeout_s, options=options)
+        self.collectives = Collectives(group, timeout_s=timeout_s, options=options, open_ring=False)
+
+    def prepare(self, tasks: list[CommTask]) -> None:
+        """Open the ring if any of ``tasks`` reduce-scatters or all-gathers (collective)."""
+        if any(task.kind in ("reduce_scatter", "all_gather") for task in tasks):
+            self.collectives.open_ring()
 
     def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:
         if task.kind == "all_reduce":

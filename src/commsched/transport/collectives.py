@@ -116,6 +116,9 @@ class Collectives:
     on every rank of ``group`` in the same order. ``ring`` then says, after ``None`` was
     resolved, whether CPU tensors use the ring, and ``direct`` whether all-reduces of CPU
     tensors go over the direct connections (:meth:`~commsched.transport.direct.DirectAllReduce.takes`).
+    ``open_ring=False`` leaves the ring's group to :meth:`open_ring` (a gloo group's event
+    loop wakes 100 times a second even while nothing uses it): a reduce-scatter or all-gather
+    that would take the ring before then fails at issue.
     """
 
     def __init__(
@@ -126,6 +129,7 @@ class Collectives:
         ring: bool | None = None,
         direct: bool | None = None,
         options: TransportOptions | None = None,
+        open_ring: bool = True,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -134,7 +138,7 @@ class Collectives:
         self.world_size: int = dist.get_world_size(self.group)
         self.rank: int = dist.get_rank(self.group)
         self.backend: str = str(dist.get_backend(self.group))
-        ranks = list(dist.get_process_group_ranks(self.group))
+        self._ranks = list(dist.get_process_group_ranks(self.group))
 
         # "gloo", or e.g. "cpu:gloo,cuda:nccl" when one group serves both devices
         self.ring: bool = ("gloo" in self.backend) if ring is None else ring
@@ -144,13 +148,21 @@ class Collectives:
         self.direct: bool = ("gloo" in self.backend if direct is None else direct) and self.world_size > 1
         self._direct = DirectAllReduce(self.group, timeout_s, options) if self.direct else None
         self._ring_worker = RingWorker(self.rank, self.world_size, timeout_s)
-        if self.ring and self.world_size > 1:
+        self._ring_open = False
+        if open_ring:
             try:
-                self._ring_worker.start(ranks)
+                self.open_ring()
             except BaseException:
                 if self._direct is not None:
                     self._direct.close()
                 raise
+
+    def open_ring(self) -> None:
+        """Create the ring's process group and start its thread, where the ring is in use and not yet open
+        (collective over the group: every rank, in the same order)."""
+        if self.ring and self.world_size > 1 and not self._ring_open:
+            self._ring_worker.start(self._ranks)
+            self._ring_open = True
 
     # ------------------------------------------------------------------ public ops
 
@@ -240,4 +252,6 @@ class Collectives:
         return WorkHandle(work, describe)
 
     def _enqueue(self, kind: str, describe: str, flat: torch.Tensor, shard: torch.Tensor) -> Handle:
+        if not self._ring_open:
+            return DoneHandle(RuntimeCommError(f"{describe} failed at issue: the ring is not open (open_ring())"))
         return self._ring_worker.submit(kind, self._seq, describe, flat, shard)
