@@ -10,7 +10,9 @@ made since they are named; ``gloo_tcp_loop``: gloo's socket loops;
 made before the bench recorded threads (no ``thread_cpu_ms``) print nothing
 for those runs. Reports that recorded each thread's run-queue delay
 (``thread_wait_ms``: time runnable while other threads held the cores) get a
-second table of those.
+second table of those, and those that counted each thread's sleeps
+(``thread_sleeps``: voluntary context switches, each a wake-up to come) a
+third.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ def main() -> None:
             waits = table(session, "thread_wait_ms", "ms per iteration waiting for a core")
             if waits:
                 print(f"**links {shaping(session)}**, waiting for a core\n\n{waits}\n")
+            sleeps = table(session, "thread_sleeps", "sleeps per iteration")
+            if sleeps:
+                print(f"**links {shaping(session)}**, sleeps\n\n{sleeps}\n")
 
 
 if __name__ == "__main__":

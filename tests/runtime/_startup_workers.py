@@ -477,7 +477,7 @@ def repeated_runs(rank: int, world: int, port: int, out: str, policies: list[str
         ref, ref_opt = parallelize(ref_model, M.make_optimizer("adamw", ref_model), policy="torch_ddp")
         M.train(ref, ref_opt, rank, 6)
         before = _live()
-        after, diffs, loops = [], [], []
+        after, diffs, loops, here = [], [], [], []
         for policy in policies:
             model = M.clone(base)
             idle = _event_loops()
@@ -485,11 +485,15 @@ def repeated_runs(rank: int, world: int, port: int, out: str, policies: list[str
             M.train(wrapped, opt, rank, 6)
             loops.append(_event_loops() - idle)
             diffs.append(_diff(M.snapshot(wrapped), M.snapshot(ref)))
+            agent = wrapped.engine.agent  # type: ignore[union-attr]
+            kept = agent.kept
+            M.train(wrapped, opt, rank, 2)  # past the warm-up: what the training thread keeps of the plan's tasks
+            here.append(agent.kept - kept)
             wrapped.close()  # type: ignore[operator]
             del wrapped, opt, model
             gc.collect()
             after.append(_live())
-        result = {"before": before, "after": after, "diffs": diffs, "loops": loops}
+        result = {"before": before, "after": after, "diffs": diffs, "loops": loops, "here": here}
     except Exception:
         result = {"error": traceback.format_exc()}
     _write(out, rank, result)

@@ -317,6 +317,10 @@ def test_runs_one_after_another_in_a_process_release_their_groups_and_threads(
         # each gloo group wakes its loop 100 times a second: the control group (which also syncs and opens the
         # leader's channel) and the transports' group; the ring's only under a plan that reduce-scatters
         assert r["loops"] == [3, 2, 2, 3], r
+        # ddp's all-reduces go over the direct connections: the training thread keeps them and completes them
+        # itself where their data has come; ps decides on completions, dear's reduce-scatters run on the ring:
+        # the watcher waits for all of those
+        assert r["here"][1] > 0 and r["here"][2] == 0 and r["here"][0] == r["here"][3] == 0, r
         threads, groups = r["before"]
         if hashed_group:  # destroying could hand a later group a live name: every run's groups are kept
             assert [g for _, g in r["after"]] == sorted(g for _, g in r["after"]) and r["after"][-1][1] > groups, r

@@ -85,6 +85,8 @@ def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(t
         assert len(threads) == 2 and all(sum(rank.values()) > 0 for rank in threads), threads
         waits = run["thread_wait_ms"]  # per rank: each thread name's time runnable but off the cores
         assert len(waits) == 2 and all(rank and min(rank.values()) >= 0 for rank in waits), waits
+        sleeps = run["thread_sleeps"]  # per rank: how often each thread name blocked, per timed iteration
+        assert len(sleeps) == 2 and all(rank and min(rank.values()) >= 0 for rank in sleeps), sleeps
     assert session["traces"] == {"dear": "trace-2gbit-dear.json"} and (tmp_path / "trace-2gbit-dear.json").exists()
     # --validate: calibrated on these links before the policies ran, then every policy predicted
     validation = session["validation"]

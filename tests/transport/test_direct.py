@@ -4,7 +4,8 @@ What is checked, each in its own spawned world (every spawn bounded by the harne
 test_collectives): the sum is the rank-order sum, bit for bit the same on every rank; the size
 rule routes above ``DIRECT_MAX_BYTES`` to gloo among 3 ranks, and nothing between 2; strangers
 that reach the listener while the mesh opens are rejected and the mesh still opens; connections
-bind where told; starting never waits for the peer to read; a frame out of sequence, a hung
+bind where told; starting never waits for the peer to read; an op completes without waiting once
+its peers' frames are in, and not before; a frame out of sequence, a hung
 peer and a dead peer each end ``wait()`` with a RuntimeCommError naming the op and the peer,
 within the timeout.
 """
@@ -189,3 +190,39 @@ def test_starting_never_waits_for_the_peer_to_read() -> None:
     for res in results.values():
         assert "harness" not in res, res.get("harness")
         assert res["sums"], res
+
+
+def _try_complete_scenario(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 starts its op only after rank 0 has tried to complete its own: that try cannot finish it; once
+    rank 1's frame is there, a try completes it (and the op before it, which nobody waited for)."""
+    c = Collectives(dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=False)
+    first, second = torch.full((1000,), float(rank + 1)), torch.full((3,), float(10 * (rank + 1)))
+    out: dict[str, Any] = {}
+    if rank == 0:
+        h1, h2 = c.all_reduce(first), c.all_reduce(second)
+        out["before_peer"] = h2.try_complete()
+        dist.barrier()  # rank 1 starts its ops after this
+        deadline = time.monotonic() + GROUP_TIMEOUT_S
+        while not h2.try_complete() and time.monotonic() < deadline:
+            time.sleep(0.001)  # never blocks: polled until the peer's frames are in
+        out["completed"] = h1.is_completed() and h2.is_completed()
+        h2.wait()
+    else:
+        dist.barrier()
+        h1, h2 = c.all_reduce(first), c.all_reduce(second)
+        h2.wait()
+    out["sums"] = first.tolist() == [3.0] * 1000 and second.tolist() == [30.0] * 3
+    out["small_fits"] = h2.fits_buffers()
+    assert c._direct is not None
+    out["huge_fits"] = c._direct.fits_buffers(1 << 30)
+    c.close()
+    dist.barrier()
+    return out
+
+
+def test_try_complete_never_blocks_and_completes_once_the_peers_frames_are_in() -> None:
+    results = _spawn(_try_complete_scenario, 2)
+    for res in results.values():
+        assert "harness" not in res, res.get("harness")
+        assert res["sums"] and res["small_fits"] and not res["huge_fits"], res
+    assert results[0]["before_peer"] is False and results[0]["completed"], results[0]

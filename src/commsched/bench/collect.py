@@ -33,8 +33,8 @@ def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str
         for key in ("max_param_diff", "max_param_abs", "max_param_moved", "replica_spread", "plan", "trials", "again"):
             if key in run0:
                 run[key] = run0[key]
-        # per rank, ms per timed iteration of each thread name: its CPU, and its wait for a core
-        for key in ("thread_cpu_ms", "thread_wait_ms"):
+        # per rank, per timed iteration of each thread name: its CPU and its wait for a core (ms), its sleeps
+        for key in ("thread_cpu_ms", "thread_wait_ms", "thread_sleeps"):
             if key in run0:
                 run[key] = [r.get(key) for r in per_rank]
         runs.setdefault(run0["name"], []).append(run)

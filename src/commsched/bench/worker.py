@@ -50,7 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 from commsched.bench.baselines import BY_NAME, TORCH_DDP, YARDSTICK, ddp_names
 from commsched.bench.calibrate_task import calibrate
 from commsched.bench.job import Job, Progress
-from commsched.bench.threads import per_iteration_ms, thread_cpu_s, thread_wait_s
+from commsched.bench.threads import per_iteration, per_iteration_ms, thread_cpu_s, thread_sleeps, thread_wait_s
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
 from commsched.schedule import CommPlan
@@ -198,10 +198,11 @@ def _policy(
     clock = _Clock()
     threads_before: dict[str, float] = {}
     waits_before: dict[str, float] = {}
+    sleeps_before: dict[str, float] = {}
     for step, (x, y) in enumerate(batches):
         _maybe_fail(job, rank, policy, step)
         if step == job.warmup:
-            threads_before, waits_before = thread_cpu_s(), thread_wait_s()
+            threads_before, waits_before, sleeps_before = thread_cpu_s(), thread_wait_s(), thread_sleeps()
         clock.start()
         loss = model_loss(wrapped(x), y)
         clock.lap("forward")
@@ -215,6 +216,7 @@ def _policy(
     # each thread's CPU over the timed iterations (before any flush or close)
     chosen_threads = per_iteration_ms(threads_before, thread_cpu_s(), job.iters) if threads_before else None
     chosen_waits = per_iteration_ms(waits_before, thread_wait_s(), job.iters) if waits_before else None
+    chosen_sleeps = per_iteration(sleeps_before, thread_sleeps(), job.iters) if sleeps_before else None
     flush = getattr(wrapped, "flush", None)
     if flush is not None:
         flush()
@@ -225,6 +227,8 @@ def _policy(
         chosen["thread_cpu_ms"] = chosen_threads
     if chosen_waits is not None:  # each thread name's time runnable but off the cores
         chosen["thread_wait_ms"] = chosen_waits
+    if chosen_sleeps is not None:  # how often each thread name blocked: the wake-ups it needed
+        chosen["thread_sleeps"] = chosen_sleeps
     replanner = getattr(getattr(wrapped, "engine", None), "replanner", None)
     if replanner is not None and replanner.trials:  # rank 0's: the plans auto measured, in order
         chosen["trials"] = [

@@ -15,7 +15,16 @@ something to report — no event is handed to another thread:
   peer never blocks the training thread.
 
 Whatever the dispatcher returns is started at once on the task's transport (a
-non-blocking call). Reports carry the *epoch* of the plan they belong to:
+non-blocking call). A task the training thread starts under a scheduler that
+ignores completions, on a transport that can complete an op without waiting
+and whose peers' data fits the kernel's socket buffers (``fits_buffers()``
+and ``try_complete()``: the direct all-reduce), is not handed to the
+watcher: the training thread completes it itself, at its next events, once
+the peers' data has arrived, and hands the watcher what is left before it
+blocks (``backward_done``, ``step``, ``flush``, :meth:`Agent.wait`). Handing
+every task over costs two wake-ups of the watcher per task, one to take it
+and one when its data arrives, and each may preempt the training thread on
+its core. Reports carry the *epoch* of the plan they belong to:
 completions of a plan that was switched away from are dropped; a leader's
 orders for a plan this rank has not switched to yet are kept until it has.
 """
@@ -40,6 +49,10 @@ from commsched.transport import Handle, Transport
 
 #: Items the agent takes: (kind, task or tensor or layer, instance, epoch).
 Item = tuple[str, int, int, int]
+#: The training thread's events; the others come from the agent's threads.
+_TRAINING_EVENTS = frozenset({"grad_ready", "forward_pre", "backward_done", "step", "flush"})
+#: Events after which the training thread hands the watcher what it kept: it may block next.
+_HAND_OVER_EVENTS = frozenset({"backward_done", "step", "flush"})
 
 
 class Completions:
@@ -138,6 +151,10 @@ class Agent:
         self.completions = Completions()
         self._lock = threading.Lock()
         self._started: queue.SimpleQueue[_Started | None] = queue.SimpleQueue()
+        #: started by the training thread and kept by it, oldest first (the training thread's alone)
+        self._kept: list[_Started] = []
+        #: tasks the training thread kept at their start (and then completed itself or handed over)
+        self.kept = 0
         self._outbox: queue.SimpleQueue[list[tuple[int, int, int]] | None] = queue.SimpleQueue()
         self._state: _PlanState | None = None
         self._stashed: list[Item] = []
@@ -162,6 +179,7 @@ class Agent:
 
     def set_plan(self, plan: CommPlan, buffers: GradientBuffers, epoch: int, first_iteration: int = 0) -> None:
         """Switch to ``plan``: later reports of an earlier epoch are dropped."""
+        self.hand_over()
         leader_decides = self._leader_decides(plan)
         scheduler = scheduler_for(plan) if (self.rank == 0 or not leader_decides) else None
         dispatcher = Dispatcher(plan, scheduler, forward_decisions=leader_decides)
@@ -181,6 +199,7 @@ class Agent:
         """Report to the dispatcher and start what it returns: the training thread's events
         (grad_ready, backward_done, step, forward_pre, flush); ``completed`` and ``follow``
         (with ``instance``) from the other threads."""
+        training = event in _TRAINING_EVENTS
         with self._lock:
             state = self._state
             if state is None or epoch < state.epoch:
@@ -205,12 +224,53 @@ class Agent:
                 starts = d.flush()
             else:
                 raise AssertionError(event)
+            keeps = training and not d.listens("comm_done") and self.on_transfer is None
             for s in starts:
-                self._start(state, s)
+                self._start(state, s, keeps)
             if state.leader_forwards:
                 decisions = d.take_decisions()
                 if decisions:
                     self._outbox.put([(task, inst, state.epoch) for task, inst in decisions])
+        if training and self._kept:
+            self._complete_kept()
+            if event in _HAND_OVER_EVENTS:
+                self.hand_over()
+
+    def wait(self, task: int, instance: int, timeout_s: float, describe: Callable[[], str]) -> None:
+        """The training thread: block until ``task`` of ``instance`` has completed (:meth:`Completions.wait`),
+        after completing what it kept that has arrived and handing the rest to the watcher."""
+        if self._kept:
+            self._complete_kept()
+            if not self.completions.done(task, instance):
+                self.hand_over()
+        self.completions.wait(task, instance, timeout_s, describe)
+
+    def hand_over(self) -> None:
+        """The training thread: give the watcher every task it kept, in start order."""
+        kept, self._kept = self._kept, []
+        for started in kept:
+            self._started.put(started)
+
+    def _complete_kept(self) -> None:
+        """Record the kept tasks that complete without waiting, oldest first, up to the first that does not."""
+        done = 0
+        for started in self._kept:
+            if not getattr(started.handle, "try_complete")():  # noqa: B009 (kept: it has one)
+                break
+            done += 1
+        finished, self._kept = self._kept[:done], self._kept[done:]
+        for started in finished:
+            try:
+                started.handle.wait(0.0)  # complete: raises the op's error, if it failed
+            except Exception as exc:
+                self._kept = []
+                self.completions.fail(
+                    exc
+                    if isinstance(exc, RuntimeCommError)
+                    else RuntimeCommError(f"rank {self.rank}: a transfer failed: {exc}")
+                )
+                return
+            self._record(started, time.perf_counter())
 
     def listens(self, event: EventName) -> bool:
         """Whether the current plan's scheduler reacts to ``event`` (others need not be reported)."""
@@ -220,6 +280,7 @@ class Agent:
     def close(self, join_timeout_s: float) -> None:
         """Stop the threads: the leader tells its followers to stop (also when the plan in use is one it
         does not decide: its followers still listen); each join is bounded."""
+        self.hand_over()
         with self._lock:
             self._closing = True
         self._started.put(None)
@@ -249,11 +310,19 @@ class Agent:
 
         return run
 
-    def _start(self, state: _PlanState, s: Start) -> None:
+    def _start(self, state: _PlanState, s: Start, keeps: bool) -> None:
+        """Start ``s``; the watcher waits for it, unless ``keeps`` (the training thread's start under a
+        scheduler that ignores completions) and the task is one the training thread can complete itself."""
         task = state.plan.tasks[s.task]
         start = time.perf_counter()
         handle = self._transport(task.transport).start(task, state.buffers.buffer(s.task))
-        self._started.put(_Started(s.task, s.instance, state.epoch, handle, start))
+        started = _Started(s.task, s.instance, state.epoch, handle, start)
+        # a frame the peers' sockets cannot hold whole would stop their senders until read: the watcher reads it
+        if keeps and getattr(handle, "fits_buffers", lambda: False)():
+            self._kept.append(started)
+            self.kept += 1
+        else:
+            self._started.put(started)
 
     def _watch_loop(self) -> None:
         while True:
@@ -266,24 +335,27 @@ class Agent:
                 raise
             except Exception as exc:
                 raise RuntimeCommError(f"rank {self.rank}: a transfer failed: {exc}") from exc
-            end = time.perf_counter()
-            state = self._state
-            # From when the transfer began where the handle knows it (ring ops queue behind
-            # each other on one thread), else from the start, as the simulator's trace counts.
-            begin = getattr(started.handle, "started_s", None) or started.start_s
-            if state is not None and state.epoch == started.epoch and self.on_transfer is not None:
-                task = state.plan.tasks[started.task]
-                self.on_transfer(task.kind, task.bytes, end - begin)
-            if self._trace is not None and state is not None and state.epoch == started.epoch:
-                task = state.plan.tasks[started.task]
-                self._trace.add(
-                    TraceEvent(
-                        task.name, task.kind, self.rank, begin - self._t0, end - self._t0,
-                        task.bytes, state.first_iteration + started.instance,
-                    )
-                )  # fmt: skip
-            self.completions.mark(started.task, started.instance, started.epoch)
-            self.post("completed", started.task, started.epoch, started.instance)
+            self._record(started, time.perf_counter())
+
+    def _record(self, started: _Started, end: float) -> None:
+        """A completed transfer: timed, traced, marked, reported."""
+        state = self._state
+        # From when the transfer began where the handle knows it (ring ops queue behind
+        # each other on one thread), else from the start, as the simulator's trace counts.
+        begin = getattr(started.handle, "started_s", None) or started.start_s
+        if state is not None and state.epoch == started.epoch and self.on_transfer is not None:
+            task = state.plan.tasks[started.task]
+            self.on_transfer(task.kind, task.bytes, end - begin)
+        if self._trace is not None and state is not None and state.epoch == started.epoch:
+            task = state.plan.tasks[started.task]
+            self._trace.add(
+                TraceEvent(
+                    task.name, task.kind, self.rank, begin - self._t0, end - self._t0,
+                    task.bytes, state.first_iteration + started.instance,
+                )
+            )  # fmt: skip
+        self.completions.mark(started.task, started.instance, started.epoch)
+        self.post("completed", started.task, started.epoch, started.instance)
 
     # ---- the leader's decisions ----
 

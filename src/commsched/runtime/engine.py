@@ -354,7 +354,7 @@ class Engine:
     def _wait(self, task: int, instance: int) -> None:
         name = self.plan.tasks[task].name
         start = time.perf_counter()
-        self.agent.completions.wait(
+        self.agent.wait(
             task, instance, self.timeout_s, lambda: f"rank {self.rank}: task {name} of iteration {instance}"
         )
         if self.replanner is not None:

@@ -41,6 +41,11 @@ An op
     ranks' buffers in rank order, ``b_0 + b_1 + ... + b_(p-1)`` (the same bits
     on every rank). Every rank starts the same all-reduces in the same order
     and reads each connection's frames in the order they were written.
+    :meth:`DirectHandle.try_complete` does the same without ever blocking,
+    where every frame up to the op is already in the kernel's buffers
+    (``FIONREAD``), so that the training thread can complete an op at its
+    next hook instead of waking a thread to wait for it
+    (:mod:`commsched.runtime.agent`).
 
 Failures
     A frame whose magic, sequence number or length is not the op's (the ranks
@@ -54,10 +59,12 @@ Failures
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import select
 import socket
 import struct
+import termios
 import threading
 import time
 from collections import deque
@@ -86,6 +93,8 @@ SCRATCH_CAP_BYTES = 256 << 20
 #: A frame's header: magic, sequence number of the op, payload bytes (network byte order).
 FRAME = struct.Struct("!4sQQ")
 MAGIC = b"CSA1"
+#: What ``FIONREAD`` fills in: the bytes a socket holds unread.
+_UNSIGNED = struct.Struct("i")
 #: The longest one connection's handshake may take while the mesh opens (a silent stranger delays it this
 #: long at most, not the whole timeout).
 HANDSHAKE_S = 5.0
@@ -116,9 +125,21 @@ class DirectHandle:
         self._owner.complete_through(self._op, timeout_s)
 
     def is_completed(self) -> bool:
-        """True once a ``wait()`` (of this op or a later one) completed it: the peers' frames are read by
-        whoever waits, so an op nobody waits for stays incomplete."""
+        """True once a ``wait()`` or :meth:`try_complete` (of this op or a later one) completed it: the peers'
+        frames are read by whoever waits, so an op nobody waits for stays incomplete."""
         return self._op.done.is_set()
+
+    def fits_buffers(self) -> bool:
+        """Whether each peer's frame for this op fits half its connection's receive buffer as the kernel
+        sizes it now (it grows as reads keep up, to ``net.ipv4.tcp_rmem``'s maximum): then the frame can
+        wait there whole, unread, without stopping the peer's sender, until :meth:`try_complete` takes it."""
+        return self._owner.fits_buffers(self._op.flat.nbytes)
+
+    def try_complete(self) -> bool:
+        """Complete this op (and every op before it) if that needs no waiting: each peer's frames are all
+        in the kernel's buffers, this rank's are sent, and no other thread is reading; never blocks. True
+        once the op is complete (an op that failed raises its error from ``wait()``)."""
+        return self._owner.try_complete_through(self._op)
 
 
 class DirectAllReduce:
@@ -289,6 +310,47 @@ class DirectAllReduce:
                 self._read_lock.release()
         if op.error is not None:
             raise op.error
+
+    def try_complete_through(self, op: _Op) -> bool:
+        """:meth:`complete_through` where every op up to ``op`` has arrived whole and is sent, else nothing
+        (also while another thread reads); never blocks. True once ``op`` is complete."""
+        if op.done.is_set():
+            return True
+        if not self._read_lock.acquire(blocking=False):
+            return False
+        try:
+            while not op.done.is_set():
+                with self._state:
+                    oldest = self._pending[0]
+                if self._error is None and not (oldest.sent.is_set() and self._arrived(oldest)):
+                    return False
+                self._finish(oldest, time.monotonic() + self.timeout_s, self.timeout_s)
+            return True
+        finally:
+            self._read_lock.release()
+
+    def fits_buffers(self, nbytes: int) -> bool:
+        """Whether a frame of ``nbytes`` fits half of every connection's receive buffer (SO_RCVBUF, which
+        Linux reports doubled for its own bookkeeping: half is what data may fill)."""
+        need = FRAME.size + nbytes
+        try:
+            return all(
+                need <= sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2 for sock in self.peers.values()
+            )
+        except OSError:
+            return False
+
+    def _arrived(self, op: _Op) -> bool:
+        """Whether every peer's frame for ``op`` (the oldest not yet read) is in the kernel's buffers."""
+        need = FRAME.size + op.flat.nbytes
+        for sock in self.peers.values():
+            try:
+                queued = _UNSIGNED.unpack(fcntl.ioctl(sock.fileno(), termios.FIONREAD, _UNSIGNED.pack(0)))[0]
+            except OSError:
+                return True  # let the read meet the error and report it
+            if queued < need:
+                return False
+        return True
 
     def _finish(self, op: _Op, deadline: float, limit: float) -> None:
         if self._error is None:
