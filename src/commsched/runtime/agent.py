@@ -354,8 +354,10 @@ class Agent:
                     task.bytes, state.first_iteration + started.instance,
                 )
             )  # fmt: skip
-        self.completions.mark(started.task, started.instance, started.epoch)
+        # reported before it is marked: a thread that waited for the mark may complete the task's next
+        # instance itself (a kept task), and the dispatcher takes each task's instances in order
         self.post("completed", started.task, started.epoch, started.instance)
+        self.completions.mark(started.task, started.instance, started.epoch)
 
     # ---- the leader's decisions ----
 
