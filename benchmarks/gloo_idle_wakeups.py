@@ -46,7 +46,7 @@ def main() -> None:
         before = thread_sleeps()
         time.sleep(args.seconds)
         rates = per_iteration(before, thread_sleeps(), 1, scale=1.0 / args.seconds)
-        cells = ", ".join(f"{n} {v:.0f}" for n, v in sorted(rates.items(), key=lambda kv: -kv[1]) if v > 0)
+        cells = ", ".join(f"{n} {v:.0f}" for n, v in sorted(rates.items(), key=lambda kv: -kv[1]) if round(v) > 0)
         print(f"| {live} | {cells} |", flush=True)
     dist.destroy_process_group()
 
