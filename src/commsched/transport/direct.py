@@ -94,7 +94,7 @@ SCRATCH_CAP_BYTES = 256 << 20
 FRAME = struct.Struct("!4sQQ")
 MAGIC = b"CSA1"
 #: What ``FIONREAD`` fills in: the bytes a socket holds unread.
-_UNSIGNED = struct.Struct("i")
+_FIONREAD_INT = struct.Struct("i")
 #: The longest one connection's handshake may take while the mesh opens (a silent stranger delays it this
 #: long at most, not the whole timeout).
 HANDSHAKE_S = 5.0
@@ -345,7 +345,7 @@ class DirectAllReduce:
         need = FRAME.size + op.flat.nbytes
         for sock in self.peers.values():
             try:
-                queued = _UNSIGNED.unpack(fcntl.ioctl(sock.fileno(), termios.FIONREAD, _UNSIGNED.pack(0)))[0]
+                queued = _FIONREAD_INT.unpack(fcntl.ioctl(sock.fileno(), termios.FIONREAD, _FIONREAD_INT.pack(0)))[0]
             except OSError:
                 return True  # let the read meet the error and report it
             if queued < need:
