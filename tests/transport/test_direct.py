@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from test_collectives import GROUP_TIMEOUT_S, _outcome, _spawn
 
-from commsched.transport import TransportOptions
+from commsched.transport import TransportOptions, tcp_mesh
 from commsched.transport import direct as D
 from commsched.transport.collectives import Collectives
 from commsched.transport.handles import WorkHandle
@@ -81,7 +81,7 @@ def test_small_all_reduces_give_the_rank_order_sum_bit_for_bit_on_every_rank(wor
 def _strangers_scenario(rank: int, world: int) -> dict[str, Any]:
     """Two strangers reach rank 1's listener before rank 0 dials: one sends junk, one stays silent."""
     strangers: list[socket.socket] = []
-    real_share = D.share_addresses
+    real_share = tcp_mesh.share_addresses
 
     def share(*args: Any) -> Any:
         key, infos = real_share(*args)
@@ -95,7 +95,7 @@ def _strangers_scenario(rank: int, world: int) -> dict[str, Any]:
             time.sleep(1.0)  # rank 0 dials after the strangers are queued
         return key, infos
 
-    D.share_addresses = share  # type: ignore[assignment]
+    tcp_mesh.share_addresses = share  # type: ignore[assignment]
     D.HANDSHAKE_S = 0.5
     out: dict[str, Any] = {}
     try:

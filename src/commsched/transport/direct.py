@@ -17,14 +17,11 @@ Why
     ring sends ``2 (world - 1) / world`` of it).
 
 Connections (collective to open: every rank of the group, same order)
-    One TCP connection per pair of ranks, carrying frames both ways, opened
-    like the ``ps`` transport's (:mod:`commsched.transport.tcp_mesh`: each rank
-    listens where ``TransportOptions.bind`` says, the addresses and the key are
-    shared over the group, each connection is authenticated both ways under
-    the key). Rank ``r`` accepts the connections of its ``r`` lower ranks, then
-    dials every higher rank. A connection that fails authentication is closed
-    and counted (:attr:`DirectAllReduce.rejected`); the listener closes once
-    the mesh is open.
+    One TCP connection per pair of ranks, carrying frames both ways
+    (:func:`commsched.transport.tcp_mesh.open_mesh`: each rank listens where
+    ``TransportOptions.bind`` says, each connection is authenticated both ways
+    under the job's key, one that fails is closed and counted in
+    :attr:`DirectAllReduce.rejected`).
 
 An op
     :meth:`DirectAllReduce.start` writes the buffer to every peer (a frame:
@@ -59,12 +56,10 @@ Failures
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import select
 import socket
 import struct
-import termios
 import threading
 import time
 from collections import deque
@@ -76,8 +71,8 @@ import torch.distributed as dist
 
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
-from commsched.transport.tcp_mesh import authenticate, connect, listen, share_addresses
-from commsched.transport.wire import bytes_of, default_bind_address
+from commsched.transport.tcp_mesh import open_mesh
+from commsched.transport.wire import bytes_of, default_bind_address, receive_room, unread_bytes
 
 if TYPE_CHECKING:  # base imports the collectives, which import this module
     from commsched.transport.base import TransportOptions
@@ -93,8 +88,6 @@ SCRATCH_CAP_BYTES = 256 << 20
 #: A frame's header: magic, sequence number of the op, payload bytes (network byte order).
 FRAME = struct.Struct("!4sQQ")
 MAGIC = b"CSA1"
-#: What ``FIONREAD`` fills in: the bytes a socket holds unread.
-_FIONREAD_INT = struct.Struct("i")
 #: The longest one connection's handshake may take while the mesh opens (a silent stranger delays it this
 #: long at most, not the whole timeout).
 HANDSHAKE_S = 5.0
@@ -180,23 +173,11 @@ class DirectAllReduce:
         self._next = 0
         self._error: RuntimeCommError | None = None
         self._scratch: dict[tuple[int, torch.dtype, int], torch.Tensor] = {}
-        host = bind or default_bind_address()
-        listener = listen(host, self.world)
         try:
-            name = listener.getsockname()
-            key, infos = share_addresses(group, self.rank, self.world, host, (str(name[0]), int(name[1])), given_key)
-            self._accept_lower(listener, key)
-            for peer in range(self.rank + 1, self.world):
-                info = infos[peer]
-                assert info is not None
-                sockets: list[socket.socket] = []
-                try:
-                    self.peers[peer] = connect(info[0], info[1], key, self.rank, peer, timeout_s, sockets)
-                finally:
-                    if peer not in self.peers:
-                        for s in sockets:
-                            s.close()
-            self.peers = dict(sorted(self.peers.items()))
+            self.peers, self.rejected = open_mesh(
+                group, self.rank, self.world, bind or default_bind_address(), given_key, timeout_s, HANDSHAKE_S,
+                "direct all-reduce connection",
+            )  # fmt: skip
             for sock in self.peers.values():
                 sock.settimeout(timeout_s)  # bounds the sender's writes; reads wait with select, bounded by the wait
             self._backlog = {peer: deque() for peer in self.peers}
@@ -205,28 +186,6 @@ class DirectAllReduce:
         except BaseException:
             self.close()
             raise
-        finally:
-            listener.close()
-
-    def _accept_lower(self, listener: socket.socket, key: bytes) -> None:
-        deadline = time.monotonic() + self.timeout_s
-        while len(self.peers) < self.rank:
-            if time.monotonic() >= deadline:
-                missing = sorted(set(range(self.rank)) - set(self.peers))
-                raise RuntimeCommError(
-                    f"rank {self.rank}: rank(s) {missing} did not open their direct all-reduce connection within "
-                    f"{self.timeout_s:g} s ({self.rejected} connection(s) rejected)"
-                )
-            try:
-                sock, _ = listener.accept()
-            except TimeoutError:
-                continue
-            peer = authenticate(sock, key, self.rank, self.world, min(self.timeout_s, HANDSHAKE_S))
-            if peer is None or peer > self.rank or peer in self.peers:
-                self.rejected += 1
-                sock.close()
-                continue
-            self.peers[peer] = sock
 
     @staticmethod
     def takes(flat: torch.Tensor, world: int) -> bool:
@@ -330,13 +289,9 @@ class DirectAllReduce:
             self._read_lock.release()
 
     def fits_buffers(self, nbytes: int) -> bool:
-        """Whether a frame of ``nbytes`` fits half of every connection's receive buffer (SO_RCVBUF, which
-        Linux reports doubled for its own bookkeeping: half is what data may fill)."""
-        need = FRAME.size + nbytes
+        """Whether a frame of ``nbytes`` fits every connection's receive buffer (:func:`wire.receive_room`)."""
         try:
-            return all(
-                need <= sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2 for sock in self.peers.values()
-            )
+            return all(FRAME.size + nbytes <= receive_room(sock) for sock in self.peers.values())
         except OSError:
             return False
 
@@ -345,11 +300,10 @@ class DirectAllReduce:
         need = FRAME.size + op.flat.nbytes
         for sock in self.peers.values():
             try:
-                queued = _FIONREAD_INT.unpack(fcntl.ioctl(sock.fileno(), termios.FIONREAD, _FIONREAD_INT.pack(0)))[0]
+                if unread_bytes(sock) < need:
+                    return False
             except OSError:
                 return True  # let the read meet the error and report it
-            if queued < need:
-                return False
         return True
 
     def _finish(self, op: _Op, deadline: float, limit: float) -> None:

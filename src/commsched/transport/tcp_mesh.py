@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import secrets
 import socket
+import time
 
 import torch.distributed as dist
 
@@ -101,3 +102,60 @@ def authenticate(sock: socket.socket, key: bytes, rank: int, world: int, timeout
     if peer is not None:
         sock.settimeout(None)  # reads wait for data; a transfer's wait bounds how long anyone waits
     return peer
+
+
+def open_mesh(
+    group: dist.ProcessGroup | None,
+    rank: int,
+    world: int,
+    host: str,
+    key: bytes | None,
+    timeout_s: float,
+    handshake_s: float,
+    what: str,
+) -> tuple[dict[int, socket.socket], int]:
+    """One authenticated connection per pair of ranks (collective over ``group``): this rank listens on
+    ``host``, accepts the connections of its ``rank`` lower ranks, then dials every higher rank. Returns the
+    connections by peer rank, in rank order, and how many connections failed authentication (each closed; a
+    silent one delays the others by ``handshake_s`` at most). ``what`` names the connections in errors."""
+    listener = listen(host, world)
+    peers: dict[int, socket.socket] = {}
+    rejected = 0
+    try:
+        name = listener.getsockname()
+        shared, infos = share_addresses(group, rank, world, host, (str(name[0]), int(name[1])), key)
+        deadline = time.monotonic() + timeout_s
+        while len(peers) < rank:
+            if time.monotonic() >= deadline:
+                missing = sorted(set(range(rank)) - set(peers))
+                raise RuntimeCommError(
+                    f"rank {rank}: rank(s) {missing} did not open their {what} within {timeout_s:g} s "
+                    f"({rejected} connection(s) rejected)"
+                )
+            try:
+                sock, _ = listener.accept()
+            except TimeoutError:
+                continue
+            peer = authenticate(sock, shared, rank, world, min(timeout_s, handshake_s))
+            if peer is None or peer > rank or peer in peers:
+                rejected += 1
+                sock.close()
+                continue
+            peers[peer] = sock
+        for peer in range(rank + 1, world):
+            info = infos[peer]
+            assert info is not None
+            sockets: list[socket.socket] = []
+            try:
+                peers[peer] = connect(info[0], info[1], shared, rank, peer, timeout_s, sockets)
+            finally:
+                if peer not in peers:
+                    for s in sockets:
+                        s.close()
+    except BaseException:
+        for sock in peers.values():
+            sock.close()
+        raise
+    finally:
+        listener.close()
+    return dict(sorted(peers.items())), rejected

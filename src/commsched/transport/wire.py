@@ -16,12 +16,14 @@ the tensor's bytes as they lie in memory.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import os
 import secrets
 import socket
 import struct
+import termios
 
 import torch
 
@@ -52,6 +54,22 @@ def default_bind_address() -> str:
         except (OSError, ValueError):
             pass
     return socket.gethostbyname(socket.gethostname())
+
+
+#: What ``FIONREAD`` fills in: the bytes a socket holds unread.
+_FIONREAD_INT = struct.Struct("i")
+
+
+def unread_bytes(sock: socket.socket) -> int:
+    """The bytes ``sock``'s receive queue holds (``FIONREAD``); never blocks. OSError where it cannot say."""
+    return int(_FIONREAD_INT.unpack(fcntl.ioctl(sock.fileno(), termios.FIONREAD, _FIONREAD_INT.pack(0)))[0])
+
+
+def receive_room(sock: socket.socket) -> int:
+    """The data ``sock``'s receive buffer holds at most as the kernel sizes it now: half of ``SO_RCVBUF``,
+    which Linux reports doubled for its own bookkeeping (it grows as reads keep up, to
+    ``net.ipv4.tcp_rmem``'s maximum). OSError where it cannot say."""
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 2
 
 
 def mac(key: bytes, *parts: bytes) -> bytes:
