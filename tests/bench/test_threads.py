@@ -12,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from commsched._threads import daemon_thread
-from commsched.bench.threads import per_iteration, per_iteration_ms, thread_cpu_s, thread_sleeps, thread_wait_s
+from commsched.bench.threads import (
+    all_per_iteration,
+    per_iteration,
+    per_iteration_ms,
+    read_all,
+    thread_cpu_s,
+    thread_sleeps,
+    thread_wait_s,
+)
 
 
 def test_per_iteration_sums_threads_of_one_name_and_divides_by_the_iterations() -> None:
@@ -35,6 +43,16 @@ def test_the_calling_threads_spin_shows_in_the_readings() -> None:
     after = thread_cpu_s()
     assert after and all(key.rsplit(":", 1)[1].isdigit() for key in after), after  # name:tid
     assert sum(per_iteration_ms(before, after, 1).values()) >= 280.0  # 300 ms spun, read in ticks of 10 ms
+
+
+def test_all_readings_come_per_iteration_under_the_keys_a_bench_report_keeps() -> None:
+    before = read_all()
+    start = time.thread_time()
+    while time.thread_time() - start < 0.1:  # 100 ms of this thread's CPU
+        pass
+    got = all_per_iteration(before, 2)
+    assert set(got) <= {"thread_cpu_ms", "thread_wait_ms", "thread_sleeps"} and "thread_cpu_ms" in got, got
+    assert sum(got["thread_cpu_ms"].values()) >= 40.0, got  # 100 ms over 2 iterations, in ticks of 10 ms
 
 
 def test_a_thread_that_sleeps_shows_each_sleep_and_one_that_spins_hardly_any() -> None:

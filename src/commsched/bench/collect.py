@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from commsched.bench.summary import _rank_iteration_ms, _summarise
+from commsched.bench.threads import READINGS
 from commsched.trace import Trace
 
 
@@ -34,7 +35,7 @@ def _collect(session_dir: Path, world: int, warmup: int, batch: int) -> dict[str
             if key in run0:
                 run[key] = run0[key]
         # per rank, per timed iteration of each thread name: its CPU and its wait for a core (ms), its sleeps
-        for key in ("thread_cpu_ms", "thread_wait_ms", "thread_sleeps"):
+        for key in READINGS:
             if key in run0:
                 run[key] = [r.get(key) for r in per_rank]
         runs.setdefault(run0["name"], []).append(run)

@@ -76,6 +76,30 @@ def per_iteration(
     return out
 
 
+#: What :func:`read_all` reads, by the key a bench report keeps it under, and the scale per iteration.
+READINGS: dict[str, tuple[Callable[[], dict[str, float]], float]] = {
+    "thread_cpu_ms": (thread_cpu_s, 1e3),
+    "thread_wait_ms": (thread_wait_s, 1e3),
+    "thread_sleeps": (thread_sleeps, 1.0),
+}
+
+
+def read_all() -> dict[str, dict[str, float]]:
+    """Every reading of :data:`READINGS`, by its key."""
+    return {key: read() for key, (read, _) in READINGS.items()}
+
+
+def all_per_iteration(before: dict[str, dict[str, float]], iterations: int) -> dict[str, dict[str, float]]:
+    """Each reading's per-iteration figures (:func:`per_iteration`) from ``before`` (a :func:`read_all`) to
+    now, by its key; readings the kernel does not keep (empty) left out."""
+    after = read_all()
+    return {
+        key: per_iteration(before[key], after[key], iterations, scale)
+        for key, (_, scale) in READINGS.items()
+        if before.get(key)
+    }
+
+
 def _per_thread(read: Callable[[Path], float]) -> dict[str, float]:
     """``read(task directory)`` of every thread of this process, keyed ``name:tid`` (threads that ended
     meanwhile, or whose file the kernel lacks, left out)."""

@@ -50,7 +50,7 @@ from torch.nn.parallel import DistributedDataParallel
 from commsched.bench.baselines import BY_NAME, TORCH_DDP, YARDSTICK, ddp_names
 from commsched.bench.calibrate_task import calibrate
 from commsched.bench.job import Job, Progress
-from commsched.bench.threads import per_iteration, per_iteration_ms, thread_cpu_s, thread_sleeps, thread_wait_s
+from commsched.bench.threads import all_per_iteration, read_all
 from commsched.models import build_model, model_loss, synthetic_batch
 from commsched.runtime import parallelize
 from commsched.schedule import CommPlan
@@ -196,13 +196,11 @@ def _policy(
     else:
         wrapped, optimizer = parallelize(model, opt, policy=policy, **runtime_knobs(job, policy, repeat))
     clock = _Clock()
-    threads_before: dict[str, float] = {}
-    waits_before: dict[str, float] = {}
-    sleeps_before: dict[str, float] = {}
+    threads_before: dict[str, dict[str, float]] = {}
     for step, (x, y) in enumerate(batches):
         _maybe_fail(job, rank, policy, step)
         if step == job.warmup:
-            threads_before, waits_before, sleeps_before = thread_cpu_s(), thread_wait_s(), thread_sleeps()
+            threads_before = read_all()
         clock.start()
         loss = model_loss(wrapped(x), y)
         clock.lap("forward")
@@ -213,22 +211,15 @@ def _policy(
         clock.lap("step")
         clock.stop()
         progress(policy, repeat, step)
-    # each thread's CPU over the timed iterations (before any flush or close)
-    chosen_threads = per_iteration_ms(threads_before, thread_cpu_s(), job.iters) if threads_before else None
-    chosen_waits = per_iteration_ms(waits_before, thread_wait_s(), job.iters) if waits_before else None
-    chosen_sleeps = per_iteration(sleeps_before, thread_sleeps(), job.iters) if sleeps_before else None
+    # per timed iteration, each thread name's CPU and wait for a core (ms) and sleeps (before any flush or close)
+    threads = all_per_iteration(threads_before, job.iters) if threads_before else {}
     flush = getattr(wrapped, "flush", None)
     if flush is not None:
         flush()
     trace = getattr(wrapped, "trace", None)
     plan = getattr(wrapped, "plan", None)  # what ran last (auto's choice after its search and trials)
     chosen: dict[str, Any] = {} if plan is None else {"plan": {"policy": plan.policy, "knobs": plan.knobs.to_dict()}}
-    if chosen_threads is not None:
-        chosen["thread_cpu_ms"] = chosen_threads
-    if chosen_waits is not None:  # each thread name's time runnable but off the cores
-        chosen["thread_wait_ms"] = chosen_waits
-    if chosen_sleeps is not None:  # how often each thread name blocked: the wake-ups it needed
-        chosen["thread_sleeps"] = chosen_sleeps
+    chosen.update(threads)
     replanner = getattr(getattr(wrapped, "engine", None), "replanner", None)
     if replanner is not None and replanner.trials:  # rank 0's: the plans auto measured, in order
         chosen["trials"] = [
