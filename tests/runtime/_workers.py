@@ -408,3 +408,38 @@ def decisions(rank: int, world: int, port: int, out: str, count: int) -> None:
         result["error"] = traceback.format_exc()
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def decisions_backlog(rank: int, world: int, port: int, out: str, count: int) -> None:
+    """The leader offers ``count`` large messages while its follower reads nothing (it waits at a barrier the
+    leader reaches only after its last offer): no offer blocks, what the socket did not take is kept; a thread
+    drains it while the follower reads every message, in order."""
+    import threading as _threading
+
+    from commsched.runtime.decisions import DecisionChannel
+    from commsched.transport import TransportOptions
+
+    init(rank, world, port)
+    result: dict[str, Any] = {}
+    try:
+        channel = DecisionChannel(None, 20.0, TransportOptions(bind="127.0.0.1"))
+        if rank == 0:
+            kept = [channel.offer([n, *range(4096)]) for n in range(count)]
+            result["kept"] = [kept.index(True) if True in kept else -1, kept[-1]]
+            drainer = _threading.Thread(target=channel.drain)
+            drainer.start()
+            dist.barrier()
+            drainer.join(timeout=20.0)
+            result["drained"] = not drainer.is_alive()
+            channel.offer([count])  # nothing kept any more: written at once
+            channel.drain()
+        else:
+            dist.barrier()
+            got = [channel.receive() for _ in range(count + 1)]
+            result["in_order"] = all(m == [n, *range(4096)] for n, m in enumerate(got[:count]))
+            result["last"] = got[count]
+        channel.close()
+    except Exception:
+        result["error"] = traceback.format_exc()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()

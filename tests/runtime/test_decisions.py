@@ -48,3 +48,17 @@ def test_strangers_at_the_followers_listener_are_rejected_and_rank_0_still_conne
     results = spawn(W.decisions_strangers, 2, tmp_path, timeout_s=60)
     assert "error" not in results[0], results[0]
     assert results[1] == {"got": [1, 2, 3], "rejected": 2}, results[1]
+
+
+def test_the_leader_never_blocks_on_a_follower_that_does_not_read(tmp_path: Path) -> None:
+    """32 MiB of orders to a follower that reads nothing until the last is offered: the offers return (else
+    the follower's barrier never comes and the run times out), the socket kept part of them for the sender,
+    and the follower still reads every message in order, the one offered after the drain last."""
+    count = 1024  # 32 KiB each: far more than a socket's buffers hold
+    results = spawn(W.decisions_backlog, 2, tmp_path, count, timeout_s=120)
+    leader, follower = results
+    assert "error" not in leader and "error" not in follower, results
+    first_kept, last_kept = leader["kept"]
+    assert 0 < first_kept < count and last_kept, leader  # the first offers went straight out, the later were kept
+    assert leader["drained"], leader
+    assert follower == {"in_order": True, "last": [count]}, follower

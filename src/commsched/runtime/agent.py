@@ -11,7 +11,9 @@ something to report — no event is handed to another thread:
   waits on) and reports them;
 * a **follower** (a rank other than 0 under a completion-driven scheduler)
   receives the leader's decisions on a thread of its own and reports them;
-* a deciding **leader** hands its decisions to a sender thread, so that a slow
+* a deciding **leader** writes its decisions at once, without blocking, from
+  the thread that made them (:meth:`DecisionChannel.offer`); only what a
+  follower's socket does not take is left to a sender thread, so that a slow
   peer never blocks the training thread.
 
 Whatever the dispatcher returns is started at once on the task's transport (a
@@ -31,6 +33,7 @@ orders for a plan this rank has not switched to yet are kept until it has.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import queue
 import threading
@@ -155,7 +158,8 @@ class Agent:
         self._kept: list[_Started] = []
         #: tasks the training thread kept at their start (and then completed itself or handed over)
         self.kept = 0
-        self._outbox: queue.SimpleQueue[list[tuple[int, int, int]] | None] = queue.SimpleQueue()
+        #: wakes the sender thread to write what the decision channel kept (None: stop)
+        self._outbox: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
         self._state: _PlanState | None = None
         self._stashed: list[Item] = []
         self._follower: threading.Thread | None = None
@@ -230,7 +234,7 @@ class Agent:
             if state.leader_forwards:
                 decisions = d.take_decisions()
                 if decisions:
-                    self._outbox.put([(task, inst, state.epoch) for task, inst in decisions])
+                    self._offer([(task, inst, state.epoch) for task, inst in decisions])
         if training and self._kept:
             self._complete_kept()
             if event in _HAND_OVER_EVENTS:
@@ -283,9 +287,10 @@ class Agent:
         self.hand_over()
         with self._lock:
             self._closing = True
+            if self._sender is not None:
+                with contextlib.suppress(RuntimeCommError):  # a broken connection: the follower sees it close
+                    self._offer([(-1, -1, -1)])
         self._started.put(None)
-        if self._sender is not None:
-            self._outbox.put([(-1, -1, -1)])
         self._outbox.put(None)
         for t in (self._watcher, self._sender, self._follower):
             if t is not None:
@@ -361,13 +366,17 @@ class Agent:
 
     # ---- the leader's decisions ----
 
+    def _offer(self, decisions: list[tuple[int, int, int]]) -> None:
+        """Under the lock: write ``decisions`` (task, instance, epoch) to every follower; what a socket does not
+        take at once the sender thread writes."""
+        assert self._decisions is not None
+        if self._decisions.offer([len(decisions), *itertools.chain.from_iterable(decisions)]):
+            self._outbox.put(True)
+
     def _send_loop(self) -> None:
-        while True:
-            decisions = self._outbox.get()
-            if decisions is None:
-                return
-            assert self._decisions is not None
-            self._decisions.send([len(decisions), *itertools.chain.from_iterable(decisions)])
+        assert self._decisions is not None
+        while self._outbox.get() is not None:
+            self._decisions.drain()
 
     def _follow_loop(self) -> None:
         assert self._decisions is not None

@@ -24,6 +24,17 @@ followers, and with them the leader's next collective, in most iterations
 the channel opens: it accepts rank 0's connection (others are closed and
 counted in :attr:`DecisionChannel.rejected`) and closes its listener.
 
+Rank 0 writes a frame without ever blocking the thread that decided it
+(:meth:`DecisionChannel.offer`: one non-blocking write per follower, under
+the agent's lock, whichever thread decided); only what a follower's socket
+does not take at once is left for the agent's sender thread
+(:meth:`DecisionChannel.drain`), and every later frame to that follower
+queues behind it, so each follower reads the frames in the order they were
+decided. A hand-off to the sender for every frame cost the leader a
+wake-up of that thread per decision: 97 per iteration under ByteScheduler
+on resnet5m unshaped (``benchmarks/thread_cpu.py`` on
+``benchmarks/results/unshaped-every-policy-10``).
+
 A frame is a header (magic, number of values) and the values, signed
 64-bit little-endian. A follower that reads a bad magic or more than
 :data:`MAX_VALUES` values, or whose connection closes, raises
@@ -34,8 +45,10 @@ leaves nothing to follow.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import struct
+import threading
 import time
 from array import array
 from collections.abc import Callable
@@ -60,7 +73,17 @@ HANDSHAKE_S = 5.0
 class DecisionChannel:
     """Rank 0 sends, every other rank receives (collective to open: every rank of ``group``, same order)."""
 
-    __slots__ = ("_buffer", "_peers", "_rank", "_timeout_s", "rejected", "sockets")
+    __slots__ = (
+        "_buffer",
+        "_draining",
+        "_peers",
+        "_rank",
+        "_timeout_s",
+        "_unsent",
+        "_unsent_lock",
+        "rejected",
+        "sockets",
+    )
 
     def __init__(
         self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions | None = None
@@ -74,6 +97,11 @@ class DecisionChannel:
         #: rank 0: one connection per follower, in rank order; a follower: its connection from rank 0
         self.sockets: list[socket.socket] = []
         self._peers: list[int] = []
+        #: rank 0, per follower (in :attr:`sockets`' order): bytes its socket did not take yet, oldest first,
+        #: and whether the sender thread is writing an earlier part of them (then nothing may be written ahead)
+        self._unsent: list[bytearray] = []
+        self._draining: list[bool] = []
+        self._unsent_lock = threading.Lock()
         host = options.bind or default_bind_address()
         listener = listen(host, world) if self._rank else None
         try:
@@ -86,6 +114,8 @@ class DecisionChannel:
                     assert info is not None
                     connect(info[0], info[1], key, 0, peer, timeout_s, self.sockets)  # joins self.sockets
                     self._peers.append(peer)
+                self._unsent = [bytearray() for _ in self._peers]
+                self._draining = [False for _ in self._peers]
             else:
                 assert listener is not None
                 self.sockets.append(self._accept_leader(listener, key, world))
@@ -117,14 +147,47 @@ class DecisionChannel:
     def send(self, values: list[int]) -> None:
         """Rank 0: ``values`` to every other rank, one frame each; returns once in the kernel's buffers (a
         follower that reads nothing for ``timeout_s`` raises RuntimeCommError, as a broken connection does)."""
+        self.offer(values)
+        self.drain()
+
+    def offer(self, values: list[int]) -> bool:
+        """Rank 0: ``values`` to every other rank, one frame each, written without blocking; what a socket does
+        not take at once is kept, behind what was kept before. True where something is kept: :meth:`drain`
+        (another thread's) writes it. Calls of ``offer`` must not overlap each other (the frames' order)."""
         if len(values) > MAX_VALUES:
             raise ValueError(f"a decision message holds at most {MAX_VALUES} values, got {len(values)}")
         frame = FRAME.pack(MAGIC, len(values)) + array("q", values).tobytes()
-        for peer, sock in zip(self._peers, self.sockets, strict=True):
-            try:
-                sock.sendall(frame)
-            except OSError as exc:
-                raise RuntimeCommError(f"rank 0: sending decisions to rank {peer} failed ({exc})") from exc
+        kept = False
+        with self._unsent_lock:
+            for i, (peer, sock) in enumerate(zip(self._peers, self.sockets, strict=True)):
+                unsent = self._unsent[i]
+                written = 0
+                if not unsent and not self._draining[i]:
+                    try:
+                        written = os.write(sock.fileno(), frame)  # the socket has a timeout: its fd never blocks
+                    except BlockingIOError:
+                        pass
+                    except OSError as exc:
+                        raise RuntimeCommError(f"rank 0: sending decisions to rank {peer} failed ({exc})") from exc
+                if written < len(frame):
+                    unsent += frame[written:]
+                kept = kept or bool(unsent)
+        return kept
+
+    def drain(self) -> None:
+        """Rank 0: write what :meth:`offer` kept, blocking (each write bounded by ``timeout_s``: a follower that
+        reads nothing that long raises RuntimeCommError, as a broken connection does)."""
+        for i, (peer, sock) in enumerate(zip(self._peers, self.sockets, strict=True)):
+            while True:
+                with self._unsent_lock:
+                    chunk, self._unsent[i] = self._unsent[i], bytearray()
+                    self._draining[i] = bool(chunk)
+                if not chunk:
+                    break
+                try:
+                    sock.sendall(chunk)
+                except OSError as exc:
+                    raise RuntimeCommError(f"rank 0: sending decisions to rank {peer} failed ({exc})") from exc
 
     def receive(self, stop: Callable[[], bool] = lambda: False) -> list[int] | None:
         """A follower: rank 0's next message, however long it takes (a plan whose leader does not decide
