@@ -33,8 +33,11 @@ def here(*policies: str) -> list[str]:
 
 
 LOSSLESS = tuple(
-    here("ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "prophet", "dear", "no_overlap", "ps", "dlcp")
-)
+    here(
+        "ddp", "wfbp", "mgwfbp", "horovod", "bytescheduler", "bytescheduler[open-window]", "prophet", "dear",
+        "no_overlap", "ps", "dlcp",
+    )
+)  # fmt: skip
 
 
 # Small thresholds so the tiny test model is split into several buckets / groups / partitions.
@@ -50,6 +53,20 @@ SMALL_KNOBS: dict[str, dict[str, Any]] = {
     "wfbp": {},
     "mgwfbp": {"alpha_ms": 0.0, "bandwidth_gbps": 1000.0},
 }
+
+
+#: Policies run again with other knobs, under names of their own: ByteScheduler with a window that holds every
+#: byte of an iteration, where every rank decides for itself (no leader, no completions reported).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "bytescheduler[open-window]": ("bytescheduler", {"partition_mb": 0.0004, "credit_mb": 64.0}),
+}
+
+
+def policy_and_knobs(name: str) -> tuple[str, dict[str, Any]]:
+    """The policy a test name runs and its knobs (:data:`SMALL_KNOBS`, :data:`VARIANTS`)."""
+    if name in VARIANTS:
+        return VARIANTS[name]
+    return name, ({} if name == "torch_ddp" else SMALL_KNOBS[name])
 
 
 def init(rank: int, world: int, port: int, timeout_s: float = 60.0) -> None:
@@ -83,7 +100,7 @@ def _opt_state(opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
 def run_policy(policy: str, optname: str, rank: int, steps: int, base: torch.nn.Module, **kw: Any) -> Any:
     model = M.clone(base)
     opt = M.make_optimizer(optname, model)
-    knobs = {} if policy == "torch_ddp" else SMALL_KNOBS[policy]
+    policy, knobs = policy_and_knobs(policy)
     wrapped, opt = parallelize(model, opt, policy=policy, **knobs, **kw)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
     M.train(wrapped, opt, rank, steps, scheduler=sched, evaluate_every=3)

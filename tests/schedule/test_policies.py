@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from commsched.errors import ScheduleError
 from commsched.schedule import POLICIES, CommPlan, Launch, NetworkEstimate, Wait, build_scheduler, knobs
 from commsched.schedule.base import CommTask, Segment
+from commsched.schedule.dispatch import Dispatcher
 from commsched.schedule.knobs import NoKnobs
 from commsched.schedule.prophet import find_stages
 from commsched.workload import Workload
@@ -289,6 +290,46 @@ def test_every_policy_launches_every_task_exactly_once_per_iteration(
             assert sorted(t for t in seen if s.plan.tasks[t].kind == "reduce_scatter") == list(range(0, n_tasks, 2))
         else:
             assert sorted(seen) == list(range(n_tasks)), (policy, seen)
+
+
+def test_bytescheduler_decides_on_completions_only_where_its_window_can_fill() -> None:
+    w = workload([MiB // 4] * 4)  # 4 MiB in all
+    for credit_mb, decides in ((3.9, True), (4.0, False), (64.0, False)):
+        s = build_scheduler("bytescheduler", w, NET, partition_mb=0.5, credit_mb=credit_mb)
+        assert type(s).decides_on_completions(s.plan) is decides, credit_mb
+        assert Dispatcher(s.plan, s).listens("comm_done") is decides, credit_mb
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_bytescheduler_with_an_open_window_launches_what_the_window_would_whenever_completions_arrive(
+    data: st.DataObject,
+) -> None:
+    """Where the window holds every byte, the scheduler that hears no completions (every rank deciding for
+    itself) launches exactly what one with the window, told of completions at any moment of the iteration
+    (before the layer's next forward, as the runtime waits), launches."""
+    sizes = data.draw(st.lists(st.integers(1, MiB // 4), min_size=1, max_size=6))
+    w = workload(sizes)
+    credit_mb = sum(sizes) * 4 / MiB * data.draw(st.sampled_from([1.0, 1.5, 16.0]))
+    open_ = build_scheduler("bytescheduler", w, NET, partition_mb=0.1, credit_mb=credit_mb)
+    told = build_scheduler("bytescheduler", w, NET, partition_mb=0.1, credit_mb=credit_mb)
+    assert not type(open_).decides_on_completions(open_.plan)
+    told._queue.credit_bytes = int(credit_mb * MiB)  # the window as it would be, completions reported
+    in_flight: list[int] = []
+    for _ in range(3):
+        for t in reversed(range(len(w.tensors))):
+            for _ in range(data.draw(st.integers(0, len(in_flight)))):  # some completions arrive first
+                done = in_flight.pop(data.draw(st.integers(0, len(in_flight) - 1)))
+                assert launched(told.on_comm_done(done)) == []
+            ours = launched(open_.on_grad_ready(t))
+            theirs = launched(told.on_grad_ready(t))
+            assert ours == theirs
+            in_flight += theirs
+        for task in in_flight:  # every layer's next forward waits for its partitions
+            assert launched(told.on_comm_done(task)) == []
+        in_flight.clear()
+        open_.on_step()
+        told.on_step()
 
 
 def test_ps_pushes_front_layers_first_within_the_credit_and_pulls_right_after_each_push() -> None:

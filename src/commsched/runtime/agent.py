@@ -173,7 +173,7 @@ class Agent:
 
     def _leader_decides(self, plan: CommPlan) -> bool:
         """Whether rank 0 decides for every rank under ``plan`` (a scheduler that reacts to completions)."""
-        return policy_class(plan.policy).uses_completions and self.world > 1
+        return policy_class(plan.policy).decides_on_completions(plan) and self.world > 1
 
     def prepare(self, plan: CommPlan) -> None:
         """Before adopting ``plan``: open the leader's decision channel if ``plan`` is the first whose leader

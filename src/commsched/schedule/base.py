@@ -246,6 +246,13 @@ class Scheduler(ABC):
         self.plan = plan
 
     @classmethod
+    def decides_on_completions(cls, plan: CommPlan) -> bool:
+        """Whether ``plan``'s decisions can depend on completion timing: then ``on_comm_done`` is delivered and
+        one rank decides for everyone; else every rank decides on its own events. ``uses_completions`` unless a
+        policy knows that ``plan``'s completions cannot change a decision."""
+        return cls.uses_completions
+
+    @classmethod
     def transports(cls, knobs: Knobs) -> frozenset[str]:
         """The transports this policy's plans use under ``knobs`` (the runtime checks them at ``parallelize()``)."""
         return frozenset({COLLECTIVE})

@@ -24,7 +24,8 @@ What the dispatcher does, and so no driver does:
   from the plan's first iteration); the n-th ``grad_ready(t)`` is tensor
   ``t``'s gradient of iteration n. A start names both, so a driver knows
   which gradients a task carries.
-* **One rank decides.** For a scheduler with ``uses_completions`` only the
+* **One rank decides.** For a plan whose scheduler decides on completions
+  (:meth:`~commsched.schedule.base.Scheduler.decides_on_completions`) only the
   leader's dispatcher runs it (``on_comm_done`` is delivered there); its
   launches are recorded as decisions (:meth:`take_decisions`) that the driver
   forwards to the followers' dispatchers (:meth:`follow`), which hold and
@@ -72,6 +73,7 @@ class Dispatcher:
         "_actions",
         "_blocked",
         "_completed_in",
+        "_completions",
         "_decisions",
         "_forward",
         "_inbox",
@@ -91,6 +93,8 @@ class Dispatcher:
         self.plan = plan
         self.scheduler = scheduler
         self._forward = forward_decisions and scheduler is not None
+        #: whether the scheduler hears of completions (``on_comm_done``)
+        self._completions = scheduler is not None and type(scheduler).decides_on_completions(plan)
         n_tasks = len(plan.tasks)
         #: Launches decided (or followed) per task: the n-th belongs to iteration n.
         self.launched = [0] * n_tasks
@@ -135,7 +139,7 @@ class Dispatcher:
             )
         self.done_count[task] = instance + 1
         self._completed_in[instance] = self._completed_in.get(instance, 0) + 1
-        if self.scheduler is not None and type(self.scheduler).uses_completions:
+        if self._completions:
             return self._post("comm_done", task)
         return self._run()
 
@@ -163,6 +167,8 @@ class Dispatcher:
         """
         if self.scheduler is None:
             return event in ("grad_ready", "comm_done")
+        if event == "comm_done":
+            return self._completions
         handler = getattr(type(self.scheduler), f"on_{event}")
         return event == "grad_ready" or handler is not getattr(Scheduler, f"on_{event}")
 

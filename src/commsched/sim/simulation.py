@@ -26,7 +26,7 @@ The policy runs only through :class:`~commsched.schedule.dispatch.Dispatcher`
 (one per worker class), exactly as in the runtime: the simulator reports each
 class's events to its dispatcher and starts what it returns. The dispatcher
 owns event order, ``Wait``, holding launches until their inputs are ready on
-that worker, instances, and the rule that a ``uses_completions`` scheduler
+that worker, instances, and the rule that a scheduler deciding on completions
 runs on the leader (rank 0) only, whose decisions the other classes follow.
 A collective is ready when every worker class has started it; the network
 model (:mod:`commsched.sim.network`, chosen by ``SimOptions.network``; the
@@ -38,7 +38,8 @@ flight. What a task costs comes from its kind and the algorithm
 plan can send some buckets through parameter servers and the rest by ring
 (:mod:`commsched.sim.pricing`). Communication's CPU work and a device's
 measured overlap costs are charged as :mod:`commsched.sim.contention` says.
-``on_comm_done`` is delivered only to schedulers with ``uses_completions``.
+``on_comm_done`` is delivered only to schedulers that decide on completions
+(:meth:`~commsched.schedule.base.Scheduler.decides_on_completions`).
 
 Symmetry: workers with the same compute speed and batch size behave
 identically, so the simulation keeps one timeline per *worker class*
@@ -120,8 +121,8 @@ class Simulation:
         self.trace: Trace | None = Trace() if record_trace else None
         self.compute = compute
         self.classes = worker_classes(cluster, workload.model, batch_sizes, workload.batch_size)
-        #: A ``uses_completions`` scheduler runs on the leader only; the other classes follow its decisions.
-        self.leader_decides = type(scheduler).uses_completions and len(self.classes) > 1
+        #: A scheduler that decides on completions runs on the leader only; the other classes follow it.
+        self.leader_decides = type(scheduler).decides_on_completions(self.plan) and len(self.classes) > 1
         self.timelines: list[Timeline] = []
         for wc in self.classes:
             if wc.index == 0:
