@@ -75,7 +75,6 @@ class DecisionChannel:
 
     __slots__ = (
         "_buffer",
-        "_draining",
         "_peers",
         "_rank",
         "_timeout_s",
@@ -98,9 +97,8 @@ class DecisionChannel:
         self.sockets: list[socket.socket] = []
         self._peers: list[int] = []
         #: rank 0, per follower (in :attr:`sockets`' order): bytes its socket did not take yet, oldest first,
-        #: and whether the sender thread is writing an earlier part of them (then nothing may be written ahead)
+        #: kept until written (while any are, a later frame may not be written ahead of them)
         self._unsent: list[bytearray] = []
-        self._draining: list[bool] = []
         self._unsent_lock = threading.Lock()
         host = options.bind or default_bind_address()
         listener = listen(host, world) if self._rank else None
@@ -115,7 +113,6 @@ class DecisionChannel:
                     connect(info[0], info[1], key, 0, peer, timeout_s, self.sockets)  # joins self.sockets
                     self._peers.append(peer)
                 self._unsent = [bytearray() for _ in self._peers]
-                self._draining = [False for _ in self._peers]
             else:
                 assert listener is not None
                 self.sockets.append(self._accept_leader(listener, key, world))
@@ -162,7 +159,7 @@ class DecisionChannel:
             for i, (peer, sock) in enumerate(zip(self._peers, self.sockets, strict=True)):
                 unsent = self._unsent[i]
                 written = 0
-                if not unsent and not self._draining[i]:
+                if not unsent:
                     try:
                         written = os.write(sock.fileno(), frame)  # the socket has a timeout: its fd never blocks
                     except BlockingIOError:
@@ -180,14 +177,15 @@ class DecisionChannel:
         for i, (peer, sock) in enumerate(zip(self._peers, self.sockets, strict=True)):
             while True:
                 with self._unsent_lock:
-                    chunk, self._unsent[i] = self._unsent[i], bytearray()
-                    self._draining[i] = bool(chunk)
+                    chunk = bytes(self._unsent[i])
                 if not chunk:
                     break
                 try:
                     sock.sendall(chunk)
                 except OSError as exc:
                     raise RuntimeCommError(f"rank 0: sending decisions to rank {peer} failed ({exc})") from exc
+                with self._unsent_lock:
+                    del self._unsent[i][: len(chunk)]
 
     def receive(self, stop: Callable[[], bool] = lambda: False) -> list[int] | None:
         """A follower: rank 0's next message, however long it takes (a plan whose leader does not decide
