@@ -17,16 +17,22 @@ something to report — no event is handed to another thread:
   peer never blocks the training thread.
 
 Whatever the dispatcher returns is started at once on the task's transport (a
-non-blocking call). A task the training thread starts under a scheduler that
-ignores completions, on a transport that can complete an op without waiting
-and whose peers' data fits the kernel's socket buffers (``fits_buffers()``
-and ``try_complete()``: the direct all-reduce), is not handed to the
-watcher: the training thread completes it itself, at its next events, once
-the peers' data has arrived, and hands the watcher what is left before it
-blocks (``backward_done``, ``step``, ``flush``, :meth:`Agent.wait`). Handing
-every task over costs two wake-ups of the watcher per task, one to take it
-and one when its data arrives, and each may preempt the training thread on
-its core. Reports carry the *epoch* of the plan they belong to:
+non-blocking call). A task started while the training thread is *keeping*
+(from one of its events until it next hands over), on a transport that can
+complete an op without waiting and whose peers' data fits the kernel's
+socket buffers (``fits_buffers()`` and ``try_complete()``: the direct
+all-reduce), is not handed to the watcher, whichever thread started it (the
+training thread, a follower's thread with the leader's order, the watcher
+after a completion): the training thread completes it itself, at its next
+events, once the peers' data has arrived, and reports the completion then;
+before it may block (``backward_done``, ``step``, ``flush``,
+:meth:`Agent.wait`) it hands the watcher what is left and stops keeping.
+Handing every task over costs two wake-ups of the watcher per task, one to
+take it and one when its data arrives, and each may preempt the training
+thread on its core. A completion-driven scheduler hears of a kept task's
+completion at the training thread's next event instead of at once: during
+the backward and the forward those come every layer, and its window keeps
+earlier tasks queued on the link meanwhile. Reports carry the *epoch* of the plan they belong to:
 completions of a plan that was switched away from are dropped; a leader's
 orders for a plan this rank has not switched to yet are kept until it has.
 """
@@ -154,8 +160,11 @@ class Agent:
         self.completions = Completions()
         self._lock = threading.Lock()
         self._started: queue.SimpleQueue[_Started | None] = queue.SimpleQueue()
-        #: started by the training thread and kept by it, oldest first (the training thread's alone)
+        #: kept for the training thread to complete, oldest first: appended under the lock by any thread while
+        #: ``_keeping``; only the training thread takes them out
         self._kept: list[_Started] = []
+        #: under the lock: from a training event until the training thread hands over
+        self._keeping = False
         #: tasks the training thread kept at their start (and then completed itself or handed over)
         self.kept = 0
         #: wakes the sender thread to write what the decision channel kept (None: stop)
@@ -228,15 +237,18 @@ class Agent:
                 starts = d.flush()
             else:
                 raise AssertionError(event)
-            keeps = training and not d.listens("comm_done") and self.on_transfer is None
+            if training:
+                self._keeping = True
+            keeps = self._keeping and self.on_transfer is None
             for s in starts:
                 self._start(state, s, keeps)
             if state.leader_forwards:
                 decisions = d.take_decisions()
                 if decisions:
                     self._offer([(task, inst, state.epoch) for task, inst in decisions])
-        if training and self._kept:
-            self._complete_kept()
+        if training:
+            if self._kept:
+                self._complete_kept()
             if event in _HAND_OVER_EVENTS:
                 self.hand_over()
 
@@ -245,29 +257,38 @@ class Agent:
         after completing what it kept that has arrived and handing the rest to the watcher."""
         if self._kept:
             self._complete_kept()
-            if not self.completions.done(task, instance):
-                self.hand_over()
+        if not self.completions.done(task, instance):
+            self.hand_over()
         self.completions.wait(task, instance, timeout_s, describe)
 
     def hand_over(self) -> None:
-        """The training thread: give the watcher every task it kept, in start order."""
-        kept, self._kept = self._kept, []
-        for started in kept:
-            self._started.put(started)
+        """The training thread: give the watcher every task kept, in start order, and keep no more until its next
+        event (under the lock: a task another thread starts meanwhile queues behind them)."""
+        with self._lock:
+            self._keeping = False
+            kept, self._kept = self._kept, []
+            for started in kept:
+                self._started.put(started)
 
     def _complete_kept(self) -> None:
         """Record the kept tasks that complete without waiting, oldest first, up to the first that does not."""
+        with self._lock:
+            kept = list(self._kept)
         done = 0
-        for started in self._kept:
+        for started in kept:
             if not getattr(started.handle, "try_complete")():  # noqa: B009 (kept: it has one)
                 break
             done += 1
-        finished, self._kept = self._kept[:done], self._kept[done:]
-        for started in finished:
+        if not done:
+            return
+        with self._lock:  # other threads only append
+            del self._kept[:done]
+        for started in kept[:done]:
             try:
                 started.handle.wait(0.0)  # complete: raises the op's error, if it failed
             except Exception as exc:
-                self._kept = []
+                with self._lock:
+                    self._kept = []
                 self.completions.fail(
                     exc
                     if isinstance(exc, RuntimeCommError)
@@ -316,8 +337,8 @@ class Agent:
         return run
 
     def _start(self, state: _PlanState, s: Start, keeps: bool) -> None:
-        """Start ``s``; the watcher waits for it, unless ``keeps`` (the training thread's start under a
-        scheduler that ignores completions) and the task is one the training thread can complete itself."""
+        """Under the lock: start ``s``; the watcher waits for it, unless ``keeps`` (the training thread is
+        keeping) and the task is one the training thread can complete itself."""
         task = state.plan.tasks[s.task]
         start = time.perf_counter()
         handle = self._transport(task.transport).start(task, state.buffers.buffer(s.task))
