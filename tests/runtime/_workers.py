@@ -317,10 +317,12 @@ def task_overlap(rank: int, world: int, port: int, out: str, rounds: int) -> Non
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def decisions_broken(rank: int, world: int, port: int, out: str, how: str) -> None:
+def decisions_broken(rank: int, world: int, port: int, out: str, how: str, read: str = "receive") -> None:
     """Rank 0 sends one message, then breaks the stream (``how``: "garbage", a frame of too many values, or
-    "close"); each follower reports the message and the error its next receive raised."""
+    "close"); each follower reports the message and the error its next read raised (``read``: a blocking
+    ``receive``, or ``poll`` called until it returns something or raises)."""
     import struct
+    import time as _time
 
     from commsched.errors import RuntimeCommError
     from commsched.runtime.decisions import FRAME, MAGIC, MAX_VALUES, DecisionChannel
@@ -338,13 +340,71 @@ def decisions_broken(rank: int, world: int, port: int, out: str, how: str) -> No
                 bad = b"\xff" * FRAME.size if how == "garbage" else FRAME.pack(MAGIC, MAX_VALUES + 1)
                 for sock in channel.sockets:
                     sock.sendall(bad + struct.pack("<q", 1))
-        else:
+        elif read == "receive":
             result["got"] = channel.receive()
             try:
                 result["next"] = channel.receive()
             except RuntimeCommError as exc:
                 result["raised"] = str(exc)
+        else:
+            got: list[list[int]] = []
+            deadline = _time.monotonic() + 20.0
+            try:
+                while _time.monotonic() < deadline:
+                    got += channel.poll()
+                    _time.sleep(0.01)
+            except RuntimeCommError as exc:
+                result["raised"] = str(exc)
+            result["got"] = got[0] if got else None
+            if len(got) > 1:
+                result["next"] = got[1:]
         dist.barrier()
+        channel.close()
+    except Exception:
+        result["error"] = traceback.format_exc()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    dist.destroy_process_group()
+
+
+def decisions_poll(rank: int, world: int, port: int, out: str, count: int) -> None:
+    """Rank 0 sends ``count`` messages; the follower then takes them all with non-blocking polls, in order; a
+    poll with nothing there returns at once, and one while another thread waits in ``receive`` returns
+    nothing (one reader at a time), and that thread gets the next message."""
+    import threading as _threading
+    import time as _time
+
+    from commsched.runtime.decisions import DecisionChannel
+    from commsched.transport import TransportOptions
+
+    init(rank, world, port)
+    result: dict[str, Any] = {}
+    try:
+        channel = DecisionChannel(None, 20.0, TransportOptions(bind="127.0.0.1"))
+        if rank == 0:
+            for n in range(count):
+                channel.send([n, *range(n % 5)])
+            dist.barrier()
+            dist.barrier()
+            channel.send([count])
+        else:
+            dist.barrier()
+            got: list[list[int]] = []
+            deadline = _time.monotonic() + 20.0
+            while len(got) < count and _time.monotonic() < deadline:
+                got += channel.poll()
+            result["in_order"] = got == [[n, *range(n % 5)] for n in range(count)]
+            t0 = _time.perf_counter()
+            result["empty"] = channel.poll()
+            result["empty_s"] = _time.perf_counter() - t0
+            received: list[Any] = []
+            reader = _threading.Thread(target=lambda: received.append(channel.receive()))
+            reader.start()
+            while not channel._read_lock.locked() and reader.is_alive():
+                _time.sleep(0.001)
+            result["while_reading"] = channel.poll()
+            dist.barrier()
+            reader.join(timeout=20.0)
+            result["reader_got"] = received
         channel.close()
     except Exception:
         result["error"] = traceback.format_exc()

@@ -32,12 +32,19 @@ def test_every_follower_receives_every_decision_in_order_on_tuned_connections(tm
 
 
 @pytest.mark.parametrize(
-    ("how", "says"),
-    [("garbage", "malformed frame (magic 0xffffffff"), ("too_long", "malformed frame"), ("close", "closed")],
+    ("how", "says", "read"),
+    [
+        ("garbage", "malformed frame (magic 0xffffffff", "receive"),
+        ("too_long", "malformed frame", "receive"),
+        ("close", "closed", "receive"),
+        ("garbage", "malformed frame (magic 0xffffffff", "poll"),
+        ("close", "closed", "poll"),
+    ],
 )
-def test_a_follower_raises_when_the_leaders_stream_breaks(tmp_path: Path, how: str, says: str) -> None:
-    """What cannot be read ends the follower with a clear error, after the messages before it arrived whole."""
-    results = spawn(W.decisions_broken, 2, tmp_path, how, timeout_s=60)
+def test_a_follower_raises_when_the_leaders_stream_breaks(tmp_path: Path, how: str, says: str, read: str) -> None:
+    """What cannot be read ends the follower with a clear error, after the messages before it arrived whole,
+    whether its thread waits for them or its training thread polls."""
+    results = spawn(W.decisions_broken, 2, tmp_path, how, read, timeout_s=60)
     assert "error" not in results[0], results[0]
     follower = results[1]
     assert follower.get("got") == [7, 8, 9], follower
@@ -62,3 +69,13 @@ def test_the_leader_never_blocks_on_a_follower_that_does_not_read(tmp_path: Path
     assert 0 < first_kept < count and last_kept, leader  # the first offers went straight out, the later were kept
     assert leader["drained"], leader
     assert follower == {"in_order": True, "last": [count]}, follower
+
+
+def test_the_training_thread_polls_the_orders_without_blocking_and_one_reader_reads_at_a_time(tmp_path: Path) -> None:
+    results = spawn(W.decisions_poll, 2, tmp_path, 300, timeout_s=60)
+    leader, follower = results
+    assert "error" not in leader and "error" not in follower, results
+    assert follower["in_order"], follower
+    assert follower["empty"] == [] and follower["empty_s"] < 0.1, follower  # not the receive's 0.5 s poll
+    assert follower["while_reading"] == [], follower
+    assert follower["reader_got"] == [[300]], follower

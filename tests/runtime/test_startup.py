@@ -312,17 +312,19 @@ def test_runs_one_after_another_in_a_process_release_their_groups_and_threads(
     # the ring's group, plain all-reduces, the TCP transport; rank 0 deciding for both over direct all-reduces
     policies = ["dear", "ddp", "ps", "dear", "prophet"]
     res = spawn(S.repeated_runs, 2, tmp_path, policies, hashed_group)
-    for r in res:
+    for rank, r in enumerate(res):
         assert "error" not in r and "missing" not in r, r
         assert max(r["diffs"]) < TOL, r  # every run still trains like DDP, the later ones on new groups
         # each gloo group wakes its loop 100 times a second: the control group (which also syncs and opens the
         # leader's channel) and the transports' group; the ring's only under a plan that reduce-scatters
         assert r["loops"] == [3, 2, 2, 3, 2], r
-        # ddp's and prophet's all-reduces go over the direct connections: the training thread keeps them (under
-        # prophet also those started on rank 0's completions and on rank 1 by rank 0's orders) and completes them
-        # itself where their data has come; ps's push and pull and dear's reduce-scatters (the ring) have no such
+        # ddp's and prophet's all-reduces go over the direct connections: the training thread keeps them and
+        # completes them itself where their data has come (under prophet rank 0's too, though it decides on
+        # completions: at least the first of each backward; rank 1 keeps those whose orders its training thread
+        # read, which depends on timing); ps's push and pull and dear's reduce-scatters (the ring) have no such
         # transport: the watcher waits for all of those
-        assert r["here"][1] > 0 and r["here"][4] > 0 and r["here"][2] == 0 and r["here"][0] == r["here"][3] == 0, r
+        assert r["here"][1] > 0 and r["here"][2] == 0 and r["here"][0] == r["here"][3] == 0, r
+        assert rank == 1 or r["here"][4] >= 2, r  # two iterations
         threads, groups = r["before"]
         if hashed_group:  # destroying could hand a later group a live name: every run's groups are kept
             assert [g for _, g in r["after"]] == sorted(g for _, g in r["after"]) and r["after"][-1][1] > groups, r

@@ -10,31 +10,30 @@ something to report — no event is handed to another thread:
   in the trace, marks them in :class:`Completions` (what the training thread
   waits on) and reports them;
 * a **follower** (a rank other than 0 under a completion-driven scheduler)
-  receives the leader's decisions on a thread of its own and reports them;
+  receives the leader's decisions and reports them: its training thread
+  reads those already arrived at each of its events (without blocking),
+  and its follow thread waits for them while the training thread does not
+  keep (below) — so that an order arriving during the backward does not
+  wake a thread of its own;
 * a deciding **leader** writes its decisions at once, without blocking, from
   the thread that made them (:meth:`DecisionChannel.offer`); only what a
   follower's socket does not take is left to a sender thread, so that a slow
   peer never blocks the training thread.
 
 Whatever the dispatcher returns is started at once on the task's transport (a
-non-blocking call). A task started while the training thread is *keeping*
-(from one of its events until it next hands over), on a transport that can
-complete an op without waiting and whose peers' data fits the kernel's
-socket buffers (``fits_buffers()`` and ``try_complete()``: the direct
-all-reduce), is not handed to the watcher, whichever thread started it (the
-training thread, a follower's thread with the leader's order, the watcher
-after a completion): the training thread completes it itself, at its next
-events, once the peers' data has arrived, and reports the completion then;
-before it may block (``backward_done``, ``step``, ``flush``,
-:meth:`Agent.wait`) it hands the watcher what is left and stops keeping.
-Handing every task over costs two wake-ups of the watcher per task, one to
-take it and one when its data arrives, and each may preempt the training
-thread on its core. A completion-driven scheduler hears of a kept task's
-completion at the training thread's next event instead of at once: during
-the backward and the forward those come every layer, and its window keeps
-earlier tasks queued on the link meanwhile. Reports carry the *epoch* of the plan they belong to:
-completions of a plan that was switched away from are dropped; a leader's
-orders for a plan this rank has not switched to yet are kept until it has.
+non-blocking call). While the training thread is *keeping* (from one of its
+events until it next hands over), a task whose transport can complete an op
+without waiting and whose peers' data fits the kernel's socket buffers
+(``fits_buffers()``, ``try_complete()``: the direct all-reduce) is kept for
+it, whichever thread started it: it completes the task at its next events,
+once the data has arrived, instead of waking the watcher twice (to take the
+task, when its data arrives), and hands the rest over before it may block
+(``backward_done``, ``step``, ``flush``, :meth:`Agent.wait`). A
+completion-driven scheduler then hears of such a completion at the training
+thread's next event (every layer, in the backward and the forward); its
+window keeps earlier tasks on the link meanwhile. Reports carry the *epoch*
+of their plan: completions of a plan switched away from are dropped; a
+leader's orders for a plan this rank has not adopted yet wait until it has.
 """
 
 from __future__ import annotations
@@ -50,11 +49,13 @@ from dataclasses import dataclass
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 from commsched.runtime.buffers import GradientBuffers
+from commsched.runtime.completions import Completions
 from commsched.runtime.decisions import DecisionChannel
 from commsched.schedule import CommPlan, Dispatcher, Start, policy_class, scheduler_for
 from commsched.schedule.dispatch import EventName
 from commsched.trace import Trace, TraceEvent
 from commsched.transport import Handle, Transport
+from commsched.transport.tcp_mesh import POLL_S
 
 #: Items the agent takes: (kind, task or tensor or layer, instance, epoch).
 Item = tuple[str, int, int, int]
@@ -62,59 +63,6 @@ Item = tuple[str, int, int, int]
 _TRAINING_EVENTS = frozenset({"grad_ready", "forward_pre", "backward_done", "step", "flush"})
 #: Events after which the training thread hands the watcher what it kept: it may block next.
 _HAND_OVER_EVENTS = frozenset({"backward_done", "step", "flush"})
-
-
-class Completions:
-    """Completed task instances of the current plan, shared between threads, and the first error."""
-
-    __slots__ = ("_cond", "_done", "_epoch", "error")
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._done: list[int] = []
-        self._epoch = -1
-        self.error: BaseException | None = None
-
-    def reset(self, num_tasks: int, epoch: int) -> None:
-        with self._cond:
-            self._done = [0] * num_tasks
-            self._epoch = epoch
-
-    def mark(self, task: int, instance: int, epoch: int) -> None:
-        with self._cond:
-            if epoch == self._epoch:
-                self._done[task] = max(self._done[task], instance + 1)
-                self._cond.notify_all()
-
-    def done(self, task: int, instance: int) -> bool:
-        return self._done[task] > instance
-
-    def fail(self, error: BaseException) -> None:
-        with self._cond:
-            if self.error is None:
-                self.error = error
-            self._cond.notify_all()
-
-    def wait(self, task: int, instance: int, timeout_s: float, describe: Callable[[], str]) -> None:
-        """Block until ``task`` of ``instance`` has completed; raise on a failure or after ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while self._done[task] <= instance:
-                self.raise_if_failed()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise RuntimeCommError(
-                        f"{describe()} did not finish within {timeout_s:.0f} s; a peer may have crashed or hung"
-                    )
-                self._cond.wait(timeout=min(left, 1.0))
-            self.raise_if_failed()
-
-    def raise_if_failed(self) -> None:
-        err = self.error
-        if err is not None:
-            if isinstance(err, RuntimeCommError):
-                raise RuntimeCommError(f"communication failed: {err}") from err
-            raise RuntimeCommError(f"communication thread failed: {err!r}") from err
 
 
 @dataclass(frozen=True)
@@ -165,6 +113,14 @@ class Agent:
         self._kept: list[_Started] = []
         #: under the lock: from a training event until the training thread hands over
         self._keeping = False
+        #: the follow thread waits on it while the training thread keeps (and reads the orders itself)
+        self._resume = threading.Condition(self._lock)
+        #: this rank follows the leader's orders under the current plan
+        self._follows = False
+        #: the leader's stop order was read (by either thread)
+        self._orders_ended = False
+        #: held while reading orders and posting them: whichever thread reads them, they start in their order
+        self._orders = threading.Lock()
         #: tasks the training thread kept at their start (and then completed itself or handed over)
         self.kept = 0
         #: wakes the sender thread to write what the decision channel kept (None: stop)
@@ -200,6 +156,7 @@ class Agent:
         with self._lock:
             self.completions.reset(len(plan.tasks), epoch)
             self._state = state
+            self._follows = leader_decides and self.rank != 0 and not self._orders_ended
             stashed, self._stashed = self._stashed, []
         for item in stashed:
             self.post(item[0], item[1], item[3], item[2])
@@ -221,22 +178,12 @@ class Agent:
                 self._stashed.append((event, arg, instance, epoch))  # the leader's order for a later plan
                 return
             d = state.dispatcher
-            if event == "completed":
-                starts = d.completed(arg, instance)
-            elif event == "follow":
-                starts = d.follow(arg, instance)
-            elif event == "grad_ready":
-                starts = d.grad_ready(arg)
-            elif event == "forward_pre":
-                starts = d.forward_pre(arg)
-            elif event == "backward_done":
-                starts = d.backward_done()
-            elif event == "step":
-                starts = d.step()
-            elif event == "flush":
-                starts = d.flush()
+            if event in ("completed", "follow"):
+                starts = d.completed(arg, instance) if event == "completed" else d.follow(arg, instance)
+            elif event in ("grad_ready", "forward_pre"):
+                starts = d.grad_ready(arg) if event == "grad_ready" else d.forward_pre(arg)
             else:
-                raise AssertionError(event)
+                starts = {"backward_done": d.backward_done, "step": d.step, "flush": d.flush}[event]()
             if training:
                 self._keeping = True
             keeps = self._keeping and self.on_transfer is None
@@ -247,6 +194,8 @@ class Agent:
                 if decisions:
                     self._offer([(task, inst, state.epoch) for task, inst in decisions])
         if training:
+            if self._follows:
+                self._take_orders()
             if self._kept:
                 self._complete_kept()
             if event in _HAND_OVER_EVENTS:
@@ -254,7 +203,10 @@ class Agent:
 
     def wait(self, task: int, instance: int, timeout_s: float, describe: Callable[[], str]) -> None:
         """The training thread: block until ``task`` of ``instance`` has completed (:meth:`Completions.wait`),
-        after completing what it kept that has arrived and handing the rest to the watcher."""
+        after taking the leader's orders that have arrived, completing what it kept that has arrived and handing
+        the rest to the watcher."""
+        if self._follows:
+            self._take_orders()
         if self._kept:
             self._complete_kept()
         if not self.completions.done(task, instance):
@@ -269,6 +221,7 @@ class Agent:
             kept, self._kept = self._kept, []
             for started in kept:
                 self._started.put(started)
+            self._resume.notify()
 
     def _complete_kept(self) -> None:
         """Record the kept tasks that complete without waiting, oldest first, up to the first that does not."""
@@ -308,6 +261,7 @@ class Agent:
         self.hand_over()
         with self._lock:
             self._closing = True
+            self._resume.notify()
             if self._sender is not None:
                 with contextlib.suppress(RuntimeCommError):  # a broken connection: the follower sees it close
                     self._offer([(-1, -1, -1)])
@@ -400,13 +354,46 @@ class Agent:
             self._decisions.drain()
 
     def _follow_loop(self) -> None:
+        """Wait for the leader's orders while the training thread does not keep; while it keeps, at most every
+        :data:`POLL_S` (a training thread that keeps without reaching another event, in code of the user's
+        between two events, delays the orders no longer than that)."""
         assert self._decisions is not None
         while True:
-            values = self._decisions.receive(stop=lambda: self._closing)
-            if values is None:
-                return  # closing
-            for i in range(values[0]):
-                task, inst, epoch = values[1 + 3 * i : 4 + 3 * i]
-                if task < 0:
+            with self._lock:
+                if self._keeping and not (self._closing or self._orders_ended):
+                    self._resume.wait(timeout=POLL_S)
+                if self._closing or self._orders_ended:
                     return
-                self.post("follow", task, epoch, inst)
+            with self._orders:
+                values = self._decisions.receive(stop=lambda: self._closing or self._keeping)
+                if values is not None and not self._follow(values):
+                    return
+
+    def _take_orders(self) -> None:
+        """The training thread: follow the leader's orders that have arrived (none while the follow thread
+        reads); a broken connection is reported as the follow thread's would be."""
+        assert self._decisions is not None
+        if not self._orders.acquire(blocking=False):
+            return  # the follow thread reads them
+        try:
+            for values in self._decisions.poll():
+                if not self._follow(values):
+                    return
+        except RuntimeCommError as exc:
+            self._follows = False
+            self.completions.fail(exc)
+        finally:
+            self._orders.release()
+
+    def _follow(self, values: list[int]) -> bool:
+        """Post one message of orders (task, instance, epoch triples); at the leader's stop order neither thread
+        reads orders again, and False."""
+        for i in range(values[0]):
+            task, inst, epoch = values[1 + 3 * i : 4 + 3 * i]
+            if task < 0:
+                with self._lock:
+                    self._orders_ended, self._follows = True, False
+                    self._resume.notify()
+                return False
+            self.post("follow", task, epoch, inst)
+        return True

@@ -77,6 +77,7 @@ class DecisionChannel:
         "_buffer",
         "_peers",
         "_rank",
+        "_read_lock",
         "_timeout_s",
         "_unsent",
         "_unsent_lock",
@@ -91,6 +92,8 @@ class DecisionChannel:
         self._rank, world = dist.get_rank(group), dist.get_world_size(group)
         self._timeout_s = timeout_s
         self._buffer = bytearray()
+        #: a follower: one reader at a time (its follow thread in :meth:`receive`, or :meth:`poll`)
+        self._read_lock = threading.Lock()
         #: connections that failed authentication while the channel opened
         self.rejected = 0
         #: rank 0: one connection per follower, in rank order; a follower: its connection from rank 0
@@ -190,9 +193,70 @@ class DecisionChannel:
     def receive(self, stop: Callable[[], bool] = lambda: False) -> list[int] | None:
         """A follower: rank 0's next message, however long it takes (a plan whose leader does not decide
         sends none; a hung leader is caught by the training thread's own bounded waits); None once ``stop()``
-        (looked at every :data:`~commsched.transport.tcp_mesh.POLL_S`). Raises RuntimeCommError when the
-        leader's connection closes or breaks, or sends what is not a frame."""
-        if not self._fill(FRAME.size, stop):
+        (looked at every :data:`~commsched.transport.tcp_mesh.POLL_S` without data). Raises RuntimeCommError
+        when the leader's connection closes or breaks, or sends what is not a frame."""
+        sock = self.sockets[0]
+        with self._read_lock:
+            while (values := self._take()) is None:
+                try:
+                    chunk = sock.recv(1 << 16)
+                except TimeoutError:
+                    if stop():
+                        return None
+                    continue
+                except OSError as exc:
+                    raise self._failed(exc) from exc
+                if not chunk:
+                    raise self._closed()
+                self._buffer += chunk
+            return values
+
+    def poll(self) -> list[list[int]]:
+        """A follower: every whole message already in the kernel's buffers, oldest first, without blocking;
+        none while another thread reads (:meth:`receive`). Raises as :meth:`receive` does, once the messages
+        before the fault have been returned."""
+        if not self._read_lock.acquire(blocking=False):
+            return []
+        try:
+            fault: RuntimeCommError | None = None
+            fd = self.sockets[0].fileno()
+            while len(self._buffer) <= FRAME.size + 8 * MAX_VALUES:
+                try:
+                    chunk = os.read(fd, 1 << 16)  # the socket has a timeout: its fd never blocks
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    fault = self._failed(exc)
+                    break
+                if not chunk:
+                    fault = self._closed()
+                    break
+                self._buffer += chunk
+            messages = []
+            while True:
+                try:
+                    values = self._take()
+                except RuntimeCommError as exc:
+                    fault = exc
+                    break
+                if values is None:
+                    break
+                messages.append(values)
+            if fault is not None and not messages:
+                raise fault
+            return messages
+        finally:
+            self._read_lock.release()
+
+    def _closed(self) -> RuntimeCommError:
+        return RuntimeCommError(f"rank {self._rank}: rank 0 closed its decision connection")
+
+    def _failed(self, exc: OSError) -> RuntimeCommError:
+        return RuntimeCommError(f"rank {self._rank}: rank 0's decision connection failed ({exc})")
+
+    def _take(self) -> list[int] | None:
+        """The first message in the buffer, if it has arrived whole."""
+        if len(self._buffer) < FRAME.size:
             return None
         magic, count = FRAME.unpack_from(self._buffer)
         if magic != MAGIC or count > MAX_VALUES:
@@ -200,29 +264,13 @@ class DecisionChannel:
                 f"rank {self._rank}: rank 0's decision connection sent a malformed frame "
                 f"(magic {magic:#x}, {count} values; at most {MAX_VALUES})"
             )
-        if not self._fill(FRAME.size + 8 * count, stop):
+        end = FRAME.size + 8 * count
+        if len(self._buffer) < end:
             return None
         values = array("q")
-        values.frombytes(self._buffer[FRAME.size : FRAME.size + 8 * count])
-        del self._buffer[: FRAME.size + 8 * count]
+        values.frombytes(self._buffer[FRAME.size : end])
+        del self._buffer[:end]
         return values.tolist()
-
-    def _fill(self, nbytes: int, stop: Callable[[], bool]) -> bool:
-        """Read until ``nbytes`` are buffered; False once ``stop()``."""
-        sock = self.sockets[0]
-        while len(self._buffer) < nbytes:
-            try:
-                chunk = sock.recv(max(nbytes - len(self._buffer), 1 << 16))
-            except TimeoutError:
-                if stop():
-                    return False
-                continue
-            except OSError as exc:
-                raise RuntimeCommError(f"rank {self._rank}: rank 0's decision connection failed ({exc})") from exc
-            if not chunk:
-                raise RuntimeCommError(f"rank {self._rank}: rank 0 closed its decision connection")
-            self._buffer += chunk
-        return True
 
     def close(self, bound_s: float | None = None) -> None:
         """Close the connections. What :meth:`send` returned from is in the kernel's buffers and still arrives
