@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
@@ -20,6 +20,7 @@ from commsched.errors import RuntimeCommError
 from commsched.schedule.base import CommTask, Segment
 from commsched.transport import TaskBuffer
 from commsched.transport.exchange import PULL, PUSH, PsExchange, owner_slices
+from commsched.transport.handles import Ended
 from commsched.transport.links import COMPLETE, Received, TransferKey
 
 TIMEOUT_S = 10.0
@@ -27,12 +28,15 @@ TIMEOUT_S = 10.0
 
 class FakeTransfer:
     def __init__(self) -> None:
-        self.done = threading.Event()
+        self.done = Ended()
         self.received = COMPLETE
 
     def finish(self, received: Received = COMPLETE) -> None:
         self.received = received
         self.done.set()
+
+    def then(self, fn: Callable[[], None]) -> bool:
+        return self.done.then(fn)
 
     def wait(self, timeout_s: float | None = None) -> Received:
         if not self.done.wait(timeout_s):
@@ -84,6 +88,8 @@ class FakeNetwork:
 
 
 class FakeLink:
+    calls_back = False  # both values: the fixture below
+
     def __init__(self, net: FakeNetwork, rank: int) -> None:
         self.net, self.rank, self.world = net, rank, net.world
 
@@ -104,6 +110,13 @@ class FakeLink:
 
     def close(self) -> None:
         pass
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["pool", "chained"])
+def calls_back(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Every test twice: tasks waited for by the exchange's worker pool, and ended by the link's callbacks."""
+    monkeypatch.setattr(FakeLink, "calls_back", request.param)
+    return bool(request.param)
 
 
 def task(task_id: int, kind: str, numel: int, deps: tuple[int, ...] = (), loss_bound: float = 0.0) -> CommTask:
@@ -156,7 +169,7 @@ def test_fewer_servers_than_ranks_still_leave_the_sum_on_every_rank(servers: tup
 @pytest.mark.parametrize("numel", [1, 2, 5, 1001])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_after_the_pull_every_rank_holds_the_sum_of_what_every_rank_pushed(
-    world: int, numel: int, dtype: torch.dtype
+    world: int, numel: int, dtype: torch.dtype, calls_back: bool
 ) -> None:
     net = FakeNetwork(world, max_delay_s=0.002)
     xs = exchanges(net)
@@ -164,6 +177,7 @@ def test_after_the_pull_every_rank_holds_the_sum_of_what_every_rank_pushed(
     flats = [torch.randn(numel, generator=gen, dtype=dtype) for _ in range(world)]
     expected = rank_sum(flats)  # each owner sums in rank order: bit for bit the same
     push_pull(xs, task(0, "push", numel), task(1, "pull", numel, deps=(0,)), flats)
+    assert all(x.chained == calls_back for x in xs)
     for f in flats:
         assert torch.equal(f, expected)
     assert all(x.losses[(0, PUSH)].lost_numel == 0 and x.losses[(1, PULL)].lost_numel == 0 for x in xs)

@@ -8,7 +8,9 @@ something to report — no event is handed to another thread:
   step, a layer's forward, flush) from its hooks;
 * the **watcher** thread waits for started tasks in start order, records them
   in the trace, marks them in :class:`Completions` (what the training thread
-  waits on) and reports them;
+  waits on) and reports them; a task whose transport calls back when it ends
+  (``then``: the ``ps`` transport's) is recorded so in the transport's thread
+  that ended it, and the watcher never wakes for it;
 * a **follower** (a rank other than 0 under a completion-driven scheduler)
   receives the leader's decisions and reports them: its training thread
   reads those already arrived at each of its events (without blocking),
@@ -242,11 +244,7 @@ class Agent:
             except Exception as exc:
                 with self._lock:
                     self._kept = []
-                self.completions.fail(
-                    exc
-                    if isinstance(exc, RuntimeCommError)
-                    else RuntimeCommError(f"rank {self.rank}: a transfer failed: {exc}")
-                )
+                self.completions.fail(exc)
                 return
             self._record(started, time.perf_counter())
 
@@ -276,19 +274,18 @@ class Agent:
     # ---- threads ----
 
     def _thread(self, fn: Callable[[], None], what: str) -> threading.Thread:
-        t = daemon_thread(self._guard(fn), f"commsched-{what}-r{self.rank}")
-        t.start()
-        return t
+        """A started thread running ``fn``; what ``fn`` raises is reported to the training thread."""
 
-    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
             try:
                 fn()
-            except BaseException as exc:  # reported to the training thread
+            except BaseException as exc:
                 if not self._closing:
                     self.completions.fail(exc)
 
-        return run
+        t = daemon_thread(run, f"commsched-{what}-r{self.rank}")
+        t.start()
+        return t
 
     def _start(self, state: _PlanState, s: Start, keeps: bool) -> None:
         """Under the lock: start ``s``; the watcher waits for it, unless ``keeps`` (the training thread is
@@ -301,21 +298,25 @@ class Agent:
         if keeps and getattr(handle, "fits_buffers", lambda: False)():
             self._kept.append(started)
             self.kept += 1
-        else:
-            self._started.put(started)
+        elif not getattr(handle, "then", lambda fn: False)(lambda: self._ended(started)):
+            self._started.put(started)  # the watcher waits, unless the transport calls back when the op ends
 
     def _watch_loop(self) -> None:
         while True:
             started = self._started.get()
             if started is None:
                 return
-            try:
-                started.handle.wait(self.timeout_s)
-            except RuntimeCommError:
-                raise
-            except Exception as exc:
-                raise RuntimeCommError(f"rank {self.rank}: a transfer failed: {exc}") from exc
+            started.handle.wait(self.timeout_s)  # a handle raises RuntimeCommError: reported by _thread
             self._record(started, time.perf_counter())
+
+    def _ended(self, started: _Started) -> None:
+        """Called back by the transport in its thread that ended the op of ``started``: recorded there."""
+        try:
+            started.handle.wait(0.0)  # ended: raises the op's error, if it failed
+            if not self._closing:
+                self._record(started, time.perf_counter())
+        except BaseException as exc:
+            self.completions.fail(exc)
 
     def _record(self, started: _Started, end: float) -> None:
         """A completed transfer: timed, traced, marked, reported."""

@@ -29,8 +29,12 @@ push task's server state (a pull names its push in ``task.deps``); the runtime
 starts a pull only after its push completed.
 
 Threads: ``start`` posts every send and receive it can on the link and
-returns at once; a small worker pool waits for the transfers and does the
-arithmetic (an ``all_reduce`` posts its pull there, once its sum exists).
+returns at once. Over a link whose transfers call back (``link.calls_back``:
+:class:`~commsched.transport.tcp.TcpLink`), no thread waits for them: the
+link's thread that ends a phase's last transfer does the arithmetic there
+(an ``all_reduce`` posts its pull there, once its sum exists) and ends the
+task, whose handle calls back in turn (``then``: :mod:`commsched.transport.exchange_tasks`); over
+another link a small worker pool waits for the transfers and does the same.
 The returned handle's ``wait(timeout_s)`` raises
 :class:`~commsched.errors.RuntimeCommError` naming the task on a failure or
 after the timeout; ``is_completed()`` never blocks.
@@ -57,11 +61,12 @@ also the previous sum (the whole buffer), for stale fill.
 
 from __future__ import annotations
 
-import concurrent.futures
+import contextlib
+import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -69,8 +74,9 @@ import torch
 from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.schedule.base import CommTask
 from commsched.transport.base import TaskBuffer
+from commsched.transport.exchange_tasks import Chained, Phase, Pooled, Posted
 from commsched.transport.handles import Handle
-from commsched.transport.links import Link, Received, Transfer, TransferKey
+from commsched.transport.links import Link, Received, TransferKey
 from commsched.transport.slices import owner_slices
 
 PUSH, PULL = 0, 1
@@ -119,36 +125,6 @@ class _Server:
         self.previous = torch.zeros(numel, dtype=dtype) if keep_previous else None
 
 
-@dataclass(slots=True)
-class _Posted:
-    key: TransferKey
-    sends: list[Transfer]
-    recvs: list[tuple[int, Transfer, int, torch.Tensor]]  # (peer, transfer, offset in flat, where it lands)
-
-
-class _Pending:
-    """A started task: the worker pool's future."""
-
-    __slots__ = ("_describe", "_future")
-
-    def __init__(self, future: Future[None], describe: str) -> None:
-        self._future = future
-        self._describe = describe
-
-    def wait(self, timeout_s: float | None = None) -> None:
-        try:
-            self._future.result(timeout=timeout_s)
-        except concurrent.futures.TimeoutError:
-            raise RuntimeCommError(f"{self._describe} did not complete within {timeout_s:g} s") from None
-        except RuntimeCommError:
-            raise
-        except Exception as exc:
-            raise RuntimeCommError(f"{self._describe} failed: {exc!r}") from exc
-
-    def is_completed(self) -> bool:
-        return self._future.done()
-
-
 class PsExchange:
     """Push/pull of tasks over ``link`` (module docstring); one per transport, every rank alike.
 
@@ -191,7 +167,11 @@ class PsExchange:
         self.records: deque[Loss] = deque(maxlen=1 << 16)
         self._launches: dict[int, int] = {}
         self._servers: dict[int, _Server] = {}
+        #: the link's transfers call back: tasks are ended by the link's threads, not waited for by a pool
+        self.chained = bool(getattr(link, "calls_back", False))
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"commsched-ps-r{self.rank}")
+        self._chains: set[Chained] = set()  # started and not ended (close waits for them)
+        self._chains_lock = threading.Lock()
         self._closed = False
 
     # ---- starting ----
@@ -217,25 +197,37 @@ class PsExchange:
             raise UnsupportedError(f"{describe}: unknown task kind")
         self._launches[task.id] = step + 1
         deadline = time.monotonic() + self.timeout_s
+        waits = None if self.chained else deadline  # a chained phase finishes once its transfers have ended
         target = shard if task.kind in ("reduce_scatter", "all_gather") and shard is not None else server.acc
-        steps: list[Callable[[], None]] = []
-        if task.kind in _PUSHING:
+        phases: list[Phase] = []
+        if task.kind in _PUSHING:  # posted here, at the start: every rank posts its pushes in start order
             pushed = self._post_push(task, step, flat, server)
-            steps.append(lambda: self._finish_push(task, pushed, flat, server, target, deadline))
+            phases.append((lambda: pushed, lambda p: self._finish_push(task, p, flat, server, target, waits)))
         if task.kind == "all_reduce":
-            steps.append(lambda: self._pull(task, step, flat, server, target, deadline))
+            phases.append((lambda: self._post_pull(task, step, flat, server, target),
+                           lambda p: self._finish_pull(task, p, flat, server, waits)))  # fmt: skip
         elif task.kind in _PULLING:
             pulled = self._post_pull(task, step, flat, server, target)
-            steps.append(lambda: self._finish_pull(task, pulled, flat, server, deadline))
+            phases.append((lambda: pulled, lambda p: self._finish_pull(task, p, flat, server, waits)))
+        if self.chained:
+            chain = Chained(describe, phases, self.timeout_s, self._chain_ended)
+            with self._chains_lock:
+                self._chains.add(chain)
+            chain.advance()
+            return chain
 
         def finish() -> None:
             try:
-                for run in steps:
-                    run()
+                for post, end in phases:
+                    end(post())
             except RuntimeCommError as exc:
                 raise RuntimeCommError(f"{describe}: {exc}") from exc
 
-        return _Pending(self._pool.submit(finish), describe)
+        return Pooled(self._pool.submit(finish), describe)
+
+    def _chain_ended(self, chain: Chained) -> None:
+        with self._chains_lock:
+            self._chains.discard(chain)
 
     def _server(self, owner: int, flat: torch.Tensor) -> _Server:
         server = self._servers.get(owner)
@@ -245,7 +237,7 @@ class PsExchange:
             self._servers[owner] = server
         return server
 
-    def _post_push(self, task: CommTask, step: int, flat: torch.Tensor, server: _Server) -> _Posted:
+    def _post_push(self, task: CommTask, step: int, flat: torch.Tensor, server: _Server) -> Posted:
         key = TransferKey(step, task.id, PUSH)
         lo, hi = server.slices[self.rank]
         sends = [
@@ -257,11 +249,11 @@ class PsExchange:
         if hi > lo:
             for q, box in server.inbox.items():
                 recvs.append((q, self.link.recv(q, key, box, loss_bound=task.loss_bound), lo, box))
-        return _Posted(key, sends, recvs)
+        return Posted(key, sends, recvs)
 
     def _post_pull(
         self, task: CommTask, step: int, flat: torch.Tensor, server: _Server, source: torch.Tensor
-    ) -> _Posted:
+    ) -> Posted:
         key = TransferKey(step, task.id, PULL)
         lo, hi = server.slices[self.rank]
         own = flat[lo:hi]
@@ -272,17 +264,12 @@ class PsExchange:
         for q, (a, b) in enumerate(server.slices):
             if q != self.rank and b > a:
                 recvs.append((q, self.link.recv(q, key, flat[a:b], loss_bound=self._pull_bound(task)), a, flat[a:b]))
-        return _Posted(key, sends, recvs)
-
-    def _pull(
-        self, task: CommTask, step: int, flat: torch.Tensor, server: _Server, source: torch.Tensor, deadline: float
-    ) -> None:
-        self._finish_pull(task, self._post_pull(task, step, flat, server, source), flat, server, deadline)
+        return Posted(key, sends, recvs)
 
     # ---- finishing (worker threads) ----
 
-    def _wait_all(self, posted: _Posted, bound: float, deadline: float) -> list[Received]:
-        """Wait for every transfer of ``posted``; check each receive against ``bound``."""
+    def _wait_all(self, posted: Posted, bound: float, deadline: float | None) -> list[Received]:
+        """Wait for every transfer of ``posted`` (None: they have ended); check each receive against ``bound``."""
         for transfer in posted.sends:
             transfer.wait(_left(deadline, self.timeout_s))
         out = []
@@ -299,11 +286,11 @@ class PsExchange:
     def _finish_push(
         self,
         task: CommTask,
-        posted: _Posted,
+        posted: Posted,
         flat: torch.Tensor,
         server: _Server,
         target: torch.Tensor,
-        deadline: float,
+        deadline: float | None,
     ) -> None:
         received = self._wait_all(posted, task.loss_bound, deadline)
         lo, hi = server.slices[self.rank]
@@ -324,7 +311,7 @@ class PsExchange:
         self._record(task.id, PUSH, posted.key.step, received, posted, task.loss_bound)
 
     def _finish_pull(
-        self, task: CommTask, posted: _Posted, flat: torch.Tensor, server: _Server, deadline: float
+        self, task: CommTask, posted: Posted, flat: torch.Tensor, server: _Server, deadline: float | None
     ) -> None:
         bound = self._pull_bound(task)
         received = self._wait_all(posted, bound, deadline)
@@ -343,9 +330,7 @@ class PsExchange:
         """The larger of ``pull_loss_bound`` and, for a ``pull`` task, the task's own ``loss_bound``."""
         return max(self.pull_loss_bound, task.loss_bound if task.kind == "pull" else 0.0)
 
-    def _record(
-        self, task: int, phase: int, step: int, received: list[Received], posted: _Posted, bound: float
-    ) -> None:
+    def _record(self, task: int, phase: int, step: int, received: list[Received], posted: Posted, bound: float) -> None:
         lost = sum(r.lost for r in received)
         missing = tuple(
             (offset + a, offset + b)
@@ -367,9 +352,16 @@ class PsExchange:
         if not self._closed:
             self._closed = True
             self._pool.shutdown(wait=True)
+            with self._chains_lock:
+                chains = list(self._chains)
+            for chain in chains:
+                with contextlib.suppress(RuntimeCommError):
+                    chain.wait(max(0.0, chain.deadline - time.monotonic()))
 
 
-def _left(deadline: float, timeout_s: float) -> float:
+def _left(deadline: float | None, timeout_s: float) -> float:
+    if deadline is None:
+        return 0.0
     left = deadline - time.monotonic()
     if left <= 0:
         raise RuntimeCommError(f"not finished within timeout_s={timeout_s:g}")

@@ -5,12 +5,17 @@
 :class:`RingHandle` for a ring op queued on the worker thread of
 :mod:`commsched.transport.ring`. Every failure surfaces from ``wait()`` as
 :class:`~commsched.errors.RuntimeCommError` naming the op.
+
+A handle (or a link's transfer) whose op is ended by a thread of its
+transport may also offer ``then(fn) -> bool`` (:class:`Ended`): ``fn`` is
+called in the thread that ends the op, so that nobody has to wait for it.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Protocol
 
@@ -18,7 +23,7 @@ import torch.distributed as dist
 
 from commsched.errors import RuntimeCommError
 
-__all__ = ["DoneHandle", "Handle", "RingHandle", "WorkHandle"]
+__all__ = ["DoneHandle", "Ended", "Handle", "RingHandle", "WorkHandle"]
 
 # How often a waiting caller checks that the ring worker is still alive.
 _POLL_S = 0.5
@@ -38,6 +43,46 @@ class Handle(Protocol):
     def is_completed(self) -> bool:
         """True once the op finished, successfully or not; never blocks."""
         ...
+
+
+class Ended:
+    """That an op has ended, to wait for or to be called back at: a ``threading.Event`` with callbacks.
+
+    :meth:`then` registers ``fn`` to run once, in the thread that calls
+    :meth:`set` (the first call counts), and returns True; where the op has
+    ended already it registers nothing and returns False, so that the caller,
+    who may hold locks ``fn`` takes, decides where to run it. ``fn`` must not
+    raise: it runs in a transport's own thread, which has nobody to tell.
+    """
+
+    __slots__ = ("_callbacks", "_event", "_lock")
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return self._event.wait(timeout_s)
+
+    def then(self, fn: Callable[[], None]) -> bool:
+        with self._lock:
+            if self._event.is_set():
+                return False
+            self._callbacks.append(fn)
+            return True
+
+    def set(self) -> None:
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn()
 
 
 class DoneHandle:

@@ -49,6 +49,7 @@ import torch.distributed as dist
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 from commsched.transport.base import TransportOptions
+from commsched.transport.handles import Ended
 from commsched.transport.links import COMPLETE, Received, TransferKey
 from commsched.transport.tcp_mesh import POLL_S, authenticate, connect, listen, share_addresses
 from commsched.transport.wire import CODES, DTYPES, HEADER, MAGIC, bytes_of, default_bind_address, recv_exact, recv_into
@@ -57,18 +58,25 @@ _CHUNK_BYTES = 1 << 20
 
 
 class TcpTransfer:
+    """A send or receive of :class:`TcpLink`; :meth:`then` calls back in the link's thread that ends it."""
+
     __slots__ = ("_done", "_error", "_received", "_timeout_s", "describe")
 
     def __init__(self, describe: str, timeout_s: float) -> None:
         self.describe = describe
         self._timeout_s = timeout_s
-        self._done = threading.Event()
+        self._done = Ended()
         self._error: RuntimeCommError | None = None
         self._received = COMPLETE
 
     def finish(self, error: RuntimeCommError | None = None) -> None:
-        self._error = error
-        self._done.set()
+        if not self._done.is_set():
+            self._error = error
+            self._done.set()
+
+    def then(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` in the thread that ends the transfer; False (and nothing registered) if it has ended."""
+        return self._done.then(fn)
 
     def wait(self, timeout_s: float | None = None) -> Received:
         limit = self._timeout_s if timeout_s is None else timeout_s
@@ -88,6 +96,10 @@ class TcpTransfer:
 
 class TcpLink:
     """Keyed point-to-point transfers among the ranks of ``group`` over TCP (module docstring)."""
+
+    #: its transfers call back (:meth:`TcpTransfer.then`) in the thread that ends them: the receiving thread of
+    #: the peer's connection, or the sending thread toward it
+    calls_back = True
 
     def __init__(
         self,

@@ -1,0 +1,146 @@
+"""What :meth:`~commsched.transport.exchange.PsExchange.start` returns: a started task of the parameter server.
+
+Over a link whose transfers call back (``link.calls_back``), a :class:`Chained`
+task: no thread waits for it; the link's thread that ends the last transfer
+of a phase finishes that phase (the owner's sum, the stale fill) and posts
+the next (an ``all_reduce``'s pull), and the last phase ends the task, whose
+``then`` callbacks run in that same thread. On a rank whose one core also
+computes, each thread that wakes may preempt the training thread: under the
+``ps`` policy a worker pool woke three to four times per task and phase
+(BENCHMARKS.md, "The parameter server's tasks ended by its link's threads").
+Over another link, a :class:`Pooled` task that a worker of the exchange's
+pool waits for.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import torch
+
+from commsched.errors import RuntimeCommError
+from commsched.transport.handles import Ended
+from commsched.transport.links import Transfer, TransferKey
+
+__all__ = ["Chained", "Phase", "Pooled", "Posted"]
+
+
+@dataclass(slots=True)
+class Posted:
+    """One phase of a started task: its transfer key, the sends and receives it posted on the link."""
+
+    key: TransferKey
+    sends: list[Transfer]
+    recvs: list[tuple[int, Transfer, int, torch.Tensor]]  # (peer, transfer, offset in flat, where it lands)
+
+
+class Pooled:
+    """A started task that a worker of the exchange's pool waits for: the pool's future."""
+
+    __slots__ = ("_describe", "_future")
+
+    def __init__(self, future: Future[None], describe: str) -> None:
+        self._future = future
+        self._describe = describe
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        try:
+            self._future.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise RuntimeCommError(f"{self._describe} did not complete within {timeout_s:g} s") from None
+        except RuntimeCommError:
+            raise
+        except Exception as exc:
+            raise RuntimeCommError(f"{self._describe} failed: {exc!r}") from exc
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+
+class Chained:
+    """A started task that its transfers end (the module docstring): the thread that ends the last
+    transfer of a phase finishes that phase and posts the next; the last phase ends the task.
+
+    ``phases``: per phase, a callable that posts its transfers and one that finishes it once they have all
+    ended (raising what went wrong); ``on_end`` is called once the task has ended.
+    """
+
+    __slots__ = ("_ended", "_error", "_left", "_lock", "_on_end", "_phases", "deadline", "describe", "timeout_s")
+
+    def __init__(self, describe: str, phases: list[Phase], timeout_s: float, on_end: Callable[[Chained], None]) -> None:
+        self.describe = describe
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self._phases = deque(phases)
+        self._on_end = on_end
+        self._ended = Ended()
+        self._error: RuntimeCommError | None = None
+        self._lock = threading.Lock()
+        self._left = 0
+
+    def advance(self) -> None:
+        """Post the next phase (its transfers call back), or end the task after the last."""
+        if not self._phases:
+            self._end(None)
+            return
+        post, finish = self._phases.popleft()
+        try:
+            posted = post()
+        except BaseException as exc:
+            self._end(exc)
+            return
+        transfers = [*posted.sends, *(transfer for _, transfer, _, _ in posted.recvs)]
+        with self._lock:
+            self._left = len(transfers) + 1  # one more until every callback is registered
+        for transfer in transfers:
+            if not transfer.then(lambda: self._count(posted, finish)):  # type: ignore[attr-defined]
+                self._count(posted, finish)  # ended already
+        self._count(posted, finish)
+
+    def _count(self, posted: Posted, finish: Callable[[Posted], None]) -> None:
+        with self._lock:
+            self._left -= 1
+            if self._left:
+                return
+        try:
+            finish(posted)
+        except BaseException as exc:
+            self._end(exc)
+            return
+        self.advance()
+
+    def _end(self, exc: BaseException | None) -> None:
+        if isinstance(exc, RuntimeCommError):
+            self._error = RuntimeCommError(f"{self.describe}: {exc}")
+        elif exc is not None:
+            self._error = RuntimeCommError(f"{self.describe} failed: {exc!r}")
+        self._on_end(self)
+        self._ended.set()
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until the task has ended, at most ``timeout_s`` (None: until the transport's timeout from its
+        start has passed)."""
+        limit = max(0.0, self.deadline - time.monotonic()) if timeout_s is None else timeout_s
+        if not self._ended.wait(limit):
+            if timeout_s is not None:
+                raise RuntimeCommError(f"{self.describe} did not complete within {timeout_s:g} s")
+            raise RuntimeCommError(f"{self.describe}: did not complete within timeout_s={self.timeout_s:g} of start")
+        if self._error is not None:
+            raise self._error
+
+    def is_completed(self) -> bool:
+        return self._ended.is_set()
+
+    def then(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` in the thread that ends the task; False (and nothing registered) if it has ended."""
+        return self._ended.then(fn)
+
+
+#: One phase of a task: post its transfers; finish it once they have all ended.
+Phase = tuple[Callable[[], Posted], Callable[[Posted], None]]
