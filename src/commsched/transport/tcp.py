@@ -21,9 +21,11 @@ Frames
     outside ``out``. Frames for a key nobody has posted yet are buffered, up
     to ``unposted_cap_bytes`` in all; a frame that does not fit waits, and the
     connection is not read, until its receive is posted or buffers are taken
-    (TCP pushes back on the sender). Sends to a peer go out in the order they were made (one sender
-    thread per peer): together with every rank posting in start order, this
-    is what keeps that back-pressure from deadlocking.
+    (TCP pushes back on the sender). Sends to a peer go out in the order they were made
+    (:class:`~commsched.transport.tcp_sender.PeerSender`: written by the
+    caller where the socket takes them at once, else by one sender thread
+    per peer): together with every rank posting in start order, this is
+    what keeps that back-pressure from deadlocking.
 
 Failures
     A peer whose connection closes or breaks fails every transfer with it at
@@ -36,7 +38,6 @@ Failures
 from __future__ import annotations
 
 import contextlib
-import queue
 import socket
 import threading
 import time
@@ -52,9 +53,8 @@ from commsched.transport.base import TransportOptions
 from commsched.transport.handles import Ended
 from commsched.transport.links import COMPLETE, Received, TransferKey
 from commsched.transport.tcp_mesh import POLL_S, authenticate, connect, listen, share_addresses
+from commsched.transport.tcp_sender import CHUNK_BYTES, PeerSender
 from commsched.transport.wire import CODES, DTYPES, HEADER, MAGIC, bytes_of, default_bind_address, recv_exact, recv_into
-
-_CHUNK_BYTES = 1 << 20
 
 
 class TcpTransfer:
@@ -133,7 +133,7 @@ class TcpLink:
         self._incoming: dict[int, socket.socket] = {}  # the first authenticated connection from each peer
         self._sockets: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
-        self._queues: dict[int, queue.SimpleQueue[tuple[bytes, torch.Tensor, TcpTransfer] | None]] = {}
+        self._senders: dict[int, PeerSender] = {}
 
         host = options.bind or default_bind_address()
         self._listener = listen(host, self.world)
@@ -164,7 +164,7 @@ class TcpLink:
             if self._closed or peer in self._dead:
                 t.finish(RuntimeCommError(f"{t.describe}: {self._dead.get(peer, 'the link is closed')}"))
                 return t
-        self._queues[peer].put((header, data.view(-1), t))
+        self._senders[peer].send(header, bytes_of(data.view(-1)), t)
         return t
 
     def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> TcpTransfer:
@@ -202,8 +202,8 @@ class TcpLink:
             self._closed = True
             self._cond.notify_all()
         deadline = time.monotonic() + (self.timeout_s if bound_s is None else bound_s)
-        for q in self._queues.values():
-            q.put(None)
+        for sender in self._senders.values():
+            sender.stop()
         for thread in self._threads:
             if thread.name.startswith("commsched-tcp-send"):
                 thread.join(max(0.0, deadline - time.monotonic()))
@@ -235,8 +235,8 @@ class TcpLink:
     def _dial(self, peer: int, host: str, port: int) -> None:
         """Connect to ``peer`` and authenticate both ways; then start the sender thread."""
         sock = connect(host, port, self._key, self.rank, peer, self.timeout_s, self._sockets)
-        self._queues[peer] = queue.SimpleQueue()
-        self._thread(self._send_loop, f"send{peer}", peer, sock)
+        self._senders[peer] = PeerSender(peer, sock, lambda why: self._fail_peer(peer, why))
+        self._thread(self._senders[peer].run, f"send{peer}")
 
     def _accept_loop(self) -> None:
         while not self._closed:
@@ -280,26 +280,6 @@ class TcpLink:
             self._cond.notify_all()
         for _, (_, t) in failed:
             t.finish(RuntimeCommError(f"{t.describe}: {why}"))
-
-    # ---- sending ----
-
-    def _send_loop(self, peer: int, sock: socket.socket) -> None:
-        q = self._queues[peer]
-        while (item := q.get()) is not None:
-            header, data, t = item
-            try:
-                sock.sendall(header)
-                payload = bytes_of(data)
-                for start in range(0, len(payload), _CHUNK_BYTES):
-                    sock.sendall(payload[start : start + _CHUNK_BYTES])  # the timeout bounds each chunk
-            except OSError as exc:
-                why = f"the connection to rank {peer} failed ({exc})"
-                t.finish(RuntimeCommError(f"{t.describe}: {why}"))
-                self._fail_peer(peer, why)
-                while (rest := q.get()) is not None:
-                    rest[2].finish(RuntimeCommError(f"{rest[2].describe}: {why}"))
-                return
-            t.finish()
 
     # ---- receiving ----
 
@@ -394,7 +374,7 @@ class TcpLink:
         with self._cond:
             self.dropped[reason] += 1
         left = nbytes
-        scratch = memoryview(bytearray(min(nbytes, _CHUNK_BYTES) or 1))
+        scratch = memoryview(bytearray(min(nbytes, CHUNK_BYTES) or 1))
         while left > 0:
             n = min(left, len(scratch))
             recv_into(sock, scratch[:n])
