@@ -185,26 +185,31 @@ def stopped_peer(rank: int, world: int, port: int, out: str, policy: str, where:
     os._exit(0)
 
 
-def launch_order(rank: int, world: int, port: int, out: str, policy: str, knobs: dict[str, Any], steps: int) -> None:
-    """Train with a trace; write the trace's task order and the plan the runtime made after warm-up."""
+def launch_orders(
+    rank: int, world: int, port: int, out: str, cases: list[tuple[str, dict[str, Any]]], steps: int
+) -> None:
+    """For each (policy, knobs) in turn, in these processes: train with a trace; write, by policy, the trace's
+    task order and the plan the runtime made after warm-up."""
+    results: dict[str, Any] = {}
     try:
         init(rank, world, port)
-        model = M.fresh()
-        opt = M.make_optimizer("sgd", model)
-        wrapped, opt = parallelize(model, opt, policy=policy, trace=True, **knobs)
-        _train_always_branch(wrapped, opt, rank, steps)
-        wrapped.flush()  # type: ignore[operator]
-        trace = wrapped.trace  # type: ignore[union-attr]
-        comm = [e for e in trace.events if e.kind in ("all_reduce", "reduce_scatter", "all_gather")]
-        comm.sort(key=lambda e: e.start_s)
-        result = {
-            "plan": wrapped.plan.to_json(indent=None),  # type: ignore[union-attr]
-            "order": [[e.iteration, e.task] for e in comm],
-        }
-        wrapped.close()  # type: ignore[operator]
+        for policy, knobs in cases:
+            model = M.fresh()
+            opt = M.make_optimizer("sgd", model)
+            wrapped, opt = parallelize(model, opt, policy=policy, trace=True, **knobs)
+            _train_always_branch(wrapped, opt, rank, steps)
+            wrapped.flush()  # type: ignore[operator]
+            trace = wrapped.trace  # type: ignore[union-attr]
+            comm = [e for e in trace.events if e.kind in ("all_reduce", "reduce_scatter", "all_gather")]
+            comm.sort(key=lambda e: e.start_s)
+            results[policy] = {
+                "plan": wrapped.plan.to_json(indent=None),  # type: ignore[union-attr]
+                "order": [[e.iteration, e.task] for e in comm],
+            }
+            wrapped.close()  # type: ignore[operator]
     except Exception:
-        result = {"error": traceback.format_exc()}
-    _write(out, rank, result)
+        results["error"] = traceback.format_exc()
+    _write(out, rank, results)
     os._exit(0)
 
 

@@ -317,10 +317,11 @@ def task_overlap(rank: int, world: int, port: int, out: str, rounds: int) -> Non
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def decisions_broken(rank: int, world: int, port: int, out: str, how: str, read: str = "receive") -> None:
-    """Rank 0 sends one message, then breaks the stream (``how``: "garbage", a frame of too many values, or
-    "close"); each follower reports the message and the error its next read raised (``read``: a blocking
-    ``receive``, or ``poll`` called until it returns something or raises)."""
+def decisions_broken(rank: int, world: int, port: int, out: str, cases: list[tuple[str, str]]) -> None:
+    """For each case (how, read) in turn, on a channel of its own: rank 0 sends one message, then breaks the
+    stream (``how``: "garbage", a frame of too many values, or "close"); each follower reports, by
+    ``"how-read"``, the message and the error its next read raised (``read``: a blocking ``receive``, or
+    ``poll`` called until it returns something or raises)."""
     import struct
     import time as _time
 
@@ -329,40 +330,44 @@ def decisions_broken(rank: int, world: int, port: int, out: str, how: str, read:
     from commsched.transport import TransportOptions
 
     init(rank, world, port)
-    result: dict[str, Any] = {}
-    try:
-        channel = DecisionChannel(None, 20.0, TransportOptions(bind="127.0.0.1"))
-        if rank == 0:
-            channel.send([7, 8, 9])
-            if how == "close":
-                channel.close()
+    results: dict[str, Any] = {}
+    for how, read in cases:
+        result: dict[str, Any] = {}
+        results[f"{how}-{read}"] = result
+        try:
+            channel = DecisionChannel(None, 20.0, TransportOptions(bind="127.0.0.1"))
+            if rank == 0:
+                channel.send([7, 8, 9])
+                if how == "close":
+                    channel.close()
+                else:
+                    bad = b"\xff" * FRAME.size if how == "garbage" else FRAME.pack(MAGIC, MAX_VALUES + 1)
+                    for sock in channel.sockets:
+                        sock.sendall(bad + struct.pack("<q", 1))
+            elif read == "receive":
+                result["got"] = channel.receive()
+                try:
+                    result["next"] = channel.receive()
+                except RuntimeCommError as exc:
+                    result["raised"] = str(exc)
             else:
-                bad = b"\xff" * FRAME.size if how == "garbage" else FRAME.pack(MAGIC, MAX_VALUES + 1)
-                for sock in channel.sockets:
-                    sock.sendall(bad + struct.pack("<q", 1))
-        elif read == "receive":
-            result["got"] = channel.receive()
-            try:
-                result["next"] = channel.receive()
-            except RuntimeCommError as exc:
-                result["raised"] = str(exc)
-        else:
-            got: list[list[int]] = []
-            deadline = _time.monotonic() + 20.0
-            try:
-                while _time.monotonic() < deadline:
-                    got += channel.poll()
-                    _time.sleep(0.01)
-            except RuntimeCommError as exc:
-                result["raised"] = str(exc)
-            result["got"] = got[0] if got else None
-            if len(got) > 1:
-                result["next"] = got[1:]
-        dist.barrier()
-        channel.close()
-    except Exception:
-        result["error"] = traceback.format_exc()
-    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+                got: list[list[int]] = []
+                deadline = _time.monotonic() + 20.0
+                try:
+                    while _time.monotonic() < deadline:
+                        got += channel.poll()
+                        _time.sleep(0.01)
+                except RuntimeCommError as exc:
+                    result["raised"] = str(exc)
+                result["got"] = got[0] if got else None
+                if len(got) > 1:
+                    result["next"] = got[1:]
+            dist.barrier()
+            channel.close()
+        except Exception:
+            result["error"] = traceback.format_exc()
+            break
+    Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
 
 

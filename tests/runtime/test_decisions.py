@@ -31,22 +31,31 @@ def test_every_follower_receives_every_decision_in_order_on_tuned_connections(tm
         assert len(r["floors"]) == ((2 if rank == 0 else 1) if supported else 0), (rank, r["floors"])
 
 
-@pytest.mark.parametrize(
-    ("how", "says", "read"),
-    [
-        ("garbage", "malformed frame (magic 0xffffffff", "receive"),
-        ("too_long", "malformed frame", "receive"),
-        ("close", "closed", "receive"),
-        ("garbage", "malformed frame (magic 0xffffffff", "poll"),
-        ("close", "closed", "poll"),
-    ],
-)
-def test_a_follower_raises_when_the_leaders_stream_breaks(tmp_path: Path, how: str, says: str, read: str) -> None:
+#: how rank 0 breaks the stream, what the follower's error says, and how the follower reads
+BROKEN = [
+    ("garbage", "malformed frame (magic 0xffffffff", "receive"),
+    ("too_long", "malformed frame", "receive"),
+    ("close", "closed", "receive"),
+    ("garbage", "malformed frame (magic 0xffffffff", "poll"),
+    ("close", "closed", "poll"),
+]
+
+
+@pytest.fixture(scope="module")
+def broken_streams(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Every case of :data:`BROKEN` in turn, each on a channel of its own, in one pair of processes."""
+    cases = [(how, read) for how, _, read in BROKEN]
+    return spawn(W.decisions_broken, 2, tmp_path_factory.mktemp("broken"), cases, timeout_s=120)
+
+
+@pytest.mark.parametrize(("how", "says", "read"), BROKEN)
+def test_a_follower_raises_when_the_leaders_stream_breaks(
+    broken_streams: list[dict], how: str, says: str, read: str
+) -> None:
     """What cannot be read ends the follower with a clear error, after the messages before it arrived whole,
     whether its thread waits for them or its training thread polls."""
-    results = spawn(W.decisions_broken, 2, tmp_path, how, read, timeout_s=60)
-    assert "error" not in results[0], results[0]
-    follower = results[1]
+    leader, follower = (r.get(f"{how}-{read}", r) for r in broken_streams)
+    assert "error" not in leader, leader
     assert follower.get("got") == [7, 8, 9], follower
     assert "next" not in follower and says in follower.get("raised", ""), follower
 

@@ -136,27 +136,35 @@ def _steady_order(order: list[list], iteration: int) -> list[str]:
     return [name for it, name in order if it == iteration]
 
 
-@pytest.mark.parametrize(
-    ("policy", "knobs"),
-    [
-        ("ddp", SMALL_KNOBS["ddp"]),
-        ("wfbp", {}),
-        ("horovod", SMALL_KNOBS["horovod"]),
-        ("dear", SMALL_KNOBS["dear"]),
-        ("no_overlap", SMALL_KNOBS["no_overlap"]),
-        # completion-driven: a credit window that never binds makes their order independent of timing
-        ("bytescheduler", {"partition_mb": 0.0004, "credit_mb": 1000.0}),
-        ("prophet", {"partition_mb": 0.0004, "credit_mb": 1000.0}),
-    ],
-)
+#: the launch order's cases, run one after another in one pair of processes (:func:`launch_orders`)
+LAUNCH_CASES = [
+    ("ddp", SMALL_KNOBS["ddp"]),
+    ("wfbp", {}),
+    ("horovod", SMALL_KNOBS["horovod"]),
+    ("dear", SMALL_KNOBS["dear"]),
+    ("no_overlap", SMALL_KNOBS["no_overlap"]),
+    # completion-driven: a credit window that never binds makes their order independent of timing
+    ("bytescheduler", {"partition_mb": 0.0004, "credit_mb": 1000.0}),
+    ("prophet", {"partition_mb": 0.0004, "credit_mb": 1000.0}),
+]
+LAUNCH_STEPS = 5
+
+
+@pytest.fixture(scope="module")
+def launch_orders(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """Every case of :data:`LAUNCH_CASES` trained in turn by the same 2 processes (one spawn, not seven)."""
+    return spawn(S.launch_orders, 2, tmp_path_factory.mktemp("launch"), LAUNCH_CASES, LAUNCH_STEPS)
+
+
+@pytest.mark.parametrize(("policy", "knobs"), LAUNCH_CASES)
 def test_the_runtimes_launch_order_is_the_simulators_on_the_same_profile(
-    tmp_path: Path, policy: str, knobs: dict
+    launch_orders: list[dict], policy: str, knobs: dict
 ) -> None:
-    steps = 5
-    res = spawn(S.launch_order, 2, tmp_path, policy, knobs, steps)
-    for r in res:
-        assert "error" not in r and "missing" not in r, r
+    for r in launch_orders:
+        assert "error" not in r and "missing" not in r and policy in r, r
+    res = [r[policy] for r in launch_orders]
     plan = CommPlan.from_json(res[0]["plan"])
+    assert plan.policy == policy and all(getattr(plan.knobs, k) == v for k, v in knobs.items()), plan.knobs
     # the runtime's own plan, so the scheduler decides from the same network estimate (Prophet's blocks fit the
     # gaps by the estimated transfer time: a fresh plan for the test's cluster would size them differently)
     result = simulate_plan(plan, _two_workers(), 3, 1)
@@ -167,7 +175,7 @@ def test_the_runtimes_launch_order_is_the_simulators_on_the_same_profile(
     )
     simulated = [e.task for e in sim_events if e.iteration == 2]
     assert simulated, "nothing simulated: the test would prove nothing"
-    last_full = steps - 2  # the last iteration whose all-gathers the next forward launched
+    last_full = LAUNCH_STEPS - 2  # the last iteration whose all-gathers the next forward launched
     for r in res:
         assert _steady_order(r["order"], last_full) == simulated, policy
 

@@ -10,7 +10,8 @@ something to report — no event is handed to another thread:
   in the trace, marks them in :class:`Completions` (what the training thread
   waits on) and reports them; a task whose transport calls back when it ends
   (``then``: the ``ps`` transport's) is recorded so in the transport's thread
-  that ended it, and the watcher never wakes for it;
+  that ended it (or, where it ended at its start, by the thread that started
+  it), and the watcher never wakes for it;
 * a **follower** (a rank other than 0 under a completion-driven scheduler)
   receives the leader's decisions and reports them: its training thread
   reads those already arrived at each of its events (without blocking),
@@ -51,12 +52,12 @@ from dataclasses import dataclass
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 from commsched.runtime.buffers import GradientBuffers
-from commsched.runtime.completions import Completions
+from commsched.runtime.completions import Completions, Started
 from commsched.runtime.decisions import DecisionChannel
 from commsched.schedule import CommPlan, Dispatcher, Start, policy_class, scheduler_for
 from commsched.schedule.dispatch import EventName
 from commsched.trace import Trace, TraceEvent
-from commsched.transport import Handle, Transport
+from commsched.transport import Transport
 from commsched.transport.tcp_mesh import POLL_S
 
 #: Items the agent takes: (kind, task or tensor or layer, instance, epoch).
@@ -65,15 +66,6 @@ Item = tuple[str, int, int, int]
 _TRAINING_EVENTS = frozenset({"grad_ready", "forward_pre", "backward_done", "step", "flush"})
 #: Events after which the training thread hands the watcher what it kept: it may block next.
 _HAND_OVER_EVENTS = frozenset({"backward_done", "step", "flush"})
-
-
-@dataclass(frozen=True)
-class _Started:
-    task: int
-    instance: int
-    epoch: int
-    handle: Handle
-    start_s: float
 
 
 @dataclass
@@ -109,10 +101,10 @@ class Agent:
         self._t0 = t0
         self.completions = Completions()
         self._lock = threading.Lock()
-        self._started: queue.SimpleQueue[_Started | None] = queue.SimpleQueue()
+        self._started: queue.SimpleQueue[Started | None] = queue.SimpleQueue()
         #: kept for the training thread to complete, oldest first: appended under the lock by any thread while
         #: ``_keeping``; only the training thread takes them out
-        self._kept: list[_Started] = []
+        self._kept: list[Started] = []
         #: under the lock: from a training event until the training thread hands over
         self._keeping = False
         #: the follow thread waits on it while the training thread keeps (and reads the orders itself)
@@ -189,12 +181,13 @@ class Agent:
             if training:
                 self._keeping = True
             keeps = self._keeping and self.on_transfer is None
-            for s in starts:
-                self._start(state, s, keeps)
+            ended = [started for s in starts if (started := self._start(state, s, keeps)) is not None]
             if state.leader_forwards:
                 decisions = d.take_decisions()
                 if decisions:
                     self._offer([(task, inst, state.epoch) for task, inst in decisions])
+        for started in ended:  # ended at their start: recorded by this thread, out of the lock
+            self._ended(started)
         if training:
             if self._follows:
                 self._take_orders()
@@ -287,19 +280,23 @@ class Agent:
         t.start()
         return t
 
-    def _start(self, state: _PlanState, s: Start, keeps: bool) -> None:
-        """Under the lock: start ``s``; the watcher waits for it, unless ``keeps`` (the training thread is
-        keeping) and the task is one the training thread can complete itself."""
+    def _start(self, state: _PlanState, s: Start, keeps: bool) -> Started | None:
+        """Under the lock: start ``s``. The training thread keeps it if ``keeps`` (it is keeping) and it can
+        complete it itself; else the transport calls back when it ends, or the watcher waits for it. Returns it
+        where it ended at its start (the caller records it once out of the lock)."""
         task = state.plan.tasks[s.task]
         start = time.perf_counter()
         handle = self._transport(task.transport).start(task, state.buffers.buffer(s.task))
-        started = _Started(s.task, s.instance, state.epoch, handle, start)
+        started = Started(s.task, s.instance, state.epoch, handle, start)
         # a frame the peers' sockets cannot hold whole would stop their senders until read: the watcher reads it
         if keeps and getattr(handle, "fits_buffers", lambda: False)():
             self._kept.append(started)
             self.kept += 1
-        elif not getattr(handle, "then", lambda fn: False)(lambda: self._ended(started)):
-            self._started.put(started)  # the watcher waits, unless the transport calls back when the op ends
+        elif not hasattr(handle, "then"):
+            self._started.put(started)
+        elif not handle.then(lambda: self._ended(started)):
+            return started
+        return None
 
     def _watch_loop(self) -> None:
         while True:
@@ -309,7 +306,7 @@ class Agent:
             started.handle.wait(self.timeout_s)  # a handle raises RuntimeCommError: reported by _thread
             self._record(started, time.perf_counter())
 
-    def _ended(self, started: _Started) -> None:
+    def _ended(self, started: Started) -> None:
         """Called back by the transport in its thread that ended the op of ``started``: recorded there."""
         try:
             started.handle.wait(0.0)  # ended: raises the op's error, if it failed
@@ -318,7 +315,7 @@ class Agent:
         except BaseException as exc:
             self.completions.fail(exc)
 
-    def _record(self, started: _Started, end: float) -> None:
+    def _record(self, started: Started, end: float) -> None:
         """A completed transfer: timed, traced, marked, reported."""
         state = self._state
         # From when the transfer began where the handle knows it (ring ops queue behind

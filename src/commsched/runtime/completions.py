@@ -1,12 +1,26 @@
-"""Completed task instances, shared between the threads of one rank's :class:`~commsched.runtime.agent.Agent`."""
+"""Started and completed task instances, shared between the threads of one rank's
+:class:`~commsched.runtime.agent.Agent`."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from commsched.errors import RuntimeCommError
+from commsched.transport import Handle
+
+
+@dataclass(frozen=True)
+class Started:
+    """A task instance started on its transport under the plan of ``epoch``, at ``start_s`` (``perf_counter``)."""
+
+    task: int
+    instance: int
+    epoch: int
+    handle: Handle
+    start_s: float
 
 
 class Completions:
