@@ -217,3 +217,26 @@ def test_the_summaries_over_every_run_of_one_code_are_recomputed(
     script_loader("benchmarks/dlcp_cpu_ab.py").main(["--summary", *map(str, paths)])
     summary = capsys.readouterr().out.splitlines()[-1]
     assert summary.startswith(f"dlcp / ps over {count} reports") and summary in DOCUMENT, summary
+
+
+def test_the_ps_tables_are_recomputed_from_their_runs(script_loader: Callable[[str], ModuleType]) -> None:
+    """BENCHMARKS.md, "The parameter server's tasks ended by its link's threads": both paired comparisons and
+    every row of the wake-ups and waits."""
+    compare_runs = script_loader("benchmarks/compare_runs.py")
+    thread_cpu = script_loader("benchmarks/thread_cpu.py")
+    runs = ROOT / "benchmarks" / "results" / "ps-chained"
+    paths = []
+    for ab, before, after in (("chained-ab", "old", "new"), ("sender-ab", "new", "newer")):
+        older, newer = sorted((runs / ab).glob(f"{before}-*.json")), sorted((runs / ab).glob(f"{after}-*.json"))
+        assert len(older) == len(newer) == 2, ab
+        assert compare_runs.table(older, newer) in DOCUMENT, ab
+        paths += [*older, *newer]
+    rows = [
+        row
+        for path in [*paths, runs / "final-1.json"]
+        for session in json.loads(path.read_text())["sessions"]
+        for row in thread_cpu.totals(path, session, "ps")
+    ]
+    assert len(rows) == 18
+    for row in rows:
+        assert row in DOCUMENT, row
