@@ -33,8 +33,9 @@ returns at once. Over a link whose transfers call back (``link.calls_back``:
 :class:`~commsched.transport.tcp.TcpLink`), no thread waits for them: the
 link's thread that ends a phase's last transfer does the arithmetic there
 (an ``all_reduce`` posts its pull there, once its sum exists) and ends the
-task, whose handle calls back in turn (``then``: :mod:`commsched.transport.exchange_tasks`); over
-another link a small worker pool waits for the transfers and does the same.
+task, whose handle calls back in turn (``then``;
+:mod:`commsched.transport.exchange_tasks`); over another link a small
+worker pool waits for the transfers and does the same.
 The returned handle's ``wait(timeout_s)`` raises
 :class:`~commsched.errors.RuntimeCommError` naming the task on a failure or
 after the timeout; ``is_completed()`` never blocks.
