@@ -6,8 +6,9 @@ of a phase finishes that phase (the owner's sum, the stale fill) and posts
 the next (an ``all_reduce``'s pull), and the last phase ends the task, whose
 ``then`` callbacks run in that same thread. On a rank whose one core also
 computes, each thread that wakes may preempt the training thread: under the
-``ps`` policy a worker pool woke three to four times per task and phase
-(BENCHMARKS.md, "The parameter server's tasks ended by its link's threads").
+``ps`` policy on resnet5m the worker pool and the agent's watcher together
+woke about 300 times per iteration on each rank, unshaped (BENCHMARKS.md,
+"The parameter server's tasks ended by its link's threads").
 Over another link, a :class:`Pooled` task that a worker of the exchange's
 pool waits for.
 """
