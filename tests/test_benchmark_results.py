@@ -220,13 +220,14 @@ def test_the_summaries_over_every_run_of_one_code_are_recomputed(
 
 
 def test_the_ps_tables_are_recomputed_from_their_runs(script_loader: Callable[[str], ModuleType]) -> None:
-    """BENCHMARKS.md, "The parameter server's tasks ended by its link's threads": both paired comparisons and
-    every row of the wake-ups and waits."""
+    """BENCHMARKS.md, "The parameter server's tasks ended by its link's threads": the three paired comparisons
+    and every row of the wake-ups and waits."""
     compare_runs = script_loader("benchmarks/compare_runs.py")
     thread_cpu = script_loader("benchmarks/thread_cpu.py")
     runs = ROOT / "benchmarks" / "results" / "ps-chained"
     paths = []
-    for ab, before, after in (("chained-ab", "old", "new"), ("sender-ab", "new", "newer")):
+    comparisons = (("chained-ab", "old", "new"), ("sender-ab", "new", "newer"), ("unshaped-ab", "old", "new"))
+    for ab, before, after in comparisons:
         older, newer = sorted((runs / ab).glob(f"{before}-*.json")), sorted((runs / ab).glob(f"{after}-*.json"))
         assert len(older) == len(newer) == 2, ab
         assert compare_runs.table(older, newer) in DOCUMENT, ab
@@ -237,6 +238,6 @@ def test_the_ps_tables_are_recomputed_from_their_runs(script_loader: Callable[[s
         for session in json.loads(path.read_text())["sessions"]
         for row in thread_cpu.totals(path, session, "ps")
     ]
-    assert len(rows) == 18
+    assert len(rows) == 22
     for row in rows:
         assert row in DOCUMENT, row
