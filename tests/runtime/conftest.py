@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import socket
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _processes import process
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -35,9 +35,8 @@ def world_of_one() -> Iterator[None]:
 
 def spawn(fn: Callable[..., None], world: int, tmp_path: Path, *args: Any, timeout_s: float = 300) -> list[dict]:
     """Run ``fn(rank, world, port, out_dir, *args)`` in ``world`` processes; return each rank's JSON result."""
-    ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=fn, args=(r, world, port, str(tmp_path), *args)) for r in range(world)]
+    procs = [process(fn, (r, world, port, str(tmp_path), *args)) for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 from pathlib import Path
 from typing import Any
 
 import _startup_workers as S
 import pytest
+from _processes import process
 
 from commsched.cluster import Cluster
 from commsched.profile import profile_model
@@ -107,13 +107,9 @@ def test_every_bad_argument_is_refused_at_parallelize_before_any_communication(t
 def test_a_stopped_peer_ends_every_other_rank_within_the_timeout(
     tmp_path: Path, world: int, policy: str, where: str
 ) -> None:
-    timeout_s = 10.0  # each rank ends within it plus start-up; longer only lengthens the suite
-    ctx = mp.get_context("spawn")
+    timeout_s = 5.0  # each rank ends within it plus start-up; longer only lengthens the suite
     port = free_port()
-    procs = [
-        ctx.Process(target=S.stopped_peer, args=(r, world, port, str(tmp_path), policy, where, timeout_s))
-        for r in range(world)
-    ]
+    procs = [process(S.stopped_peer, (r, world, port, str(tmp_path), policy, where, timeout_s)) for r in range(world)]
     for p in procs:
         p.start()
     try:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _processes import context, process
 
 from commsched.errors import RuntimeCommError
 from commsched.transport.collectives import Collectives
@@ -70,10 +70,9 @@ def _spawn(
 ) -> dict[int, dict[str, Any]]:
     """Run ``target(rank, world)`` on ``world`` gloo ranks; the dicts of the ``reporters`` (all ranks), by rank."""
     expected = set(range(world) if reporters is None else reporters)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out = context().Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(target, r, world, port, out)) for r in range(world)]
+    procs = [process(_entry, (target, r, world, port, out)) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, dict[str, Any]] = {}

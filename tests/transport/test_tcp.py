@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _processes import context, process
 from test_collectives import _outcome
 
 from commsched.errors import RuntimeCommError
@@ -64,10 +64,9 @@ def _spawn(
     target: Callable[[int, int], dict[str, Any]], world: int, reporters: tuple[int, ...] | None = None
 ) -> dict[int, dict[str, Any]]:
     expected = set(range(world) if reporters is None else reporters)
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
+    out = context().Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(target, r, world, port, out)) for r in range(world)]
+    procs = [process(_entry, (target, r, world, port, out)) for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, dict[str, Any]] = {}

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from _processes import context, process
 
 from commsched.errors import RuntimeCommError
 from commsched.transport import TransportOptions
@@ -68,10 +68,9 @@ def _rank(rank: int, port: int, report: Any) -> None:
 
 
 def test_open_dlcp_link_exchanges_addresses_and_key_over_gloo() -> None:
-    ctx = mp.get_context("spawn")
-    report = ctx.Queue()
+    report = context().Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, report)) for r in range(2)]
+    procs = [process(_rank, (r, port, report)) for r in range(2)]
     for p in procs:
         p.start()
     results: dict[int, dict[str, Any]] = {}
