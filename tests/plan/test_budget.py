@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -36,6 +37,20 @@ def test_a_simulation_still_running_past_the_deadline_is_interrupted_and_dropped
     assert time.perf_counter() - began < 0.2 + GRACE_S + 1.0 and budget.skipped == 1
     assert budget.run("slow", 1, lambda: "late") is None  # past the deadline: not even started
     assert budget.run("floor", 1, lambda: "kept", interruptible=False) == "kept"
+
+
+def test_an_interruption_dropped_by_the_simulation_is_raised_again_until_it_ends() -> None:
+    def drops_the_first() -> str:  # as a finalizer or a weakref callback that the alarm hits would
+        with contextlib.suppress(Exception):
+            time.sleep(30)
+        time.sleep(30)
+        return "done"
+
+    budget = Budget(0.1)
+    began = time.perf_counter()
+    assert budget.run("slow", 1, drops_the_first) is None and budget.skipped == 1
+    assert time.perf_counter() - began < 0.1 + 2 * GRACE_S + 1.0
+    time.sleep(3 * GRACE_S)  # the alarm stopped with the simulation: nothing is raised here
 
 
 def test_a_budget_too_small_for_anything_runs_only_the_floor_and_says_so() -> None:

@@ -10,7 +10,10 @@ for that policy (for a policy not seen yet, the largest policy mean) times
 can be wrong (a policy not seen yet, a machine that other work slows down),
 so on the main thread :meth:`Budget.run` also interrupts a simulation still
 running :data:`GRACE_S` after the deadline (``SIGALRM``; its result is
-dropped and the search goes on with what it has). The budget is therefore
+dropped and the search goes on with what it has). The alarm repeats every
+:data:`GRACE_S` until the simulation has ended: an interruption raised while
+Python runs a finalizer or a weakref callback is printed and dropped there,
+and the next one ends the simulation. The budget is therefore
 passed by at most :data:`GRACE_S`, plus what always runs, the search's
 floor: the baselines a plan is compared with, and the first policy's
 defaults in each search (one short simulation), so that a search always
@@ -88,12 +91,11 @@ class Budget:
             old = signal.signal(signal.SIGALRM, _overtime) if armed else None
             try:
                 if armed:
-                    signal.setitimer(signal.ITIMER_REAL, self.deadline + GRACE_S - began)
+                    signal.setitimer(signal.ITIMER_REAL, self.deadline + GRACE_S - began, GRACE_S)
                 result = simulate()
             finally:
                 if armed:
-                    signal.setitimer(signal.ITIMER_REAL, 0)
-                    signal.signal(signal.SIGALRM, old)
+                    _disarm(old)
         except _Overtime:
             if result is None:  # (the alarm may also fire just after the simulation ended: then keep it)
                 self.skipped += 1
@@ -114,3 +116,14 @@ class _Overtime(Exception):
 
 def _overtime(signum: int, frame: FrameType | None) -> None:
     raise _Overtime
+
+
+def _disarm(old: signal.Handlers | Callable[[int, FrameType | None], object] | int | None) -> None:
+    """Stop the alarm, then give ``SIGALRM`` back to ``old``; an alarm that fires meanwhile is dropped."""
+    while True:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+            return
+        except _Overtime:
+            continue

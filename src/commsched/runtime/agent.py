@@ -232,14 +232,10 @@ class Agent:
         with self._lock:  # other threads only append
             del self._kept[:done]
         for started in kept[:done]:
-            try:
-                started.handle.wait(0.0)  # complete: raises the op's error, if it failed
-            except Exception as exc:
+            if not self._ended(started):
                 with self._lock:
                     self._kept = []
-                self.completions.fail(exc)
                 return
-            self._record(started, time.perf_counter())
 
     def listens(self, event: EventName) -> bool:
         """Whether the current plan's scheduler reacts to ``event`` (others need not be reported)."""
@@ -306,14 +302,17 @@ class Agent:
             started.handle.wait(self.timeout_s)  # a handle raises RuntimeCommError: reported by _thread
             self._record(started, time.perf_counter())
 
-    def _ended(self, started: Started) -> None:
-        """Called back by the transport in its thread that ended the op of ``started``: recorded there."""
+    def _ended(self, started: Started) -> bool:
+        """Record ``started``, whose op has ended (called back by the transport, in its thread that ended it, or
+        by :meth:`_complete_kept`); an op that failed fails the completions instead. Whether it succeeded."""
         try:
             started.handle.wait(0.0)  # ended: raises the op's error, if it failed
             if not self._closing:
                 self._record(started, time.perf_counter())
         except BaseException as exc:
             self.completions.fail(exc)
+            return False
+        return True
 
     def _record(self, started: Started, end: float) -> None:
         """A completed transfer: timed, traced, marked, reported."""

@@ -28,7 +28,9 @@ An op
     magic, sequence number, payload bytes, then the payload as it lies in
     memory) without ever blocking the thread that starts it: one
     non-blocking ``writev`` per peer, and what the socket does not take at
-    once a sender thread writes from the buffer, in order, while the op
+    once that peer's sender thread writes from the buffer, in order
+    (:class:`~commsched.transport.tcp_sender.PeerSender`, as a
+    :class:`~commsched.transport.tcp.TcpLink` sends), while the op
     completes only once it is written (a rank that starts ops may be the one
     whose next message lets its peer start them: the leader of
     ByteScheduler, Prophet and ``ps`` sends its
@@ -56,7 +58,6 @@ Failures
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import socket
 import struct
@@ -72,6 +73,7 @@ import torch.distributed as dist
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 from commsched.transport.tcp_mesh import open_mesh
+from commsched.transport.tcp_sender import PeerSender
 from commsched.transport.wire import bytes_of, default_bind_address, receive_room, unread_bytes
 
 if TYPE_CHECKING:  # base imports the collectives, which import this module
@@ -100,10 +102,19 @@ class _Op:
     describe: str
     done: threading.Event = field(default_factory=threading.Event)
     error: RuntimeCommError | None = None
-    #: peers whose frame is not yet written whole (the sender thread's), and set once there are none: the sum
-    #: may then overwrite the buffer
-    unsent: int = 0
+    #: peers whose frame is not yet written whole, plus one while :meth:`DirectAllReduce.start` sends; ``sent``
+    #: is set once none is left: the sum may then overwrite the buffer
+    unsent: int = 1
     sent: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def finish(self, error: RuntimeCommError | None = None) -> None:
+        """One frame of this op written whole, or failed (:class:`PeerSender` failed the owner already)."""
+        with self._lock:
+            self.unsent -= 1
+            if self.unsent:
+                return
+        self.sent.set()
 
 
 class DirectHandle:
@@ -146,8 +157,9 @@ class DirectAllReduce:
         "_read_lock",
         "_scratch",
         "_send_lock",
-        "_sender",
+        "_senders",
         "_state",
+        "_threads",
         "peers",
         "rank",
         "rejected",
@@ -163,10 +175,9 @@ class DirectAllReduce:
         self.rejected = 0
         #: peer rank -> its connection, in rank order
         self.peers: dict[int, socket.socket] = {}
-        self._send_lock = threading.Condition()  # frames stay whole and in start order; wakes the sender
-        #: per peer: what the socket did not take at once, oldest first (the sender thread writes it)
-        self._backlog: dict[int, deque[tuple[_Op, memoryview]]] = {}
-        self._sender: threading.Thread | None = None
+        self._send_lock = threading.Lock()  # every peer's frames in start order
+        self._senders: dict[int, PeerSender] = {}
+        self._threads: list[threading.Thread] = []
         self._read_lock = threading.Lock()  # one reader at a time: ops complete in start order
         self._state = threading.Lock()  # the queue of ops not yet complete
         self._pending: deque[_Op] = deque()
@@ -178,11 +189,13 @@ class DirectAllReduce:
                 group, self.rank, self.world, bind or default_bind_address(), given_key, timeout_s, HANDSHAKE_S,
                 "direct all-reduce connection",
             )  # fmt: skip
-            for sock in self.peers.values():
-                sock.settimeout(timeout_s)  # bounds the sender's writes; reads wait with select, bounded by the wait
-            self._backlog = {peer: deque() for peer in self.peers}
-            self._sender = daemon_thread(self._send_loop, f"commsched-dsend-r{self.rank}")
-            self._sender.start()
+            for peer, sock in self.peers.items():
+                # bounds the sender thread's writes (a timeout leaves the descriptor non-blocking: the inline
+                # writev); reads wait with select, bounded by the wait
+                sock.settimeout(timeout_s)
+                sender = self._senders[peer] = PeerSender(peer, sock, self._failed_to_send)
+                self._threads.append(daemon_thread(sender.run, f"commsched-dsend{peer}-r{self.rank}"))
+                self._threads[-1].start()
         except BaseException:
             self.close()
             raise
@@ -205,53 +218,11 @@ class DirectAllReduce:
                 self._pending.append(op)
             if self._error is None:
                 header = FRAME.pack(MAGIC, op.seq, len(payload))
-                for peer, sock in self.peers.items():
-                    backlog = self._backlog[peer]
-                    sent = 0
-                    if not backlog:
-                        try:
-                            sent = os.writev(sock.fileno(), [header, payload])  # the socket is non-blocking
-                        except BlockingIOError:
-                            pass
-                        except OSError as exc:
-                            self._fail(RuntimeCommError(f"{describe}: sending to rank {peer} failed ({exc})"))
-                            break
-                    if sent < len(header):
-                        backlog.append((op, memoryview(header[sent:])))
-                        sent = len(header)
-                    if sent - len(header) < len(payload):
-                        backlog.append((op, payload[sent - len(header) :]))
-                    if backlog and backlog[-1][0] is op:
-                        op.unsent += 1
-                        self._send_lock.notify()
-            if op.unsent == 0:
-                op.sent.set()
+                op.unsent += len(self._senders)
+                for sender in self._senders.values():
+                    sender.send(header, payload, op)
+        op.finish()  # start's own part
         return DirectHandle(self, op)
-
-    def _send_loop(self) -> None:
-        """Write each peer's backlog in order; an op is sent once its last piece to every peer is written."""
-        while True:
-            with self._send_lock:
-                while self._error is None and not any(self._backlog.values()):
-                    self._send_lock.wait()
-                if self._error is not None:
-                    return
-                peer, (op, chunk) = next((p, b[0]) for p, b in self._backlog.items() if b)
-            try:
-                self.peers[peer].sendall(chunk)
-            except OSError as exc:
-                with self._send_lock:
-                    self._fail(RuntimeCommError(f"rank {self.rank}: sending to rank {peer} failed ({exc})"))
-                    self._send_lock.notify_all()
-                return
-            with self._send_lock:
-                backlog = self._backlog[peer]
-                backlog.popleft()
-                if not (backlog and backlog[0][0] is op):  # its last piece to this peer
-                    op.unsent -= 1
-                    if op.unsent == 0:
-                        op.sent.set()
-                self._send_lock.notify_all()  # a close may wait for the backlog to drain
 
     def complete_through(self, op: _Op, timeout_s: float | None = None) -> None:
         """Complete every op up to ``op`` in start order (reading the peers' frames); raise its error."""
@@ -364,20 +335,23 @@ class DirectAllReduce:
         if self._error is None:
             self._error = error
 
+    def _failed_to_send(self, why: str) -> None:
+        self._fail(RuntimeCommError(f"rank {self.rank}: {why}"))
+
     def close(self) -> None:
-        """Write what the sender still holds (bounded by ``timeout_s``: a peer may still wait for it), then close
+        """Write what the senders still hold (bounded by ``timeout_s``: a peer may still wait for it), then close
         the connections; ops not yet complete fail."""
         deadline = time.monotonic() + self.timeout_s
-        with self._send_lock:
-            while self._error is None and any(self._backlog.values()) and time.monotonic() < deadline:
-                self._send_lock.wait(timeout=max(deadline - time.monotonic(), 0.0))
-            self._fail(RuntimeCommError(f"rank {self.rank}: the direct all-reduce connections were closed"))
-            self._send_lock.notify_all()
+        for sender in self._senders.values():
+            sender.stop()
+        for thread in self._threads:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        self._fail(RuntimeCommError(f"rank {self.rank}: the direct all-reduce connections were closed"))
         for sock in self.peers.values():
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-        if self._sender is not None:
-            self._sender.join(timeout=1.0)  # a write in progress ended with the shutdown
+        for thread in self._threads:
+            thread.join(timeout=1.0)  # a write in progress ended with the shutdown
         for sock in self.peers.values():
             sock.close()
 

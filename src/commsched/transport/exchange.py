@@ -218,13 +218,10 @@ class PsExchange:
             return chain
 
         def finish() -> None:
-            try:
-                for post, end in phases:
-                    end(post())
-            except RuntimeCommError as exc:
-                raise RuntimeCommError(f"{describe}: {exc}") from exc
+            for post, end in phases:
+                end(post())
 
-        return Pooled(self._pool.submit(finish), describe)
+        return Pooled(self._pool.submit(finish), describe)  # its wait() names the task in any error
 
     def _chain_ended(self, chain: Chained) -> None:
         with self._chains_lock:

@@ -29,7 +29,7 @@ from commsched.errors import RuntimeCommError
 from commsched.transport.handles import Ended
 from commsched.transport.links import Transfer, TransferKey
 
-__all__ = ["Chained", "Phase", "Pooled", "Posted"]
+__all__ = ["Chained", "Phase", "Pooled", "Posted", "task_error"]
 
 
 @dataclass(slots=True)
@@ -39,6 +39,14 @@ class Posted:
     key: TransferKey
     sends: list[Transfer]
     recvs: list[tuple[int, Transfer, int, torch.Tensor]]  # (peer, transfer, offset in flat, where it lands)
+
+
+def task_error(describe: str, exc: BaseException) -> RuntimeCommError:
+    """The error a task ``describe`` raises for what ended it: a transport's error prefixed with the task,
+    anything else (a bug) named with its type."""
+    if isinstance(exc, RuntimeCommError):
+        return RuntimeCommError(f"{describe}: {exc}")
+    return RuntimeCommError(f"{describe} failed: {exc!r}")
 
 
 class Pooled:
@@ -55,10 +63,8 @@ class Pooled:
             self._future.result(timeout=timeout_s)
         except concurrent.futures.TimeoutError:
             raise RuntimeCommError(f"{self._describe} did not complete within {timeout_s:g} s") from None
-        except RuntimeCommError:
-            raise
         except Exception as exc:
-            raise RuntimeCommError(f"{self._describe} failed: {exc!r}") from exc
+            raise task_error(self._describe, exc) from exc
 
     def is_completed(self) -> bool:
         return self._future.done()
@@ -117,10 +123,8 @@ class Chained:
         self.advance()
 
     def _end(self, exc: BaseException | None) -> None:
-        if isinstance(exc, RuntimeCommError):
-            self._error = RuntimeCommError(f"{self.describe}: {exc}")
-        elif exc is not None:
-            self._error = RuntimeCommError(f"{self.describe} failed: {exc!r}")
+        if exc is not None:
+            self._error = task_error(self.describe, exc)
         self._on_end(self)
         self._ended.set()
 

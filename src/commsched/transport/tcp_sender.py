@@ -1,12 +1,13 @@
-"""The sending side of one :class:`~commsched.transport.tcp.TcpLink` connection.
+"""The sending side of one TCP connection: of a :class:`~commsched.transport.tcp.TcpLink` or of
+:class:`~commsched.transport.direct.DirectAllReduce`'s mesh.
 
 Frames go out whole and in the order they were sent. A frame sent while
 nothing is queued before it is written by the calling thread, with one
 non-blocking ``writev`` of its header and payload; what the socket does not
 take at once, and every frame sent after it until the queue has drained,
 the connection's sender thread writes, blocking (each chunk bounded by the
-socket's timeout). A frame's transfer ends once its last byte is handed to
-the socket.
+socket's timeout). A frame ends (:meth:`Frame.finish`) once its last byte
+is handed to the socket.
 
 Why not always the sender thread: on a rank whose one core also computes,
 every thread that wakes may preempt the training thread, and under the
@@ -22,17 +23,24 @@ import queue
 import socket
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from commsched.errors import RuntimeCommError
 
-if TYPE_CHECKING:
-    from commsched.transport.tcp import TcpTransfer
-
-__all__ = ["CHUNK_BYTES", "PeerSender"]
+__all__ = ["CHUNK_BYTES", "Frame", "PeerSender"]
 
 #: what the sender thread hands the socket at a time (the timeout bounds each)
 CHUNK_BYTES = 1 << 20
+
+
+class Frame(Protocol):
+    """What a frame sent reports to: a transfer of a link, a direct all-reduce's op."""
+
+    @property
+    def describe(self) -> str: ...
+
+    def finish(self, error: RuntimeCommError | None = None) -> None:
+        """Written whole (``error`` None), or the connection failed first."""
 
 
 class PeerSender:
@@ -50,9 +58,9 @@ class PeerSender:
         self._on_fail = on_fail
         self._lock = threading.Lock()
         self._queued = 0  # frames queued for the thread or being written by it
-        self._queue: queue.SimpleQueue[tuple[memoryview, memoryview, TcpTransfer] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[memoryview, memoryview, Frame] | None] = queue.SimpleQueue()
 
-    def send(self, header: bytes, payload: memoryview, t: TcpTransfer) -> None:
+    def send(self, header: bytes, payload: memoryview, t: Frame) -> None:
         """Write the frame ``header + payload`` (the payload is read until ``t`` ends); never blocks.
 
         ``t`` ends here where the socket took the whole frame (or failed), else in the sender thread; outside
@@ -97,6 +105,6 @@ class PeerSender:
                 self._queued -= 1
             t.finish()
 
-    def _fail(self, t: TcpTransfer, why: str) -> None:
+    def _fail(self, t: Frame, why: str) -> None:
+        self._on_fail(why)  # first: whoever waits for ``t`` then finds the connection failed
         t.finish(RuntimeCommError(f"{t.describe}: {why}"))
-        self._on_fail(why)
