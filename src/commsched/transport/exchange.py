@@ -30,7 +30,8 @@ starts a pull only after its push completed.
 
 Threads: ``start`` posts every send and receive it can on the link and
 returns at once. Over a link whose transfers call back (``link.calls_back``:
-:class:`~commsched.transport.tcp.TcpLink`), no thread waits for them: the
+:class:`~commsched.transport.tcp.TcpLink`,
+:class:`~commsched.transport.dlcp.link.DlcpLink`), no thread waits for them: the
 link's thread that ends a phase's last transfer does the arithmetic there
 (an ``all_reduce`` posts its pull there, once its sum exists) and ends the
 task, whose handle calls back in turn (``then``;

@@ -114,6 +114,32 @@ def test_many_keys_both_ways_in_any_order_and_a_receive_posted_late(links: list[
         send.wait(10.0)
 
 
+def test_an_ended_transfer_calls_back_in_the_io_thread_and_the_callback_may_post_the_next(
+    links: list[DlcpLink],
+) -> None:
+    a, b = links
+    assert a.calls_back  # the parameter server's exchange then ends its tasks in these callbacks
+    sent = data(50_000)
+    out, out_next = torch.full((50_000,), float("nan")), torch.full((50_000,), float("nan"))
+    first = b.recv(0, K(0, 1, 0), out)
+    called: list[str] = []
+    posted = []
+
+    def post_next() -> None:  # as a chained task posts its next phase
+        called.append(threading.current_thread().name)
+        posted.append(b.recv(0, K(0, 2, 0), out_next))
+
+    assert first.then(post_next)
+    a.send(1, K(0, 1, 0), sent).wait(5.0)
+    assert eventually(lambda: bool(posted))
+    assert called == ["dlcp-io-1"] and first.is_completed()
+    assert not first.then(lambda: called.append("late"))  # ended: nothing registered, nothing called
+    check_written(out, sent, first.wait(0.0))
+    a.send(1, K(0, 2, 0), sent).wait(5.0)
+    check_written(out_next, sent, posted[0].wait(5.0))
+    assert called == ["dlcp-io-1"]
+
+
 def test_an_incast_of_three_senders_to_one_receiver_arrives_intact() -> None:
     world = 4
     sockets = [LinkSockets("127.0.0.1") for _ in range(world)]

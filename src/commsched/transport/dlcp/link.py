@@ -23,6 +23,10 @@ Guarantees
       older than ``stale_steps`` behind the newest receive are dropped.
     * ``send`` reads ``data`` until its ``wait()`` returns: leave it unchanged
       until then. ``close()`` returns within ``min(timeout_s, 10 s)``.
+    * A transfer's :meth:`DlcpTransfer.then` callbacks run once it has ended,
+      in the thread that ended it: the I/O thread, holding the engine's lock
+      (they may post transfers, which only queue; they must not wait for
+      one), or a waiter that gave up.
 
 Data: every datagram of a transfer crosses every path (per-packet
 round-robin over the local path sockets and the peer's path addresses);
@@ -45,7 +49,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -62,6 +65,7 @@ from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
 from commsched.transport.dlcp.sockets import Endpoints, LinkSockets, path_mtu_problems
 from commsched.transport.dlcp.wire import DTYPE_CODES, packet_numel
+from commsched.transport.handles import Ended
 from commsched.transport.links import COMPLETE, Received, TransferKey
 from commsched.transport.wire import default_bind_address
 
@@ -106,13 +110,14 @@ def pacer_burst_bytes(mtu_bytes: int) -> float:
 
 
 class DlcpTransfer:
-    """A pending send or receive (the link's :class:`~commsched.transport.links.Transfer`)."""
+    """A pending send or receive (the link's :class:`~commsched.transport.links.Transfer`); :meth:`then` calls
+    back in the thread that ends it (the module docstring)."""
 
     __slots__ = ("_done", "_error", "_link", "_result", "slot")
 
     def __init__(self, link: DlcpLink, slot: SendSlot | RecvSlot) -> None:
         self._link = link
-        self._done = threading.Event()
+        self._done = Ended()
         self._error: str | None = None
         self._result: Received = COMPLETE
         self.slot = slot
@@ -127,6 +132,10 @@ class DlcpTransfer:
 
     def is_completed(self) -> bool:
         return self._done.is_set()
+
+    def then(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` in the thread that ends the transfer; False (and nothing registered) if it has ended."""
+        return self._done.then(fn)
 
     def wait(self, timeout_s: float | None = None) -> Received:
         if not self._done.wait(timeout_s):
@@ -157,6 +166,9 @@ class DlcpLink:
     it arrived (MLT's rule) instead of only on what the network lost
     (:class:`~commsched.transport.dlcp.protocol.ReceiverState`).
     """
+
+    #: its transfers call back (:meth:`DlcpTransfer.then`) in the thread that ends them
+    calls_back = True
 
     def __init__(
         self,
