@@ -4,22 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _processes import process
+from _processes import free_port, process
 
 sys.path.insert(0, str(Path(__file__).parent))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

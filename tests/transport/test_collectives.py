@@ -14,18 +14,15 @@ sums exactly in any order and must match bit for bit.
 from __future__ import annotations
 
 import os
-import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-from _processes import context, process
+from _processes import run_ranks
 
 from commsched.errors import RuntimeCommError
 from commsched.transport.collectives import Collectives
@@ -39,65 +36,10 @@ GROUP_TIMEOUT_S = 15.0
 # ---------------------------------------------------------------------- harness
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _entry(target: Callable[[int, int], dict[str, Any]], rank: int, world: int, port: int, out: Any) -> None:
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=GROUP_TIMEOUT_S),
-        )
-        result = target(rank, world)
-    except BaseException:
-        result = {"harness": traceback.format_exc()}
-    out.put((rank, result))
-    out.close()
-    out.join_thread()  # flush before _exit, which would drop what the feeder thread still holds
-    # skip teardown: after a fault test the process group may no longer shut down cleanly
-    os._exit(0)
-
-
 def _spawn(
     target: Callable[[int, int], dict[str, Any]], world: int, reporters: tuple[int, ...] | None = None
 ) -> dict[int, dict[str, Any]]:
-    """Run ``target(rank, world)`` on ``world`` gloo ranks; the dicts of the ``reporters`` (all ranks), by rank."""
-    expected = set(range(world) if reporters is None else reporters)
-    out = context().Queue()
-    port = _free_port()
-    procs = [process(_entry, (target, r, world, port, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    try:
-        while not expected <= results.keys():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                pytest.fail(f"ranks {sorted(expected - results.keys())} did not report within {SPAWN_TIMEOUT_S} s")
-            try:
-                rank, result = out.get(timeout=min(remaining, 1.0))
-            except queue.Empty:
-                # a rank that died without reporting would otherwise cost the whole timeout
-                dead = [r for r in expected - results.keys() if procs[r].exitcode is not None]
-                if dead and out.empty():
-                    pytest.fail(f"ranks {dead} exited without reporting")
-                continue
-            results[rank] = result
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    return results
+    return run_ranks(target, world, group_timeout_s=GROUP_TIMEOUT_S, within_s=SPAWN_TIMEOUT_S, reporters=reporters)
 
 
 # ---------------------------------------------------------------------- scenarios (run inside each rank)
@@ -385,9 +327,7 @@ def _fault_scenario(rank: int, world: int) -> dict[str, Any]:
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"world{w}")
 def exactness(request: pytest.FixtureRequest) -> tuple[int, list[dict[str, Any]]]:
     world = request.param
-    results = _spawn(_exactness_scenario, world)
-    for r, result in results.items():
-        assert "harness" not in result, f"rank {r} crashed:\n{result['harness']}"
+    results = _spawn(_exactness_scenario, world)  # a rank that raised fails here
     return world, [results[r] for r in range(world)]
 
 
@@ -459,7 +399,6 @@ def test_a_ring_left_closed_refuses_its_ops_until_opened(exactness: tuple[int, l
 
 def test_dead_or_hung_peer_ends_wait_with_runtime_comm_error_in_bounded_time() -> None:
     survivor = _spawn(_fault_scenario, 2, reporters=(0,))[0]
-    assert "harness" not in survivor, survivor.get("harness")
 
     caller = survivor["wait_bounded_by_caller"]
     assert caller["error"] is not None and "did not complete within 0.5 s" in caller["error"], caller

@@ -7,20 +7,17 @@ spawn is bounded, so a hang fails the test instead of blocking it.
 from __future__ import annotations
 
 import os
-import queue
 import random
 import socket
 import struct
 import time
-import traceback
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-from _processes import context, process
+from _processes import run_ranks
 from test_collectives import _outcome
 
 from commsched.errors import RuntimeCommError
@@ -40,59 +37,10 @@ KEY = b"k" * 32
 # ---------------------------------------------------------------------- harness
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _entry(target: Callable[[int, int], dict[str, Any]], rank: int, world: int, port: int, out: Any) -> None:
-    try:
-        torch.set_num_threads(1)
-        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=TIMEOUT_S))
-        result = target(rank, world)
-    except BaseException:
-        result = {"harness": traceback.format_exc()}
-    out.put((rank, result))
-    out.close()
-    out.join_thread()
-    os._exit(0)  # after a fault scenario the group may not shut down cleanly
-
-
 def _spawn(
     target: Callable[[int, int], dict[str, Any]], world: int, reporters: tuple[int, ...] | None = None
 ) -> dict[int, dict[str, Any]]:
-    expected = set(range(world) if reporters is None else reporters)
-    out = context().Queue()
-    port = _free_port()
-    procs = [process(_entry, (target, r, world, port, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    try:
-        while not expected <= results.keys():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                pytest.fail(f"ranks {sorted(expected - results.keys())} did not report within {SPAWN_TIMEOUT_S} s")
-            try:
-                rank, result = out.get(timeout=min(remaining, 1.0))
-            except queue.Empty:
-                dead = [r for r in expected - results.keys() if procs[r].exitcode is not None]
-                if dead and out.empty():
-                    pytest.fail(f"ranks {dead} exited without reporting")
-                continue
-            results[rank] = result
-    finally:
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    for r, result in results.items():
-        assert "harness" not in result, f"rank {r}:\n{result['harness']}"
-    return results
+    return run_ranks(target, world, group_timeout_s=TIMEOUT_S, within_s=SPAWN_TIMEOUT_S, reporters=reporters)
 
 
 def _task(task_id: int, kind: str, numel: int, deps: tuple[int, ...] = ()) -> CommTask:
