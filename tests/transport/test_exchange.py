@@ -88,8 +88,6 @@ class FakeNetwork:
 
 
 class FakeLink:
-    calls_back = False  # both values: the fixture below
-
     def __init__(self, net: FakeNetwork, rank: int) -> None:
         self.net, self.rank, self.world = net, rank, net.world
 
@@ -110,13 +108,6 @@ class FakeLink:
 
     def close(self) -> None:
         pass
-
-
-@pytest.fixture(autouse=True, params=[False, True], ids=["pool", "chained"])
-def calls_back(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
-    """Every test twice: tasks waited for by the exchange's worker pool, and ended by the link's callbacks."""
-    monkeypatch.setattr(FakeLink, "calls_back", request.param)
-    return bool(request.param)
 
 
 def task(task_id: int, kind: str, numel: int, deps: tuple[int, ...] = (), loss_bound: float = 0.0) -> CommTask:
@@ -169,7 +160,7 @@ def test_fewer_servers_than_ranks_still_leave_the_sum_on_every_rank(servers: tup
 @pytest.mark.parametrize("numel", [1, 2, 5, 1001])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_after_the_pull_every_rank_holds_the_sum_of_what_every_rank_pushed(
-    world: int, numel: int, dtype: torch.dtype, calls_back: bool
+    world: int, numel: int, dtype: torch.dtype
 ) -> None:
     net = FakeNetwork(world, max_delay_s=0.002)
     xs = exchanges(net)
@@ -177,7 +168,6 @@ def test_after_the_pull_every_rank_holds_the_sum_of_what_every_rank_pushed(
     flats = [torch.randn(numel, generator=gen, dtype=dtype) for _ in range(world)]
     expected = rank_sum(flats)  # each owner sums in rank order: bit for bit the same
     push_pull(xs, task(0, "push", numel), task(1, "pull", numel, deps=(0,)), flats)
-    assert all(x.chained == calls_back for x in xs)
     for f in flats:
         assert torch.equal(f, expected)
     assert all(x.losses[(0, PUSH)].lost_numel == 0 and x.losses[(1, PULL)].lost_numel == 0 for x in xs)
@@ -186,7 +176,7 @@ def test_after_the_pull_every_rank_holds_the_sum_of_what_every_rank_pushed(
 def test_overlapping_tasks_over_several_steps_complete_in_any_order() -> None:
     world, sizes = 3, [7, 300, 1, 64]
     net = FakeNetwork(world, max_delay_s=0.01, seed=3)
-    xs = exchanges(net, workers=2)
+    xs = exchanges(net)
     pushes = [task(2 * i, "push", n) for i, n in enumerate(sizes)]
     pulls = [task(2 * i + 1, "pull", n, deps=(2 * i,)) for i, n in enumerate(sizes)]
     for step in range(3):

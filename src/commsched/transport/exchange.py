@@ -29,14 +29,11 @@ push task's server state (a pull names its push in ``task.deps``); the runtime
 starts a pull only after its push completed.
 
 Threads: ``start`` posts every send and receive it can on the link and
-returns at once. Over a link whose transfers call back (``link.calls_back``:
-:class:`~commsched.transport.tcp.TcpLink`,
-:class:`~commsched.transport.dlcp.link.DlcpLink`), no thread waits for them: the
-link's thread that ends a phase's last transfer does the arithmetic there
-(an ``all_reduce`` posts its pull there, once its sum exists) and ends the
-task, whose handle calls back in turn (``then``;
-:mod:`commsched.transport.exchange_tasks`); over another link a small
-worker pool waits for the transfers and does the same.
+returns at once. No thread waits for them: every transfer calls back when
+it ends (``Transfer.then``), and the link's thread that ends a phase's last
+transfer does the arithmetic there (an ``all_reduce`` posts its pull there,
+once its sum exists) and ends the task, whose handle calls back in turn
+(:mod:`commsched.transport.exchange_tasks`).
 The returned handle's ``wait(timeout_s)`` raises
 :class:`~commsched.errors.RuntimeCommError` naming the task on a failure or
 after the timeout; ``is_completed()`` never blocks.
@@ -68,7 +65,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -76,7 +72,7 @@ import torch
 from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.schedule.base import CommTask
 from commsched.transport.base import TaskBuffer
-from commsched.transport.exchange_tasks import Chained, Phase, Pooled, Posted
+from commsched.transport.exchange_tasks import Chained, Phase, Posted
 from commsched.transport.handles import Handle
 from commsched.transport.links import Link, Received, TransferKey
 from commsched.transport.slices import owner_slices
@@ -135,8 +131,7 @@ class PsExchange:
     ``rescale_lost``: scale pushed sums by ``p / contributions`` where
     contributions were lost. ``servers``: the ranks that own slices, in order
     (default every rank; ``(0,)``: one server, every push into rank 0);
-    reduce-scatter and all-gather need every rank. ``workers``: threads that
-    finish tasks.
+    reduce-scatter and all-gather need every rank.
     """
 
     def __init__(
@@ -147,7 +142,6 @@ class PsExchange:
         pull_loss_bound: float = 0.0,
         rescale_lost: bool = False,
         servers: Sequence[int] | None = None,
-        workers: int = 4,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -169,9 +163,6 @@ class PsExchange:
         self.records: deque[Loss] = deque(maxlen=1 << 16)
         self._launches: dict[int, int] = {}
         self._servers: dict[int, _Server] = {}
-        #: the link's transfers call back: tasks are ended by the link's threads, not waited for by a pool
-        self.chained = bool(getattr(link, "calls_back", False))
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"commsched-ps-r{self.rank}")
         self._chains: set[Chained] = set()  # started and not ended (close waits for them)
         self._chains_lock = threading.Lock()
         self._closed = False
@@ -198,31 +189,22 @@ class PsExchange:
         elif task.kind not in ("push", "pull", "all_reduce"):
             raise UnsupportedError(f"{describe}: unknown task kind")
         self._launches[task.id] = step + 1
-        deadline = time.monotonic() + self.timeout_s
-        waits = None if self.chained else deadline  # a chained phase finishes once its transfers have ended
         target = shard if task.kind in ("reduce_scatter", "all_gather") and shard is not None else server.acc
         phases: list[Phase] = []
         if task.kind in _PUSHING:  # posted here, at the start: every rank posts its pushes in start order
             pushed = self._post_push(task, step, flat, server)
-            phases.append((lambda: pushed, lambda p: self._finish_push(task, p, flat, server, target, waits)))
+            phases.append((lambda: pushed, lambda p: self._finish_push(task, p, flat, server, target)))
         if task.kind == "all_reduce":
             phases.append((lambda: self._post_pull(task, step, flat, server, target),
-                           lambda p: self._finish_pull(task, p, flat, server, waits)))  # fmt: skip
+                           lambda p: self._finish_pull(task, p, flat, server)))  # fmt: skip
         elif task.kind in _PULLING:
             pulled = self._post_pull(task, step, flat, server, target)
-            phases.append((lambda: pulled, lambda p: self._finish_pull(task, p, flat, server, waits)))
-        if self.chained:
-            chain = Chained(describe, phases, self.timeout_s, self._chain_ended)
-            with self._chains_lock:
-                self._chains.add(chain)
-            chain.advance()
-            return chain
-
-        def finish() -> None:
-            for post, end in phases:
-                end(post())
-
-        return Pooled(self._pool.submit(finish), describe)  # its wait() names the task in any error
+            phases.append((lambda: pulled, lambda p: self._finish_pull(task, p, flat, server)))
+        chain = Chained(describe, phases, self.timeout_s, self._chain_ended)
+        with self._chains_lock:
+            self._chains.add(chain)
+        chain.advance()
+        return chain
 
     def _chain_ended(self, chain: Chained) -> None:
         with self._chains_lock:
@@ -265,15 +247,16 @@ class PsExchange:
                 recvs.append((q, self.link.recv(q, key, flat[a:b], loss_bound=self._pull_bound(task)), a, flat[a:b]))
         return Posted(key, sends, recvs)
 
-    # ---- finishing (worker threads) ----
+    # ---- finishing (in the link's thread that ended a phase's last transfer) ----
 
-    def _wait_all(self, posted: Posted, bound: float, deadline: float | None) -> list[Received]:
-        """Wait for every transfer of ``posted`` (None: they have ended); check each receive against ``bound``."""
+    def _wait_all(self, posted: Posted, bound: float) -> list[Received]:
+        """The results of ``posted``'s transfers, which have all ended (raising a failure); each receive checked
+        against ``bound``."""
         for transfer in posted.sends:
-            transfer.wait(_left(deadline, self.timeout_s))
+            transfer.wait(0.0)
         out = []
         for peer, transfer, _, box in posted.recvs:
-            received = transfer.wait(_left(deadline, self.timeout_s))
+            received = transfer.wait(0.0)
             if received.lost > bound * box.numel():
                 raise RuntimeCommError(
                     f"rank {peer} delivered {box.numel() - received.lost} of {box.numel()} elements of "
@@ -289,9 +272,8 @@ class PsExchange:
         flat: torch.Tensor,
         server: _Server,
         target: torch.Tensor,
-        deadline: float | None,
     ) -> None:
-        received = self._wait_all(posted, task.loss_bound, deadline)
+        received = self._wait_all(posted, task.loss_bound)
         lo, hi = server.slices[self.rank]
         counts: torch.Tensor | None = None
         for (_, _, _, box), got in zip(posted.recvs, received, strict=True):
@@ -309,11 +291,9 @@ class PsExchange:
             target.copy_((target.double() * (self.world / counts)).to(target.dtype))
         self._record(task.id, PUSH, posted.key.step, received, posted, task.loss_bound)
 
-    def _finish_pull(
-        self, task: CommTask, posted: Posted, flat: torch.Tensor, server: _Server, deadline: float | None
-    ) -> None:
+    def _finish_pull(self, task: CommTask, posted: Posted, flat: torch.Tensor, server: _Server) -> None:
         bound = self._pull_bound(task)
-        received = self._wait_all(posted, bound, deadline)
+        received = self._wait_all(posted, bound)
         if bound > 0 and server.previous is None:  # from now on keep the sums for stale fill (zeros before)
             server.previous = torch.zeros_like(flat)
         previous = server.previous
@@ -347,21 +327,11 @@ class PsExchange:
     # ---- closing ----
 
     def close(self) -> None:
-        """Let started tasks finish (each bounded by ``timeout_s`` from its start), then stop the workers."""
+        """Let started tasks finish (each bounded by ``timeout_s`` from its start)."""
         if not self._closed:
             self._closed = True
-            self._pool.shutdown(wait=True)
             with self._chains_lock:
                 chains = list(self._chains)
             for chain in chains:
                 with contextlib.suppress(RuntimeCommError):
                     chain.wait(max(0.0, chain.deadline - time.monotonic()))
-
-
-def _left(deadline: float | None, timeout_s: float) -> float:
-    if deadline is None:
-        return 0.0
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise RuntimeCommError(f"not finished within timeout_s={timeout_s:g}")
-    return left

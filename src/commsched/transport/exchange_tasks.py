@@ -1,26 +1,22 @@
 """What :meth:`~commsched.transport.exchange.PsExchange.start` returns: a started task of the parameter server.
 
-Over a link whose transfers call back (``link.calls_back``), a :class:`Chained`
-task: no thread waits for it; the link's thread that ends the last transfer
+A :class:`Chained` task: no thread waits for it; the link's thread that ends the last transfer
 of a phase finishes that phase (the owner's sum, the stale fill) and posts
 the next (an ``all_reduce``'s pull), and the last phase ends the task, whose
 ``then`` callbacks run in that same thread. On a rank whose one core also
 computes, each thread that wakes may preempt the training thread: under the
 ``ps`` policy on resnet5m the worker pool and the agent's watcher together
 woke about 300 times per iteration on each rank, unshaped (BENCHMARKS.md,
-"The parameter server's tasks ended by its link's threads").
-Over another link, a :class:`Pooled` task that a worker of the exchange's
-pool waits for.
+"The parameter server's tasks ended by its link's threads"), where a worker
+pool waited for each task before.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +25,7 @@ from commsched.errors import RuntimeCommError
 from commsched.transport.handles import Ended
 from commsched.transport.links import Transfer, TransferKey
 
-__all__ = ["Chained", "Phase", "Pooled", "Posted", "task_error"]
+__all__ = ["Chained", "Phase", "Posted", "task_error"]
 
 
 @dataclass(slots=True)
@@ -47,27 +43,6 @@ def task_error(describe: str, exc: BaseException) -> RuntimeCommError:
     if isinstance(exc, RuntimeCommError):
         return RuntimeCommError(f"{describe}: {exc}")
     return RuntimeCommError(f"{describe} failed: {exc!r}")
-
-
-class Pooled:
-    """A started task that a worker of the exchange's pool waits for: the pool's future."""
-
-    __slots__ = ("_describe", "_future")
-
-    def __init__(self, future: Future[None], describe: str) -> None:
-        self._future = future
-        self._describe = describe
-
-    def wait(self, timeout_s: float | None = None) -> None:
-        try:
-            self._future.result(timeout=timeout_s)
-        except concurrent.futures.TimeoutError:
-            raise RuntimeCommError(f"{self._describe} did not complete within {timeout_s:g} s") from None
-        except Exception as exc:
-            raise task_error(self._describe, exc) from exc
-
-    def is_completed(self) -> bool:
-        return self._future.done()
 
 
 class Chained:
@@ -106,7 +81,7 @@ class Chained:
         with self._lock:
             self._left = len(transfers) + 1  # one more until every callback is registered
         for transfer in transfers:
-            if not transfer.then(lambda: self._count(posted, finish)):  # type: ignore[attr-defined]
+            if not transfer.then(lambda: self._count(posted, finish)):
                 self._count(posted, finish)  # ended already
         self._count(posted, finish)
 

@@ -14,6 +14,7 @@ transfers of different tasks, phases and iterations may overlap freely.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -53,6 +54,11 @@ class Transfer(Protocol):
 
     def is_completed(self) -> bool:
         """True once finished, successfully or not; never blocks."""
+        ...
+
+    def then(self, fn: Callable[[], None]) -> bool:
+        """Run ``fn`` in the thread that finishes the transfer; False (and nothing registered) if it has
+        finished already."""
         ...
 
 

@@ -95,11 +95,11 @@ class TcpTransfer:
 
 
 class TcpLink:
-    """Keyed point-to-point transfers among the ranks of ``group`` over TCP (module docstring)."""
+    """Keyed point-to-point transfers among the ranks of ``group`` over TCP (module docstring).
 
-    #: its transfers call back (:meth:`TcpTransfer.then`) in the thread that ends them: the receiving thread of
-    #: the peer's connection, or the sending thread toward it
-    calls_back = True
+    Its transfers call back (:meth:`TcpTransfer.then`) in the thread that ends them: the receiving thread of the
+    peer's connection, or the thread that wrote the frame's last byte.
+    """
 
     def __init__(
         self,

@@ -167,9 +167,6 @@ class DlcpLink:
     (:class:`~commsched.transport.dlcp.protocol.ReceiverState`).
     """
 
-    #: its transfers call back (:meth:`DlcpTransfer.then`) in the thread that ends them
-    calls_back = True
-
     def __init__(
         self,
         rank: int,
