@@ -241,3 +241,30 @@ def test_the_ps_tables_are_recomputed_from_their_runs(script_loader: Callable[[s
     assert len(rows) == 22
     for row in rows:
         assert row in DOCUMENT, row
+
+
+def test_the_direct_sender_and_dlcp_chained_tables_are_recomputed_from_their_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BENCHMARKS.md, "The direct all-reduce's sends through the links' PeerSender" and "DLCP's transfers call
+    back": the paired comparison, the DLCP training lines and every row of the wake-ups and waits."""
+    compare_runs = script_loader("benchmarks/compare_runs.py")
+    thread_cpu = script_loader("benchmarks/thread_cpu.py")
+    results = ROOT / "benchmarks" / "results"
+    direct = [results / "direct-peersender" / f"{side}-{i}.json" for side in ("old", "new") for i in (1, 2)]
+    assert compare_runs.table(direct[:2], direct[2:]) in DOCUMENT
+    runs = [f"{side}-{link}" for link in ("lossless", "loss1") for side in ("old", "new")]
+    dlcp = [results / "dlcp-chained" / f"{run}.json" for run in runs]
+    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT)) for path in dlcp])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
+    assert len(lines) == 28  # per run: ps, dlcp, default DDP and four ratios
+    rows = [
+        row
+        for paths, only in ((direct, "ddp"), (dlcp, "dlcp"))
+        for path in paths
+        for session in json.loads(path.read_text())["sessions"]
+        for row in thread_cpu.totals(path, session, only)
+    ]
+    assert len(rows) == 8
+    for line in [*lines, *rows]:
+        assert line in DOCUMENT, line
