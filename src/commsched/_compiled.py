@@ -5,7 +5,8 @@ Two packages hold them: the packet-level network's core
 ``variants``, ``registry``, ``connection`` and ``dlcp``, the driver of DLCP's
 state machines) and DLCP's clock-free state machines themselves
 (:mod:`commsched.transport.dlcp`: ``protocol``, ``sender``, ``rate_params`` and ``rate``), which the UDP
-link and the simulator share. They are compiled
+link and the simulator share, with the link's per-datagram path (``wire``, ``udp``, ``slots``,
+``control``, ``inbound``, ``outbound`` and ``engine``, the I/O thread). They are compiled
 together, as one mypyc group (calls between them are native), by
 ``python -m commsched.sim.packet.compile``; the extension modules sit next to
 their sources and take precedence on import, for the link as for the
@@ -38,6 +39,13 @@ MODULES = (
     "commsched.transport.dlcp.sender",
     "commsched.transport.dlcp.rate_params",
     "commsched.transport.dlcp.rate",
+    "commsched.transport.dlcp.wire",
+    "commsched.transport.dlcp.udp",
+    "commsched.transport.dlcp.slots",
+    "commsched.transport.dlcp.control",
+    "commsched.transport.dlcp.inbound",
+    "commsched.transport.dlcp.outbound",
+    "commsched.transport.dlcp.engine",
     "commsched.sim.packet.pfabric",
     "commsched.sim.packet.port",
     "commsched.sim.packet.fabric",

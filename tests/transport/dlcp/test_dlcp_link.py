@@ -18,11 +18,18 @@ import pytest
 import torch
 
 from commsched.errors import RuntimeCommError, UnsupportedError
+from commsched.sim.packet import COMPILED
 from commsched.transport.dlcp import link as link_module
 from commsched.transport.dlcp.link import DlcpLink, _chunk_norms, small_mtu_warning
 from commsched.transport.dlcp.sockets import LinkSockets
 from commsched.transport.dlcp.wire import packet_numel
 from commsched.transport.links import Link, Received, TransferKey
+
+#: Fault injection that replaces a function or method of DLCP's data path: compiled by mypyc
+#: (``python -m commsched.sim.packet.compile``), its callers call the compiled one, so these run from source only.
+patches_data_path = pytest.mark.skipif(
+    COMPILED, reason="replaces a function of DLCP's data path, which runs compiled here (compile --clean to run it)"
+)
 
 KEY = bytes(range(32))
 K = TransferKey
@@ -172,6 +179,7 @@ def test_dropped_datagrams_are_resent_until_complete_at_bound_zero() -> None:
         b.close()
 
 
+@patches_data_path
 def test_control_messages_get_through_as_datagrams_while_the_control_connection_is_stalled(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -196,6 +204,7 @@ def test_control_messages_get_through_as_datagrams_while_the_control_connection_
         b.close()
 
 
+@patches_data_path
 def test_with_every_control_datagram_lost_the_tcp_copies_finish_the_transfer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

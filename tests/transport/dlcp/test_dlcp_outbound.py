@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_dlcp_link import KEY, data, eventually
+from test_dlcp_link import KEY, data, eventually, patches_data_path
 
 import commsched.transport.dlcp.sockets as dlcp_sockets
 import commsched.transport.dlcp.udp as dlcp_udp
@@ -96,6 +96,7 @@ def test_a_kernel_without_gso_sends_one_datagram_per_call_and_says_why(
     assert sender.send_calls == sender.sent - sender.send_errors and sender.gso_refused == 0
 
 
+@patches_data_path
 def test_a_route_that_refuses_a_gso_send_turns_gso_off_and_the_batch_goes_again_one_by_one(
     closing: list[DlcpLink], monkeypatch: pytest.MonkeyPatch
 ) -> None:

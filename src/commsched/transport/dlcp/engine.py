@@ -112,8 +112,9 @@ class Engine:
         except ConnectionError:
             self._close_sockets()
             raise
-        self._thread = daemon_thread(self._run, f"dlcp-io-{rank}")
-        self._thread.start()
+        # not ``_thread``: compiled by mypyc, the field would be named ``__thread``, a keyword of C compilers
+        self._io_thread = daemon_thread(self._run, f"dlcp-io-{rank}")
+        self._io_thread.start()
 
     # ---- the training thread's side ----
 
@@ -158,8 +159,8 @@ class Engine:
         with self._lock:
             self._closing = True
         self._wake()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
+        if self._io_thread is not threading.current_thread():
+            self._io_thread.join(timeout_s)
         with self._lock:
             self._fail_all("the link was closed")
             self._close_sockets()
@@ -212,7 +213,7 @@ class Engine:
                 events = self._sel.select(timeout_s)
                 with self._lock:
                     if self._closing:
-                        break
+                        return  # not break: mypyc cannot compile a break out of a with block
                     now = time.monotonic()
                     if self._posted:
                         self._register_posted(now)

@@ -110,6 +110,11 @@ _MIN_BYTES = HEADER.size + MAC_BYTES
 _unpack = HEADER.unpack_from
 
 
+#: A datagram's payload: a view into the buffer it was read into. Named in the module, not ``memoryview``
+#: directly: a class mypyc compiles resolves a NamedTuple's field types in the module's own names.
+Payload = memoryview
+
+
 class Datagram(NamedTuple):
     """A decoded, verified datagram. ``payload`` is a view into the buffer it was decoded from."""
 
@@ -126,7 +131,7 @@ class Datagram(NamedTuple):
     numel: int
     total: int
     stride: int
-    payload: memoryview
+    payload: Payload
 
 
 def job_id(key: bytes) -> int:
