@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 
 import pytest
@@ -51,6 +52,44 @@ def test_an_interruption_dropped_by_the_simulation_is_raised_again_until_it_ends
     assert budget.run("slow", 1, drops_the_first) is None and budget.skipped == 1
     assert time.perf_counter() - began < 0.1 + 2 * GRACE_S + 1.0
     time.sleep(3 * GRACE_S)  # the alarm stopped with the simulation: nothing is raised here
+
+
+def test_an_interruption_in_a_finalizer_is_dropped_unprinted_and_other_reports_are_not_interrupted() -> None:
+    """The alarm hits a finalizer (Python reports what it raises through ``sys.unraisablehook``), then another
+    finalizer's error takes the test's hook several repetitions of the alarm to report: the interruption is
+    dropped without a report, the report completes, and the simulation still ends at the deadline."""
+    seen: list[tuple[type[BaseException], float]] = []
+
+    def slow_report(unraisable: sys.UnraisableHookArgs) -> None:
+        time.sleep(6 * GRACE_S)  # the alarm repeats meanwhile
+        seen.append((unraisable.exc_type, time.perf_counter()))
+
+    class SpinsUntilInterrupted:
+        def __del__(self) -> None:
+            while True:
+                time.sleep(GRACE_S / 10)
+
+    class Fails:
+        def __del__(self) -> None:
+            raise ValueError("a finalizer's own error")
+
+    def simulate() -> str:
+        SpinsUntilInterrupted()  # dropped at once: its finalizer runs until the alarm interrupts it
+        Fails()
+        time.sleep(30)
+        return "done"
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = slow_report
+    try:
+        budget = Budget(0.1)
+        began = time.perf_counter()
+        assert budget.run("slow", 1, simulate) is None and budget.skipped == 1
+        ended = time.perf_counter()
+    finally:
+        sys.unraisablehook = hook
+    assert [kind for kind, _ in seen] == [ValueError]  # reported once, in full; the interruption not at all
+    assert seen[0][1] - began >= 6 * GRACE_S and ended - began < 0.1 + 10 * GRACE_S + 1.0
 
 
 def test_a_budget_too_small_for_anything_runs_only_the_floor_and_says_so() -> None:

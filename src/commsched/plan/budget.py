@@ -12,8 +12,10 @@ so on the main thread :meth:`Budget.run` also interrupts a simulation still
 running :data:`GRACE_S` after the deadline (``SIGALRM``; its result is
 dropped and the search goes on with what it has). The alarm repeats every
 :data:`GRACE_S` until the simulation has ended: an interruption raised while
-Python runs a finalizer or a weakref callback is printed and dropped there,
-and the next one ends the simulation. The budget is therefore
+Python runs a finalizer or a weakref callback is dropped there (the
+simulation's ``sys.unraisablehook`` drops it unprinted), and the next one
+ends the simulation; while that hook reports any other exception, the
+alarms are held off, so that a report is never interrupted half-way. The budget is therefore
 passed by at most :data:`GRACE_S`, plus what always runs, the search's
 floor: the baselines a plan is compared with, and the first policy's
 defaults in each search (one short simulation), so that a search always
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import math
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -89,13 +92,16 @@ class Budget:
         result: T | None = None
         try:
             old = signal.signal(signal.SIGALRM, _overtime) if armed else None
+            hook = sys.unraisablehook
             try:
                 if armed:
+                    sys.unraisablehook = _Unraisable(hook)
                     signal.setitimer(signal.ITIMER_REAL, self.deadline + GRACE_S - began, GRACE_S)
                 result = simulate()
             finally:
                 if armed:
                     _disarm(old)
+                    sys.unraisablehook = hook
         except _Overtime:
             if result is None:  # (the alarm may also fire just after the simulation ended: then keep it)
                 self.skipped += 1
@@ -114,8 +120,36 @@ class _Overtime(Exception):
     """A simulation ran past its search's deadline."""
 
 
+#: Set while an unraisable exception is reported: an alarm then waits for the next repetition.
+_reporting = False
+
+
 def _overtime(signum: int, frame: FrameType | None) -> None:
-    raise _Overtime
+    if not _reporting:
+        raise _Overtime
+
+
+class _Unraisable:
+    """A simulation's ``sys.unraisablehook``: drops an interruption raised where Python cannot raise (a finalizer,
+    a weakref callback), and reports anything else through ``report`` with the alarms held off."""
+
+    __slots__ = ("report",)
+
+    def __init__(self, report: Callable[[sys.UnraisableHookArgs], object]) -> None:
+        self.report = report
+
+    def __call__(self, unraisable: sys.UnraisableHookArgs) -> None:
+        global _reporting
+        if unraisable.exc_type is _Overtime:
+            return
+        if _reporting:  # one raised while reporting another
+            self.report(unraisable)
+            return
+        _reporting = True
+        try:
+            self.report(unraisable)
+        finally:
+            _reporting = False
 
 
 def _disarm(old: signal.Handlers | Callable[[int, FrameType | None], object] | int | None) -> None:
