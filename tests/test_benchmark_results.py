@@ -271,9 +271,12 @@ def test_the_direct_sender_and_dlcp_chained_tables_are_recomputed_from_their_run
 
 
 def test_the_dlcp_compiled_table_is_recomputed_from_its_runs(script_loader: Callable[[str], ModuleType]) -> None:
-    """BENCHMARKS.md, "DLCP's data path compiled": every row of the alternated runs, from source and compiled."""
+    """BENCHMARKS.md, "DLCP's data path compiled": every row of the alternated runs, from source and compiled,
+    lossless and at 1 % loss."""
     dlcp_cpu_ab = script_loader("benchmarks/dlcp_cpu_ab.py")
     paths = sorted((ROOT / "benchmarks" / "results" / "dlcp-compiled").glob("*.json"))
     assert [path.stem for path in paths] == ["compiled-1", "compiled-2", "source-1", "source-2"]
-    for path in paths:
+    lossy = sorted((ROOT / "benchmarks" / "results" / "dlcp-compiled" / "loss1").glob("*.json"))
+    assert len(lossy) == 4
+    for path in [*paths, *lossy]:
         assert dlcp_cpu_ab.row(path) in DOCUMENT, path.stem
