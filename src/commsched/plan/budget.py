@@ -142,14 +142,13 @@ class _Unraisable:
         global _reporting
         if unraisable.exc_type is _Overtime:
             return
-        if _reporting:  # one raised while reporting another
-            self.report(unraisable)
-            return
+        outermost = not _reporting  # not one raised while reporting another
         _reporting = True
         try:
             self.report(unraisable)
         finally:
-            _reporting = False
+            if outermost:
+                _reporting = False
 
 
 def _disarm(old: signal.Handlers | Callable[[int, FrameType | None], object] | int | None) -> None:
