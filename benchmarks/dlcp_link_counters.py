@@ -87,7 +87,7 @@ builtins.__import__ = _hook
 
 SHOWN = ("sent", "resent", "send_errors", "received", "written", "early_buffered", "control_datagrams_sent",
          "control_sent", "control_received", "control_duplicate", "probes", "probes_held_out", "bitmaps",
-         "send_calls", "recv_calls")  # fmt: skip
+         "send_calls", "recv_calls", "turns", "idle_turns")  # fmt: skip
 
 
 def main() -> None:

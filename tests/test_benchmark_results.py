@@ -280,3 +280,27 @@ def test_the_dlcp_compiled_table_is_recomputed_from_its_runs(script_loader: Call
     assert len(lossy) == 4
     for path in [*paths, *lossy]:
         assert dlcp_cpu_ab.row(path) in DOCUMENT, path.stem
+
+
+def test_the_dlcp_fast_day_tables_are_recomputed_from_their_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BENCHMARKS.md, "DLCP in training on a fast day of the host": the training lines, the CPU rows and the
+    waits, from the four saved runs."""
+    results = ROOT / "benchmarks" / "results" / "dlcp-fastday"
+    runs = [results / f"{name}.json" for name in ("lossless", "lossless-rev", "loss1", "loss1-rev")]
+    assert sorted(results.glob("*.json")) == sorted(runs)
+    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT)) for path in runs])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
+    assert len(lines) == 28  # per run: ps, dlcp, default DDP and four ratios
+    dlcp_cpu_ab = script_loader("benchmarks/dlcp_cpu_ab.py")
+    thread_cpu = script_loader("benchmarks/thread_cpu.py")
+    rows = [dlcp_cpu_ab.row(path) for path in runs] + [
+        row
+        for path in runs
+        for session in json.loads(path.read_text())["sessions"]
+        for row in thread_cpu.totals(path, session, "dlcp")
+    ]
+    assert len(rows) == 8
+    for line in [*lines, *rows]:
+        assert line in DOCUMENT, line

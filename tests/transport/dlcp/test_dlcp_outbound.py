@@ -162,3 +162,16 @@ def test_a_link_refuses_an_mtu_over_its_routes_and_out_of_range_mtus(monkeypatch
     finally:
         for s in sockets:
             s.close()
+
+
+def test_the_link_counts_the_turns_of_its_io_loop_and_those_a_timer_woke(closing: list[DlcpLink]) -> None:
+    closing += pair()
+    out = torch.empty(1000)
+    recv = closing[1].recv(0, K(0, 0, 0), out)
+    # a receive is pending and nothing arrives: the loop wakes on its millisecond timer with no socket ready
+    assert eventually(lambda: closing[1].stats.idle_turns >= 5)
+    sent = data(1000, seed=0)
+    closing[0].send(1, K(0, 0, 0), sent).wait(10.0)
+    assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
+    stats = closing[1].stats
+    assert stats.idle_turns < stats.turns  # the turns that read the datagrams are not idle

@@ -206,7 +206,7 @@ class Engine:
 
     def _run(self) -> None:
         next_tick_s = 0.0
-        inbound, outbound = self.inbound, self.outbound
+        inbound, outbound, stats = self.inbound, self.outbound, self.stats
         try:
             while not self._closing:
                 timeout_s = self._sleep_s(time.monotonic())
@@ -215,6 +215,8 @@ class Engine:
                     if self._closing:
                         return  # not break: mypyc cannot compile a break out of a with block
                     now = time.monotonic()
+                    stats.turns += 1
+                    stats.idle_turns += not events
                     if self._posted:
                         self._register_posted(now)
                     inbound.backlog = False

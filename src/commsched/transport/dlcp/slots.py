@@ -54,6 +54,8 @@ class LinkStats:
     the data datagrams (fewer than the datagrams where UDP GSO / GRO batch
     them); ``gso_refused``: GSO sends a route refused (that path then sends
     one datagram per call).
+    ``turns``: turns of the I/O thread's loop; ``idle_turns``: those that
+    woke on a timer with no socket ready.
     """
 
     sent: int = 0
@@ -85,6 +87,8 @@ class LinkStats:
     send_calls: int = 0
     recv_calls: int = 0
     gso_refused: int = 0
+    turns: int = 0
+    idle_turns: int = 0
     rcvbuf_requested_bytes: int = 0
     rcvbuf_granted_bytes: int = 0
     rmem_max_bytes: int | None = None
