@@ -216,7 +216,8 @@ class Engine:
                         return  # not break: mypyc cannot compile a break out of a with block
                     now = time.monotonic()
                     stats.turns += 1
-                    stats.idle_turns += not events
+                    if not events:
+                        stats.idle_turns += 1
                     if self._posted:
                         self._register_posted(now)
                     inbound.backlog = False
