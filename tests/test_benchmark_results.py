@@ -305,3 +305,14 @@ def test_the_dlcp_fast_day_tables_are_recomputed_from_their_runs(
     assert len(rows) == 8
     for line in [*lines, *rows]:
         assert line in DOCUMENT, line
+
+
+def test_the_unshaped_fast_day_table_is_recomputed_from_its_run(script_loader: Callable[[str], ModuleType]) -> None:
+    """BENCHMARKS.md, "Every policy unshaped on the fast day": every row of the paired ratios."""
+    paired_ratios = script_loader("benchmarks/paired_ratios.py")
+    path = ROOT / "benchmarks" / "results" / "unshaped-every-policy-fastday" / "bench.json"
+    (session,) = json.loads(path.read_text())["sessions"]
+    lines = paired_ratios.rows(session, "torch_ddp")
+    assert len(lines) == 1 + 10  # the header and one row per configuration but the reference
+    for line in lines:
+        assert line in DOCUMENT, line
