@@ -284,8 +284,13 @@ class PsExchange:
                         counts = torch.full((hi - lo,), float(self.world), dtype=torch.float64)
                     counts[a:b] -= 1
         contributions = [flat[lo:hi] if q == self.rank else server.inbox[q] for q in range(self.world)]
-        target.copy_(contributions[0])
-        for part in contributions[1:]:
+        # the first two summed in one pass, not copied and then added (the same additions in the same order;
+        # a 4 MiB shard on one core of the development machine: 626 -> 470 us)
+        if len(contributions) > 1:
+            torch.add(contributions[0], contributions[1], out=target)
+        else:
+            target.copy_(contributions[0])
+        for part in contributions[2:]:
             target.add_(part)
         if counts is not None:
             target.copy_((target.double() * (self.world / counts)).to(target.dtype))
