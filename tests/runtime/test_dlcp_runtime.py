@@ -15,8 +15,7 @@ from pathlib import Path
 import _dlcp_fuzz as F
 import _dlcp_workers as W
 import pytest
-
-from commsched.sim.packet import COMPILED
+from _data_path import patches_data_path
 
 from conftest import spawn
 
@@ -93,7 +92,7 @@ def test_replicas_drift_only_where_pulls_lost_and_are_identical_right_after_each
     assert drifted and res["mismatches"] >= 1 and res["repaired_at"]
 
 
-@pytest.mark.skipif(COMPILED, reason="taps a function of DLCP's data path, which runs compiled here")
+@patches_data_path
 def test_a_flood_of_forged_and_malformed_datagrams_while_training_changes_nothing_and_is_counted(
     results: list[dict],
 ) -> None:

@@ -16,20 +16,14 @@ from typing import Any
 
 import pytest
 import torch
+from _data_path import patches_data_path
 
 from commsched.errors import RuntimeCommError, UnsupportedError
-from commsched.sim.packet import COMPILED
 from commsched.transport.dlcp import link as link_module
 from commsched.transport.dlcp.link import DlcpLink, _chunk_norms, small_mtu_warning
 from commsched.transport.dlcp.sockets import LinkSockets
 from commsched.transport.dlcp.wire import packet_numel
 from commsched.transport.links import Link, Received, TransferKey
-
-#: Fault injection that replaces a function or method of DLCP's data path: compiled by mypyc
-#: (``python -m commsched.sim.packet.compile``), its callers call the compiled one, so these run from source only.
-patches_data_path = pytest.mark.skipif(
-    COMPILED, reason="replaces a function of DLCP's data path, which runs compiled here (compile --clean to run it)"
-)
 
 KEY = bytes(range(32))
 K = TransferKey

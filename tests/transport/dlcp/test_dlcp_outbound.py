@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import torch
-from test_dlcp_link import KEY, data, eventually, patches_data_path
+from _data_path import patches_data_path
+from test_dlcp_link import KEY, data, eventually
 
 import commsched.transport.dlcp.sockets as dlcp_sockets
 import commsched.transport.dlcp.udp as dlcp_udp
