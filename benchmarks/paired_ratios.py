@@ -7,7 +7,8 @@ iteration time over the repeats (min-max), the median over the repeats of
 the paired ratio ``reference_k / configuration_k`` (the same repeat ``k``,
 so the machine's state that repeat cancels; above 1: faster than the
 reference), and the geometric mean of those ratios with a two-sided 95 %
-confidence interval (Student's t on their logarithms). The issue's
+confidence interval (Student's t on their logarithms:
+:func:`commsched.bench.significance.paired_ratio`, what ``auto``'s verdicts use). The issue's
 "every policy at least 0.97x ``torch_ddp``" reads off the third column.
 """
 
@@ -15,11 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from pathlib import Path
 
-from scipy import stats
+from commsched.bench.significance import paired_ratio
 
 HEADER = (
     "| configuration | iter ms (min–max) | vs {ref}: median of {n} paired ratios | geometric mean (95 % CI) |\n"
@@ -37,18 +37,15 @@ def rows(session: dict, against: str) -> list[str]:
     for name, reps in runs.items():
         if name == against:
             continue
-        ratios = [reference[k] / ms for k, ms in sorted(reps.items()) if k in reference]
-        if len(ratios) < 3:
-            raise ValueError(f"{name}: {len(ratios)} repeats paired with {against}, at least 3 are needed")
-        logs = [math.log(r) for r in ratios]
-        mean, half = statistics.fmean(logs), 0.0
-        if len(set(logs)) > 1:
-            half = float(stats.t.ppf(0.975, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(len(logs))
+        paired = paired_ratio(reference, reps)
+        if paired is None:
+            shared = len(reps.keys() & reference.keys())
+            raise ValueError(f"{name}: {shared} repeats paired with {against}, at least 3 are needed")
+        ratios = [reference[k] / ms for k, ms in reps.items() if k in reference]
         times = list(reps.values())
         lines.append(
             f"| {name} | {statistics.median(times):.0f} ({min(times):.0f}–{max(times):.0f}) | "
-            f"{statistics.median(ratios):.3f} | {math.exp(mean):.3f} ({math.exp(mean - half):.3f}–"
-            f"{math.exp(mean + half):.3f}) |"
+            f"{statistics.median(ratios):.3f} | {paired.ratio:.3f} ({paired.ci_low:.3f}–{paired.ci_high:.3f}) |"
         )
     return lines
 

@@ -31,7 +31,7 @@ import numpy as np
 from commsched.bench.baselines import BY_NAME, TORCH_DDP
 from commsched.schedule import AUTO, LOSSLESS
 
-__all__ = ["AutoVsBest", "auto_vs_best"]
+__all__ = ["AutoVsBest", "PairedRatio", "auto_vs_best", "paired_ratio"]
 
 #: One-sided significance level of "auto is slower than the best".
 ALPHA = 0.05
@@ -69,17 +69,22 @@ def _contenders(summary: Mapping[str, Any]) -> list[str]:
     return [n for n in summary if n != AUTO and (n in LOSSLESS or n == TORCH_DDP or n in BY_NAME)]
 
 
-def auto_vs_best(session: Mapping[str, Any]) -> AutoVsBest | None:
-    """The comparison of the module docstring for one session of a bench report; None without auto,
-    without another configuration, or with fewer than 3 paired repeats."""
-    summary, runs = session["summary"], session["runs"]
-    contenders = _contenders(summary)
-    if AUTO not in summary or not contenders:
-        return None
-    best = min(contenders, key=lambda n: (summary[n]["median_ms"], n))
-    mine = {r["repeat"]: r["iteration_ms"] for r in runs[AUTO]}
-    theirs = {r["repeat"]: r["iteration_ms"] for r in runs[best]}
-    d = np.array([math.log(mine[k] / theirs[k]) for k in sorted(mine) if k in theirs])
+@dataclass(frozen=True)
+class PairedRatio:
+    """``exp(mean d)`` of the per-repeat log ratios ``d_k = ln(a_k / b_k)``, its two-sided 95 % confidence
+    interval and the one-sided paired t-test of ``mean d > 0`` (``a`` takes longer than ``b``)."""
+
+    repeats: int
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_greater: float
+    logs: tuple[float, ...]
+
+
+def paired_ratio(a: Mapping[int, float], b: Mapping[int, float]) -> PairedRatio | None:
+    """``a`` over ``b`` (iteration times by repeat), paired over the repeats both have; None under 3 of them."""
+    d = np.array([math.log(a[k] / b[k]) for k in sorted(a) if k in b])
     n = len(d)
     if n < 3:
         return None
@@ -90,11 +95,29 @@ def auto_vs_best(session: Mapping[str, Any]) -> AutoVsBest | None:
         p = 0.0 if mean > 0 else 1.0
         low = high = mean
     else:
-        t = mean / se
-        p = float(stats.t.sf(t, n - 1))
+        p = float(stats.t.sf(mean / se, n - 1))
         half = float(stats.t.ppf(0.975, n - 1)) * se
         low, high = mean - half, mean + half
+    return PairedRatio(n, math.exp(mean), math.exp(low), math.exp(high), p, tuple(float(x) for x in d))
+
+
+def auto_vs_best(session: Mapping[str, Any]) -> AutoVsBest | None:
+    """The comparison of the module docstring for one session of a bench report; None without auto,
+    without another configuration, or with fewer than 3 paired repeats."""
+    summary, runs = session["summary"], session["runs"]
+    contenders = _contenders(summary)
+    if AUTO not in summary or not contenders:
+        return None
+    best = min(contenders, key=lambda n: (summary[n]["median_ms"], n))
+    mine = {r["repeat"]: r["iteration_ms"] for r in runs[AUTO]}
+    theirs = {r["repeat"]: r["iteration_ms"] for r in runs[best]}
+    paired = paired_ratio(mine, theirs)
+    if paired is None:
+        return None
+    d = np.array(paired.logs)
     p_wil = None
-    if n >= 6 and np.any(d != 0):
+    if paired.repeats >= 6 and np.any(d != 0):
+        from scipy import stats
+
         p_wil = float(stats.wilcoxon(d, alternative="greater").pvalue)
-    return AutoVsBest(best, n, math.exp(mean), math.exp(low), math.exp(high), p, p_wil)
+    return AutoVsBest(best, paired.repeats, paired.ratio, paired.ci_low, paired.ci_high, paired.p_greater, p_wil)
