@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import pytest
 import torch
 
-from commsched.errors import RuntimeCommError
+from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.schedule.base import CommTask, Segment
 from commsched.transport import TaskBuffer
 from commsched.transport.exchange import PULL, PUSH, PsExchange, owner_slices
@@ -154,6 +154,30 @@ def test_fewer_servers_than_ranks_still_leave_the_sum_on_every_rank(servers: tup
         assert torch.equal(f, torch.arange(n, dtype=torch.float64) * 6)
     assert xs[1].losses[(0, PUSH)].received_numel == 0  # rank 1 serves nothing
     assert xs[servers[0]].losses[(0, PUSH)].received_numel == (world - 1) * (n if len(servers) == 1 else 6)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_pull_into_another_buffer_than_its_push_still_receives_the_sum(world: int) -> None:
+    n = 7
+    net = FakeNetwork(world, max_delay_s=0.002)
+    xs = exchanges(net)
+    pushed = [torch.arange(n, dtype=torch.float64) + 10 * r for r in range(world)]
+    expected = rank_sum(pushed)
+    push, pull = task(0, "push", n), task(1, "pull", n, deps=(0,))
+    for h in [x.start(push, TaskBuffer(f)) for x, f in zip(xs, pushed, strict=True)]:
+        h.wait(TIMEOUT_S)
+    pulled = [torch.full((n,), float("nan"), dtype=torch.float64) for _ in range(world)]
+    for h in [x.start(pull, TaskBuffer(f)) for x, f in zip(xs, pulled, strict=True)]:
+        h.wait(TIMEOUT_S)
+    for f in pulled:
+        assert torch.equal(f, expected)
+
+
+def test_a_pull_before_its_push_is_refused_naming_the_push() -> None:
+    net = FakeNetwork(2)
+    xs = exchanges(net)
+    with pytest.raises(UnsupportedError, match=r"pull of task 't1'.*its push \(task 0\) has not run"):
+        xs[0].start(task(1, "pull", 4, deps=(0,)), TaskBuffer(torch.zeros(4)))
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
