@@ -173,6 +173,35 @@ def test_a_pull_into_another_buffer_than_its_push_still_receives_the_sum(world: 
         assert torch.equal(f, expected)
 
 
+def test_a_frame_may_land_in_place_only_between_the_sum_it_follows_and_the_start_of_its_receive() -> None:
+    world, n = 2, 6  # rank 0 owns [0, 3): its inbox from rank 1 holds 3 elements
+    net = FakeNetwork(world)
+    xs = exchanges(net)
+    push, pull = task(0, "push", n), task(1, "pull", n, deps=(0,))
+    x = xs[0]
+    assert x.landing(1, TransferKey(0, 0, PUSH), torch.float32, 3) is None  # a task it never started
+    push_pull(xs, push, pull, [torch.ones(n), torch.ones(n)])
+    box = x.landing(1, TransferKey(1, 0, PUSH), torch.float32, 3)  # the next step's push, its sum made
+    assert box is not None and box.data_ptr() == x._servers[0].inbox[1].data_ptr()
+    assert x.landing(1, TransferKey(0, 0, PUSH), torch.float32, 3) is None  # a step already started
+    assert x.landing(1, TransferKey(2, 0, PUSH), torch.float32, 3) is None  # a step after the next
+    assert x.landing(1, TransferKey(1, 1, PULL), torch.float32, 3) is None  # its push of step 1 has not run here
+    assert x.landing(1, TransferKey(1, 0, PUSH), torch.float32, 4) is None  # the wrong size
+    assert x.landing(1, TransferKey(1, 0, PUSH), torch.float64, 3) is None  # the wrong dtype
+    assert x.landing(0, TransferKey(1, 0, PUSH), torch.float32, 3) is None  # no inbox for itself
+    flat = torch.ones(n)
+    pushed = xs[0].start(push, TaskBuffer(flat))  # step 1 under way on rank 0 (rank 1 has not pushed)
+    assert x.landing(1, TransferKey(1, 0, PUSH), torch.float32, 3) is None
+    assert x.landing(1, TransferKey(2, 0, PUSH), torch.float32, 3) is None  # its inbox is taken until its sum
+    assert x.landing(1, TransferKey(1, 1, PULL), torch.float32, 3) is None  # nor a pull before that sum
+    xs[1].start(push, TaskBuffer(torch.ones(n))).wait(TIMEOUT_S)
+    pushed.wait(TIMEOUT_S)
+    slice_of_1 = x.landing(1, TransferKey(1, 1, PULL), torch.float32, 3)  # rank 1's slice [3, 6) of that buffer
+    assert slice_of_1 is not None and slice_of_1.data_ptr() == flat[3:].data_ptr() and slice_of_1.numel() == 3
+    assert x.landing(1, TransferKey(2, 1, PULL), torch.float32, 3) is None  # not the step that push made
+    assert x.landing(1, TransferKey(1, 1, PULL), torch.float32, 6) is None  # the wrong size
+
+
 def test_a_pull_before_its_push_is_refused_naming_the_push() -> None:
     net = FakeNetwork(2)
     xs = exchanges(net)

@@ -185,6 +185,36 @@ def _malformed_scenario(rank: int, world: int) -> dict[str, Any]:
     return result
 
 
+def _landing_scenario(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 sends four frames before rank 0 posts any receive; rank 0's ``landing`` points three of them."""
+    link = TcpLink(None, TIMEOUT_S, TransportOptions(key=KEY), unposted_cap_bytes=1000)
+    k1, k2, k3, k4 = (TransferKey(0, t, 0) for t in range(1, 5))
+    result: dict[str, Any] = {}
+    if rank == 0:
+        inbox, elsewhere = torch.zeros(100), torch.zeros(100)
+        places = {1: inbox, 2: torch.zeros(99), 3: elsewhere}  # task 2: the wrong size, not taken; task 4: none
+        link.landing = lambda peer, key, dtype, numel: places.get(key.task)
+        dist.barrier()  # rank 1 sends now
+        deadline = time.monotonic() + 5
+        while sum(link.early_frames.values()) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        result["landed_before_posting"] = inbox.tolist() == [1.0] * 100
+        result["early"], result["buffered_bytes"] = dict(link.early_frames), link._early_bytes
+        outs = {2: torch.zeros(100), 3: torch.zeros(100), 4: torch.zeros(100)}
+        link.recv(1, k1, inbox).wait()  # where it landed: nothing to copy
+        for key in (k2, k3, k4):
+            link.recv(1, key, outs[key.task]).wait()  # k3 into another tensor than it landed in: copied
+        result["received"] = [inbox[0].item()] + [outs[t][0].item() for t in (2, 3, 4)]
+        result["buffered_after"] = link._early_bytes
+    else:
+        dist.barrier()
+        for s in [link.send(0, k, torch.full((100,), float(k.task))) for k in (k1, k2, k3, k4)]:
+            s.wait()
+    dist.barrier()
+    link.close()
+    return result
+
+
 def _fault_scenario(rank: int, world: int) -> dict[str, Any]:
     """Rank 1 first never starts its part (hung), then dies while rank 0 pushes."""
     hung = PsTransport(None, 2.0, TransportOptions())
@@ -241,6 +271,14 @@ def test_malformed_frames_are_dropped_and_counted_and_the_link_keeps_working() -
     assert r["closed_by_link"] and r["untouched"] and r["delivered"], r
     assert r["buffered_bytes"] <= 1000, r  # frames nobody posted yet stay under the cap
     assert r["after_cap"] == [2.0, 3.0, 4.0], r
+
+
+def test_a_frame_before_its_receive_lands_where_the_links_user_says_else_in_a_buffer() -> None:
+    r = _spawn(_landing_scenario, 2)[0]
+    assert r["landed_before_posting"], r
+    assert r["early"] == {"landed": 2, "buffered": 2}, r  # a tensor of the wrong size is not taken
+    assert r["buffered_bytes"] == 800, r  # only the buffered frames count against the cap
+    assert r["received"] == [1.0, 2.0, 3.0, 4.0] and r["buffered_after"] == 0, r
 
 
 def test_a_hung_or_dead_peer_ends_waits_with_runtime_comm_error_in_bounded_time() -> None:

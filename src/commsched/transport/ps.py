@@ -22,3 +22,4 @@ class PsTransport(LinkExchange[TcpLink]):
 
     def __init__(self, group: dist.ProcessGroup | None, timeout_s: float, options: TransportOptions) -> None:
         super().__init__(TcpLink(group, timeout_s, options), timeout_s, options.servers)
+        self.link.landing = self.exchange.landing  # a push that arrives before its receive lands in its inbox

@@ -18,10 +18,13 @@ Frames
     taken from that peer for that task and phase (stale or duplicate), or its
     dtype or numel differ from the posted receive; a bad magic or a payload
     above ``max_frame_bytes`` closes the connection. Nothing is ever written
-    outside ``out``. Frames for a key nobody has posted yet are buffered, up
+    outside ``out``. A frame for a key nobody has posted yet lands where the
+    link's user says it will post the receive (:attr:`TcpLink.landing`: the
+    parameter server's push inboxes), else it is buffered, up
     to ``unposted_cap_bytes`` in all; a frame that does not fit waits, and the
     connection is not read, until its receive is posted or buffers are taken
-    (TCP pushes back on the sender). Sends to a peer go out in the order they were made
+    (TCP pushes back on the sender). A receive posted for a frame that landed
+    where it points finds it there; one buffered is copied. Sends to a peer go out in the order they were made
     (:class:`~commsched.transport.tcp_sender.PeerSender`: written by the
     caller where the socket takes them at once, else by one sender thread
     per peer): together with every rank posting in start order, this is
@@ -122,13 +125,22 @@ class TcpLink:
         self.max_frame_bytes, self.unposted_cap_bytes = max_frame_bytes, unposted_cap_bytes
         #: frames dropped, by reason; connections that failed authentication
         self.dropped: Counter[str] = Counter()
+        #: frames that arrived before their receive was posted: ``"landed"`` where :attr:`landing` said,
+        #: ``"buffered"`` in a buffer of the link's own
+        self.early_frames: Counter[str] = Counter()
         self.rejected = 0
         self._cond = threading.Condition()
         self._closed = False
         self._dead: dict[int, str] = {}  # peer -> why its connection failed
         self._posted: dict[tuple[int, TransferKey], tuple[torch.Tensor, TcpTransfer]] = {}
         self._early: dict[tuple[int, TransferKey], torch.Tensor] = {}
-        self._early_bytes = 0
+        self._early_bytes = 0  # what the buffered frames take (not those that landed where ``landing`` said)
+        self._landed: set[tuple[int, TransferKey]] = set()  # early frames that landed where ``landing`` said
+        #: where a frame for a receive not posted yet lands: ``landing(peer, key, dtype, numel)`` gives the tensor
+        #: the receive will be posted with (its dtype and numel, contiguous, not read or written by anyone until
+        #: that receive ends), or None for a buffer of the link's own (the default). Called under the link's
+        #: lock, by the thread that reads ``peer``'s connection: it must not block or call the link.
+        self.landing: Callable[[int, TransferKey, torch.dtype, int], torch.Tensor | None] | None = None
         self._last_step: dict[tuple[int, int, int], int] = {}  # (peer, task, phase) -> newest step taken
         self._incoming: dict[int, socket.socket] = {}  # the first authenticated connection from each peer
         self._sockets: list[socket.socket] = []
@@ -180,10 +192,14 @@ class TcpLink:
             # (it sent the frame, then closed: a leader's last order, read before the follower asked for it).
             early = self._early.pop(where, None)
             if early is not None:
-                self._early_bytes -= early.numel() * early.element_size()
-                self._cond.notify_all()
+                if where in self._landed:
+                    self._landed.discard(where)
+                else:
+                    self._early_bytes -= early.numel() * early.element_size()
+                    self._cond.notify_all()
                 if early.dtype == out.dtype and early.numel() == out.numel():
-                    out.copy_(early)
+                    if early.data_ptr() != out.data_ptr():
+                        out.copy_(early)
                     t.finish()
                     return t
                 self.dropped["size mismatch"] += 1
@@ -323,7 +339,8 @@ class TcpLink:
         where, stream = (peer, key), (peer, task, phase)
         with self._cond:
             reason = "stale or duplicate" if step <= self._last_step.get(stream, -1) else None
-            full = self._early_bytes + nbytes > self.unposted_cap_bytes
+            landed = None if reason is not None or where in self._posted else self._landing(peer, key, dtype, numel)
+            full = landed is None and self._early_bytes + nbytes > self.unposted_cap_bytes
             while reason is None and where not in self._posted and full:
                 if self._closed:
                     return False
@@ -337,16 +354,18 @@ class TcpLink:
                 if posted is not None:
                     del self._posted[where]
                 else:
-                    self._early_bytes += nbytes
+                    self.early_frames["buffered" if landed is None else "landed"] += 1
+                    if landed is None:
+                        self._early_bytes += nbytes
         if reason is not None:
             return self._skip(sock, nbytes, reason)
-        out = posted[0] if posted is not None else torch.empty(numel, dtype=dtype)
+        out = posted[0] if posted is not None else landed if landed is not None else torch.empty(numel, dtype=dtype)
         try:
             recv_into(sock, bytes_of(out))
         except BaseException as exc:
             if posted is not None:
                 posted[1].finish(RuntimeCommError(f"{posted[1].describe}: the connection broke mid-frame ({exc})"))
-            else:
+            elif landed is None:
                 with self._cond:
                     self._early_bytes -= nbytes
                     self._cond.notify_all()
@@ -358,17 +377,30 @@ class TcpLink:
             late = self._posted.pop(where, None)
             if late is None:
                 self._early[where] = out
+                if landed is not None:
+                    self._landed.add(where)
                 return True
-            self._early_bytes -= nbytes
-            self._cond.notify_all()
+            if landed is None:
+                self._early_bytes -= nbytes
+                self._cond.notify_all()
         if late[0].dtype == dtype and late[0].numel() == numel:
-            late[0].copy_(out)
+            if late[0].data_ptr() != out.data_ptr():
+                late[0].copy_(out)
             late[1].finish()
         else:
             with self._cond:
                 self.dropped["size mismatch"] += 1
                 self._posted[where] = late
         return True
+
+    def _landing(self, peer: int, key: TransferKey, dtype: torch.dtype, numel: int) -> torch.Tensor | None:
+        """Where ``landing`` says the frame goes, if it gives a contiguous CPU tensor of its dtype and numel."""
+        if self.landing is None:
+            return None
+        out = self.landing(peer, key, dtype, numel)
+        if out is None or out.device.type != "cpu" or out.dtype != dtype or out.numel() != numel:
+            return None
+        return out.view(-1) if out.is_contiguous() else None
 
     def _skip(self, sock: socket.socket, nbytes: int, reason: str) -> bool:
         with self._cond:
