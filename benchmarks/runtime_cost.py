@@ -8,7 +8,7 @@ thread) and both talk over loopback. The configurations take turns in blocks
 falls on all of them alike. Per timed iteration (after ``--warmup``): wall
 time, the process's CPU time (every thread), the training thread's CPU time,
 and forward / backward / step; per block, the CPU each thread of the process
-used (``/proc/self/task/*/stat``) and how often it blocked (voluntary
+used (``/proc/self/task/*/stat``; ``--cpu user`` or ``system`` counts one part) and how often it blocked (voluntary
 context switches, ``status``: each a wake-up to come), summed by thread name: the interpreter's
 name is the training thread, ``cs-*`` the runtime's own threads,
 ``gloo_tcp_loop`` gloo's socket loops, ``pt_gloo_runloop`` its work
@@ -71,7 +71,7 @@ def _rank(rank: int, args: argparse.Namespace, out: Path) -> None:
             model = build_model(args.model, 0)
             wrapped, opt = _wrap(name, model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9))
             times = result[name]["times_s"]
-            before, slept = thread_cpu_s(), thread_sleeps()
+            before, slept = thread_cpu_s(args.cpu), thread_sleeps()
             for it in range(args.warmup + args.iters):
                 x, y = data[it % len(data)]
                 t0, c0, th0 = time.perf_counter(), time.process_time(), time.thread_time()
@@ -83,7 +83,7 @@ def _rank(rank: int, args: argparse.Namespace, out: Path) -> None:
                 opt.zero_grad()
                 t3 = time.perf_counter()
                 if it == args.warmup - 1:
-                    before, slept = thread_cpu_s(), thread_sleeps()
+                    before, slept = thread_cpu_s(args.cpu), thread_sleeps()
                 if it >= args.warmup:
                     for phase, seconds in zip(
                         PHASES,
@@ -91,7 +91,7 @@ def _rank(rank: int, args: argparse.Namespace, out: Path) -> None:
                         strict=True,
                     ):
                         times[phase].append(seconds)
-            result[name]["threads_ms"].append(per_iteration_ms(before, thread_cpu_s(), args.iters))
+            result[name]["threads_ms"].append(per_iteration_ms(before, thread_cpu_s(args.cpu), args.iters))
             result[name]["threads_sleeps"].append(per_iteration(slept, thread_sleeps(), args.iters))
             close = getattr(wrapped, "close", None)
             if close is not None:
@@ -138,6 +138,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=6, help="untimed iterations per block (default: %(default)s)")
     parser.add_argument("--blocks", type=int, default=3, help="blocks of every configuration (default: %(default)s)")
     parser.add_argument("--port", type=int, default=29555, help="rendezvous port on 127.0.0.1 (default: %(default)s)")
+    parser.add_argument(
+        "--cpu",
+        choices=("both", "user", "system"),
+        default="both",
+        help="each thread's CPU counted: user + system, or one of them (default: %(default)s)",
+    )
     parser.add_argument("--json", type=Path, help="write every timing here")
     args = parser.parse_args()
     from commsched.models import MODELS

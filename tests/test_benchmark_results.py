@@ -308,14 +308,24 @@ def test_the_dlcp_fast_day_tables_are_recomputed_from_their_runs(
         assert line in DOCUMENT, line
 
 
-@pytest.mark.parametrize("run", ["unshaped-every-policy-fastday", "unshaped-every-policy-fastday-2"])
-def test_the_unshaped_fast_day_tables_are_recomputed_from_their_runs(
-    run: str, script_loader: Callable[[str], ModuleType]
+@pytest.mark.parametrize(
+    ("run", "configurations"),
+    [
+        ("unshaped-every-policy-fastday", 10),
+        ("unshaped-every-policy-fastday-2", 10),
+        ("ps-unshaped-accumulator", 3),
+        ("ps-unshaped-own-slice", 3),
+        ("ps-unshaped-own-slice-2", 3),
+    ],
+)
+def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
+    run: str, configurations: int, script_loader: Callable[[str], ModuleType]
 ) -> None:
-    """BENCHMARKS.md, "Every policy unshaped on the fast day": every row of the paired ratios of both runs."""
+    """BENCHMARKS.md, "Every policy unshaped on the fast day" and "The parameter server's sums in place": every
+    row of the paired ratios of each run."""
     paired_ratios = script_loader("benchmarks/paired_ratios.py")
     (session,) = json.loads((ROOT / "benchmarks" / "results" / run / "bench.json").read_text())["sessions"]
     lines = paired_ratios.rows(session, "torch_ddp")
-    assert len(lines) == 1 + 10  # the header and one row per configuration but the reference
+    assert len(lines) == 1 + configurations  # the header and one row per configuration but the reference
     for line in lines:
         assert line in DOCUMENT, line

@@ -45,6 +45,21 @@ def test_the_calling_threads_spin_shows_in_the_readings() -> None:
     assert sum(per_iteration_ms(before, after, 1).values()) >= 280.0  # 300 ms spun, read in ticks of 10 ms
 
 
+def test_a_spin_is_user_time_and_the_parts_add_up_to_both() -> None:
+    before = {part: thread_cpu_s(part) for part in ("user", "system", "both")}
+    start = time.thread_time()
+    while time.thread_time() - start < 0.3:  # interpreter work (user time) between reads of the clock (system)
+        sum(range(100_000))
+    spent = {part: sum(per_iteration_ms(before[part], thread_cpu_s(part), 1).values()) for part in before}
+    assert spent["user"] >= 250.0, spent
+    assert spent["user"] + spent["system"] == pytest.approx(spent["both"], abs=30.0), spent  # a few ticks apart
+
+
+def test_an_unknown_part_of_cpu_time_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="part: must be both, user or system, got 'kernel'"):
+        thread_cpu_s("kernel")
+
+
 def test_all_readings_come_per_iteration_under_the_keys_a_bench_report_keeps() -> None:
     before = read_all()
     start = time.thread_time()

@@ -24,14 +24,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds (user + system) of every thread of this process, keyed ``name:tid``; {} where
-    ``/proc`` has no task list."""
+def thread_cpu_s(part: str = "both") -> dict[str, float]:
+    """CPU seconds of every thread of this process, keyed ``name:tid``: user + system (``part="both"``), or
+    only ``"user"`` (the interpreter, libraries) or ``"system"`` (the kernel: sockets, copies, page faults);
+    {} where ``/proc`` has no task list."""
+    if part not in ("both", "user", "system"):
+        raise ValueError(f"part: must be both, user or system, got {part!r}")
     tick = os.sysconf("SC_CLK_TCK")
+    fields_read = {"both": (11, 12), "user": (11,), "system": (12,)}[part]
 
     def cpu(task: Path) -> float:
         fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick
+        return sum(int(fields[i]) for i in fields_read) / tick
 
     return _per_thread(cpu)
 
