@@ -20,7 +20,7 @@ Frames
     above ``max_frame_bytes`` closes the connection. Nothing is ever written
     outside ``out``. A frame for a key nobody has posted yet lands where the
     link's user says it will post the receive (:attr:`TcpLink.landing`: the
-    parameter server's push inboxes), else it is buffered, up
+    parameter server's inboxes and pull slices), else it is buffered, up
     to ``unposted_cap_bytes`` in all; a frame that does not fit waits, and the
     connection is not read, until its receive is posted or buffers are taken
     (TCP pushes back on the sender). A receive posted for a frame that landed
