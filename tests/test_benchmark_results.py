@@ -308,6 +308,22 @@ def test_the_dlcp_fast_day_tables_are_recomputed_from_their_runs(
         assert line in DOCUMENT, line
 
 
+def test_the_dlcp_sums_in_place_check_is_recomputed_from_its_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BENCHMARKS.md, "The parameter server's sums in place and its early frames landed": DLCP's training lines
+    and CPU rows before and after, from the two saved runs."""
+    results = ROOT / "benchmarks" / "results" / "dlcp-own-slice"
+    runs = [results / "before.json", results / "after.json"]
+    assert sorted(results.glob("*.json")) == sorted(runs)
+    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT)) for path in runs])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
+    assert len(lines) == 14  # per run: ps, dlcp, default DDP and four ratios
+    rows = [script_loader("benchmarks/dlcp_cpu_ab.py").row(path) for path in runs]
+    for line in [*lines, *rows]:
+        assert line in DOCUMENT, line
+
+
 @pytest.mark.parametrize(
     ("run", "configurations"),
     [
