@@ -123,6 +123,8 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
         "dlcp-tails-2s-mtu9000-fastday-compiled",
         "dlcp-tails-2s-mtu9000-own-slice",
         "dlcp-tails-2s-mtu9000-lb3",
+        "dlcp-tails-partitions/1mib",
+        "dlcp-tails-partitions/4mib",
         *(f"dlcp-tails-burst/{run}" for run in ("new-1", "new-2", "one-1", "one-2")),
         *(f"dlcp-loss-cut-ab/{run}" for run in ("halve-1", "halve-2", "proportional-1", "proportional-2")),
         *(f"dlcp-probe-hold-ab/hold{ms}-{run}" for ms in (10, 2) for run in ("1", "2", "incast")),
