@@ -4,10 +4,14 @@ only) with the cluster timers."""
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from commsched.errors import RuntimeCommError
+from commsched.runtime.agent import Agent
 from commsched.transport.tcp_options import RTO_MIN_US, tune_for_cluster
 
 import _workers as W
@@ -88,3 +92,43 @@ def test_the_training_thread_polls_the_orders_without_blocking_and_one_reader_re
     assert follower["empty"] == [] and follower["empty_s"] < 0.1, follower  # not the receive's 0.5 s poll
     assert follower["while_reading"] == [], follower
     assert follower["reader_got"] == [[300]], follower
+
+
+class _ClosedAfterStop:
+    """A follower's channel whose leader sent its stop order and closed: reading past that order fails."""
+
+    def __init__(self) -> None:
+        self.receives = 0
+
+    def receive(self, stop: object = None) -> list[int] | None:
+        self.receives += 1
+        raise RuntimeCommError("rank 1: rank 0 closed its decision connection")
+
+    def close(self, bound_s: float | None = None) -> None:
+        pass
+
+
+def test_the_follow_thread_does_not_read_past_a_stop_order_the_training_thread_took() -> None:
+    """The race a suite run hit once: the training thread holds the orders' lock and reads the leader's stop
+    order while the follow thread waits for that lock; the leader has closed its connection by then, and a
+    follow thread that read on reported the close as a failure (in the next flush of the follower)."""
+    agent = Agent(1, 2, lambda name: None, lambda: None, 30.0, None, 0.0)  # type: ignore[arg-type,return-value]
+    channel = _ClosedAfterStop()
+    agent._decisions = channel  # type: ignore[assignment]
+    errors: list[BaseException] = []
+
+    def follow() -> None:
+        try:
+            agent._follow_loop()
+        except BaseException as exc:
+            errors.append(exc)
+
+    with agent._orders:  # the training thread, reading the orders
+        thread = threading.Thread(target=follow)
+        thread.start()
+        time.sleep(0.2)  # the follow thread has checked the flags and waits for the lock
+        assert thread.is_alive()
+        assert agent._follow([1, -1, -1, -1]) is False  # the stop order
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert errors == [] and channel.receives == 0, errors
