@@ -104,6 +104,10 @@ class _ClosedAfterStop:
         self.receives += 1
         raise RuntimeCommError("rank 1: rank 0 closed its decision connection")
 
+    def poll(self) -> list[list[int]]:
+        self.receives += 1
+        raise RuntimeCommError("rank 1: rank 0 closed its decision connection")
+
     def close(self, bound_s: float | None = None) -> None:
         pass
 
@@ -132,3 +136,16 @@ def test_the_follow_thread_does_not_read_past_a_stop_order_the_training_thread_t
     thread.join(timeout=5)
     assert not thread.is_alive()
     assert errors == [] and channel.receives == 0, errors
+
+
+def test_the_training_thread_does_not_read_past_a_stop_order_the_follow_thread_took() -> None:
+    """The same race the other way: the training thread saw ``_follows`` set, then the follow thread read the stop
+    order and released the lock before the training thread took it."""
+    agent = Agent(1, 2, lambda name: None, lambda: None, 30.0, None, 0.0)  # type: ignore[arg-type,return-value]
+    channel = _ClosedAfterStop()
+    agent._decisions = channel  # type: ignore[assignment]
+    with agent._orders:  # the follow thread, reading the stop order
+        assert agent._follow([1, -1, -1, -1]) is False
+    agent._take_orders()  # the training thread, past its check of ``_follows``
+    agent.completions.raise_if_failed()
+    assert channel.receives == 0

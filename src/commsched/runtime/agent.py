@@ -377,6 +377,8 @@ class Agent:
         if not self._orders.acquire(blocking=False):
             return  # the follow thread reads them
         try:
+            if self._orders_ended:  # the follow thread took the stop order after this thread saw ``_follows``
+                return
             for values in self._decisions.poll():
                 if not self._follow(values):
                     return
