@@ -333,6 +333,7 @@ def test_the_dlcp_sums_in_place_check_is_recomputed_from_its_runs(
     [
         ("unshaped-every-policy-fastday", 10),
         ("unshaped-every-policy-fastday-2", 10),
+        ("unshaped-every-policy-fastday-3", 10),
         ("ps-unshaped-accumulator", 3),
         ("ps-unshaped-own-slice", 3),
         ("ps-unshaped-own-slice-2", 3),
@@ -341,8 +342,8 @@ def test_the_dlcp_sums_in_place_check_is_recomputed_from_its_runs(
 def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
     run: str, configurations: int, script_loader: Callable[[str], ModuleType]
 ) -> None:
-    """BENCHMARKS.md, "Every policy unshaped on the fast day" and "The parameter server's sums in place": every
-    row of the paired ratios of each run."""
+    """BENCHMARKS.md, "Every policy unshaped on the fast day", "The parameter server's sums in place" and "Every
+    policy unshaped after these changes": every row of the paired ratios of each run."""
     paired_ratios = script_loader("benchmarks/paired_ratios.py")
     (session,) = json.loads((ROOT / "benchmarks" / "results" / run / "bench.json").read_text())["sessions"]
     lines = paired_ratios.rows(session, "torch_ddp")
