@@ -362,9 +362,7 @@ class Agent:
                 if self._closing or self._orders_ended:
                     return
             with self._orders:
-                # the training thread may have read the stop order while this thread waited for the lock: the
-                # leader then closes its connection, and reading on would take that for a failure
-                if self._closing or self._orders_ended:
+                if self._closing or self._orders_ended:  # the stop order, read meanwhile: the leader closes next
                     return
                 values = self._decisions.receive(stop=lambda: self._closing or self._keeping or self._orders_ended)
                 if values is not None and not self._follow(values):

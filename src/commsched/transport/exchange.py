@@ -78,70 +78,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.schedule.base import CommTask
 from commsched.transport.base import TaskBuffer
+from commsched.transport.exchange_state import PULL, PUSH, Loss, ServerState
 from commsched.transport.exchange_tasks import Chained, Phase, Posted
 from commsched.transport.handles import Handle
 from commsched.transport.links import Link, Received, TransferKey
 from commsched.transport.slices import owner_slices
 
-PUSH, PULL = 0, 1
 _PUSHING = ("push", "reduce_scatter", "all_reduce")
 _PULLING = ("pull", "all_gather", "all_reduce")
 __all__ = ["PULL", "PUSH", "Loss", "PsExchange", "owner_slices"]
-
-
-@dataclass(frozen=True, slots=True)
-class Loss:
-    """What one phase of one launch lost on this rank: ``lost_numel`` of the ``received_numel`` it received.
-
-    ``task``, ``phase`` (:data:`PUSH` or :data:`PULL`) and ``step`` (the task's
-    launch count) name the launch; ``missing``: the element ranges ``[start,
-    stop)`` of the task's flat buffer that did not arrive (for a push, the
-    slice this rank owns: a peer's contribution to them counted as zero);
-    ``loss_bound``: the bound each of the phase's receives had.
-    """
-
-    step: int
-    lost_numel: int
-    received_numel: int
-    task: int = -1
-    phase: int = PUSH
-    missing: tuple[tuple[int, int], ...] = ()
-    loss_bound: float = 0.0
-
-    @property
-    def fraction(self) -> float:
-        return self.lost_numel / self.received_numel if self.received_numel else 0.0
-
-
-class _Server:
-    """One task pair's state on this rank: its slices, its push inboxes as owner, and where its latest sum lies."""
-
-    __slots__ = ("dtype", "flat", "inbox", "numel", "previous", "pushing", "scratch", "slices", "sum", "summed")
-
-    def __init__(
-        self, numel: int, dtype: torch.dtype, rank: int, world: int, servers: Sequence[int] | None, keep_previous: bool
-    ) -> None:
-        self.numel, self.dtype = numel, dtype
-        self.slices = owner_slices(numel, world, servers)
-        lo, hi = self.slices[rank]
-        #: the latest push's sum of this rank's slice (a view of that push's buffer; None before the first)
-        self.sum: torch.Tensor | None = None
-        #: a push of this task is under way on this rank (from its start until its sum is made)
-        self.pushing = False
-        #: the latest push's buffer, and the step of the latest push whose sum was made (-1: none yet)
-        self.flat: torch.Tensor | None = None
-        self.summed = -1
-        #: the partial sum of the lower ranks' contributions, for an owner of rank 2 or above (allocated then)
-        self.scratch: torch.Tensor | None = None
-        self.inbox = {q: torch.zeros(hi - lo, dtype=dtype) for q in range(world) if q != rank}
-        self.previous = torch.zeros(numel, dtype=dtype) if keep_previous else None
 
 
 class PsExchange:
@@ -183,7 +134,7 @@ class PsExchange:
         #: every launch's losses, oldest first (bounded); a caller drains it with ``popleft``
         self.records: deque[Loss] = deque(maxlen=1 << 16)
         self._launches: dict[int, int] = {}
-        self._servers: dict[int, _Server] = {}
+        self._servers: dict[int, ServerState] = {}
         self._pulls: dict[int, int] = {}  # a pull or all-gather task -> its push's task, once it has started
         self._chains: set[Chained] = set()  # started and not ended (close waits for them)
         self._chains_lock = threading.Lock()
@@ -213,9 +164,9 @@ class PsExchange:
         elif task.kind not in ("push", "pull", "all_reduce"):
             raise UnsupportedError(f"{describe}: unknown task kind")
         elif task.kind == "pull":
-            if server.sum is None:
+            if server.flat is None or server.summed < 0:
                 raise UnsupportedError(f"{describe}: its push (task {owner}) has not run on this rank")
-            target = server.sum
+            target = server.flat[lo:hi]  # where its push's sum lies
         else:
             target = flat[lo:hi]
         if task.kind in _PUSHING:  # first: :meth:`landing` must not see the next step before the inboxes are taken
@@ -243,11 +194,11 @@ class PsExchange:
         with self._chains_lock:
             self._chains.discard(chain)
 
-    def _server(self, owner: int, flat: torch.Tensor) -> _Server:
+    def _server(self, owner: int, flat: torch.Tensor) -> ServerState:
         server = self._servers.get(owner)
         if server is None or server.numel != flat.numel() or server.dtype != flat.dtype:
             keep = self.pull_loss_bound > 0
-            server = _Server(flat.numel(), flat.dtype, self.rank, self.world, self.servers, keep)
+            server = ServerState(flat.numel(), flat.dtype, self.rank, self.world, self.servers, keep)
             self._servers[owner] = server
         return server
 
@@ -280,7 +231,7 @@ class PsExchange:
             out = server.flat[a:b]
         return out if out is not None and out.dtype == dtype and out.numel() == numel else None
 
-    def _post_push(self, task: CommTask, step: int, flat: torch.Tensor, server: _Server) -> Posted:
+    def _post_push(self, task: CommTask, step: int, flat: torch.Tensor, server: ServerState) -> Posted:
         key = TransferKey(step, task.id, PUSH)
         lo, hi = server.slices[self.rank]
         sends = [
@@ -295,7 +246,7 @@ class PsExchange:
         return Posted(key, sends, recvs)
 
     def _post_pull(
-        self, task: CommTask, step: int, flat: torch.Tensor, server: _Server, source: torch.Tensor
+        self, task: CommTask, step: int, flat: torch.Tensor, server: ServerState, source: torch.Tensor
     ) -> Posted:
         key = TransferKey(step, task.id, PULL)
         lo, hi = server.slices[self.rank]
@@ -332,7 +283,7 @@ class PsExchange:
         task: CommTask,
         posted: Posted,
         flat: torch.Tensor,
-        server: _Server,
+        server: ServerState,
         target: torch.Tensor,
     ) -> None:
         received = self._wait_all(posted, task.loss_bound)
@@ -347,7 +298,7 @@ class PsExchange:
                     counts[a:b] -= 1
         own = flat[lo:hi]
         if target.data_ptr() == own.data_ptr():
-            self._sum_in_place(server, own)
+            server.sum_in_place(own, self.rank, self.world)
         else:
             contributions = [own if q == self.rank else server.inbox[q] for q in range(self.world)]
             # the first two summed in one pass, not copied and then added (the same additions in the same order;
@@ -360,30 +311,11 @@ class PsExchange:
                 target.add_(part)
         if counts is not None:
             target.copy_((target.double() * (self.world / counts)).to(target.dtype))
-        if task.kind != "reduce_scatter":
-            server.sum = target
         server.summed = posted.key.step
         server.pushing = False  # its inboxes are free: the next push's frames may land in them
         self._record(task.id, PUSH, posted.key.step, received, posted, task.loss_bound)
 
-    def _sum_in_place(self, server: _Server, own: torch.Tensor) -> None:
-        """Add the peers' contributions to this rank's slice ``own``, bit for bit the sum in rank order:
-        ``b_0 + ... + b_(r-1)`` first (in scratch memory where that is two or more), added to ``own`` (``b_r``;
-        addition commutes, so ``b_r + x`` is ``x + b_r``), then ``b_(r+1)``, ... in turn."""
-        before = [server.inbox[q] for q in range(self.rank)]
-        if len(before) > 1:
-            if server.scratch is None:
-                server.scratch = torch.empty_like(own)
-            torch.add(before[0], before[1], out=server.scratch)
-            for part in before[2:]:
-                server.scratch.add_(part)
-            own.add_(server.scratch)
-        elif before:
-            own.add_(before[0])
-        for q in range(self.rank + 1, self.world):
-            own.add_(server.inbox[q])
-
-    def _finish_pull(self, task: CommTask, posted: Posted, flat: torch.Tensor, server: _Server) -> None:
+    def _finish_pull(self, task: CommTask, posted: Posted, flat: torch.Tensor, server: ServerState) -> None:
         bound = self._pull_bound(task)
         received = self._wait_all(posted, bound)
         if bound > 0 and server.previous is None:  # from now on keep the sums for stale fill (zeros before)
