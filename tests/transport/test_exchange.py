@@ -30,9 +30,10 @@ class FakeTransfer:
     def __init__(self) -> None:
         self.done = Ended()
         self.received = COMPLETE
+        self.error: RuntimeCommError | None = None
 
-    def finish(self, received: Received = COMPLETE) -> None:
-        self.received = received
+    def finish(self, received: Received = COMPLETE, error: RuntimeCommError | None = None) -> None:
+        self.received, self.error = received, error
         self.done.set()
 
     def then(self, fn: Callable[[], None]) -> bool:
@@ -41,6 +42,8 @@ class FakeTransfer:
     def wait(self, timeout_s: float | None = None) -> Received:
         if not self.done.wait(timeout_s):
             raise RuntimeCommError(f"fake transfer did not complete within {timeout_s} s")
+        if self.error is not None:
+            raise self.error
         return self.received
 
     def is_completed(self) -> bool:
@@ -59,6 +62,8 @@ class FakeNetwork:
         self.posted: dict[tuple[int, int, TransferKey], tuple[torch.Tensor, FakeTransfer]] = {}
         self.lose: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         self.timers: list[threading.Timer] = []
+        #: sends kept unended until the test ends them (a bounded-loss link ends a send at the receiver's Stop)
+        self.held: list[FakeTransfer] | None = None
         self.links = [FakeLink(self, r) for r in range(world)]
 
     def deliver(self, where: tuple[int, int, TransferKey], data: torch.Tensor) -> None:
@@ -98,7 +103,10 @@ class FakeLink:
         self.net.timers.append(timer)
         timer.start()
         t = FakeTransfer()
-        t.finish()
+        if self.net.held is None:
+            t.finish()
+        else:
+            self.net.held.append(t)
         return t
 
     def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> FakeTransfer:
@@ -324,6 +332,42 @@ def test_a_pull_tasks_own_bound_allows_loss_and_stale_fill_starts_from_zeros() -
     flats = [torch.full((n,), 10.0), torch.full((n,), 20.0)]
     push_pull(xs, push, pull, flats)
     assert torch.equal(flats[0], torch.tensor([30.0, 30, 30, 30, 3, 3]))
+
+
+def test_an_all_reduce_returns_its_sum_before_its_sends_end_and_ends_only_once_they_have() -> None:
+    world = 3
+    net = FakeNetwork(world)
+    net.held = []
+    xs = exchanges(net)
+    flats = [torch.arange(12, dtype=torch.float32) * (r + 1) for r in range(world)]
+    handles = [x.start(task(0, "all_reduce", 12), TaskBuffer(f)) for x, f in zip(xs, flats, strict=True)]
+    deadline = time.monotonic() + TIMEOUT_S
+    while not all(torch.equal(f, torch.arange(12, dtype=torch.float32) * 6) for f in flats):
+        assert time.monotonic() < deadline, "the pulls did not run while the pushes' sends were still under way"
+        time.sleep(0.001)
+    assert len(net.held) == 2 * world * (world - 1)  # every push's and every pull's send, none ended
+    assert not any(h.is_completed() for h in handles)
+    for t in net.held:
+        t.finish()
+    for h in handles:
+        h.wait(TIMEOUT_S)
+
+
+def test_a_send_that_fails_after_its_phase_finished_fails_the_task_naming_it() -> None:
+    net = FakeNetwork(2)
+    net.held = []
+    xs = exchanges(net)
+    handles = [x.start(task(0, "all_reduce", 4), TaskBuffer(torch.ones(4))) for x in xs]
+    deadline = time.monotonic() + TIMEOUT_S
+    while len(net.held) < 4:  # both pushes' sends, then both pulls'
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    net.held[0].finish(error=RuntimeCommError("the connection to rank 1 failed"))
+    for t in net.held[1:]:
+        t.finish()
+    with pytest.raises(RuntimeCommError, match=r"ps all_reduce of task 't0' \(step 0\) on rank 0: the connection"):
+        handles[0].wait(TIMEOUT_S)
+    handles[1].wait(TIMEOUT_S)
 
 
 def test_a_loss_above_the_bound_fails_the_task_naming_it() -> None:

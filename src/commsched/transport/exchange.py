@@ -34,7 +34,7 @@ starts a pull only after its push completed.
 Threads: ``start`` posts every send and receive it can on the link and
 returns at once. No thread waits for them: every transfer calls back when
 it ends (``Transfer.then``), and the link's thread that ends a phase's last
-transfer does the arithmetic there (an ``all_reduce`` posts its pull there,
+receive does the arithmetic there (an ``all_reduce`` posts its pull there,
 once its sum exists) and ends the task, whose handle calls back in turn
 (:mod:`commsched.transport.exchange_tasks`).
 A link that may write a frame before its receive is posted (the ``ps``
@@ -260,13 +260,11 @@ class PsExchange:
                 recvs.append((q, self.link.recv(q, key, flat[a:b], loss_bound=self._pull_bound(task)), a, flat[a:b]))
         return Posted(key, sends, recvs)
 
-    # ---- finishing (in the link's thread that ended a phase's last transfer) ----
+    # ---- finishing (in the link's thread that ended a phase's last receive) ----
 
     def _wait_all(self, posted: Posted, bound: float) -> list[Received]:
-        """The results of ``posted``'s transfers, which have all ended (raising a failure); each receive checked
-        against ``bound``."""
-        for transfer in posted.sends:
-            transfer.wait(0.0)
+        """The results of ``posted``'s receives, which have all ended (raising a failure); each checked against
+        ``bound`` (its sends may still be under way: :class:`Chained` waits for them)."""
         out = []
         for peer, transfer, _, box in posted.recvs:
             received = transfer.wait(0.0)

@@ -1,9 +1,10 @@
 """What :meth:`~commsched.transport.exchange.PsExchange.start` returns: a started task of the parameter server.
 
-A :class:`Chained` task: no thread waits for it; the link's thread that ends the last transfer
+A :class:`Chained` task: no thread waits for it; the link's thread that ends the last receive
 of a phase finishes that phase (the owner's sum, the stale fill) and posts
-the next (an ``all_reduce``'s pull), and the last phase ends the task, whose
-``then`` callbacks run in that same thread. On a rank whose one core also
+the next (an ``all_reduce``'s pull); the task ends once its last phase is
+finished and every send has ended, in the thread that saw the last of
+those, where its ``then`` callbacks run. On a rank whose one core also
 computes, each thread that wakes may preempt the training thread: under the
 ``ps`` policy on resnet5m the worker pool and the agent's watcher together
 woke about 300 times per iteration on each rank, unshaped (BENCHMARKS.md,
@@ -13,6 +14,7 @@ pool waited for each task before.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import deque
@@ -47,13 +49,33 @@ def task_error(describe: str, exc: BaseException) -> RuntimeCommError:
 
 class Chained:
     """A started task that its transfers end (the module docstring): the thread that ends the last
-    transfer of a phase finishes that phase and posts the next; the last phase ends the task.
+    receive of a phase finishes that phase and posts the next; the task ends once its last phase is finished
+    and every send of every phase has ended.
 
-    ``phases``: per phase, a callable that posts its transfers and one that finishes it once they have all
-    ended (raising what went wrong); ``on_end`` is called once the task has ended.
+    A phase waits for its receives only: its sends go on behind it. Over DLCP's link a send ends when its
+    receiver says Stop, a round trip after the last datagram reached it, and an ``all_reduce`` that waited for
+    that before returning its sum left the link idle for that round trip at every partition's turn (a peer
+    writes into the slices this rank's push still reads only after it has received all of that push, so
+    nothing the sends read is overwritten while they need it).
+
+    ``phases``: per phase, a callable that posts its transfers and one that finishes it once its receives have
+    all ended (raising what went wrong); ``on_end`` is called once the task has ended.
     """
 
-    __slots__ = ("_ended", "_error", "_left", "_lock", "_on_end", "_phases", "deadline", "describe", "timeout_s")
+    __slots__ = (
+        "_ended",
+        "_error",
+        "_finished",
+        "_left",
+        "_lock",
+        "_on_end",
+        "_over",
+        "_phases",
+        "_sending",
+        "deadline",
+        "describe",
+        "timeout_s",
+    )
 
     def __init__(self, describe: str, phases: list[Phase], timeout_s: float, on_end: Callable[[Chained], None]) -> None:
         self.describe = describe
@@ -64,12 +86,21 @@ class Chained:
         self._ended = Ended()
         self._error: RuntimeCommError | None = None
         self._lock = threading.Lock()
-        self._left = 0
+        self._left = 0  # receives of the current phase not ended (+1 while their callbacks are registered)
+        self._sending = 0  # sends of every phase not ended
+        self._finished = False  # the last phase is finished
+        self._over = False  # the task has ended (or failed)
 
     def advance(self) -> None:
-        """Post the next phase (its transfers call back), or end the task after the last."""
+        """Post the next phase (its transfers call back), or, after the last, end the task once its sends have."""
+        if self._over:
+            return
         if not self._phases:
-            self._end(None)
+            with self._lock:
+                self._finished = True
+                over = not self._sending
+            if over:
+                self._end(None)
             return
         post, finish = self._phases.popleft()
         try:
@@ -77,10 +108,13 @@ class Chained:
         except BaseException as exc:
             self._end(exc)
             return
-        transfers = [*posted.sends, *(transfer for _, transfer, _, _ in posted.recvs)]
         with self._lock:
-            self._left = len(transfers) + 1  # one more until every callback is registered
-        for transfer in transfers:
+            self._left = len(posted.recvs) + 1  # one more until every callback is registered
+            self._sending += len(posted.sends)
+        for send in posted.sends:
+            if not send.then(functools.partial(self._sent, send)):
+                self._sent(send)  # ended already
+        for _, transfer, _, _ in posted.recvs:
             if not transfer.then(lambda: self._count(posted, finish)):
                 self._count(posted, finish)  # ended already
         self._count(posted, finish)
@@ -88,7 +122,7 @@ class Chained:
     def _count(self, posted: Posted, finish: Callable[[Posted], None]) -> None:
         with self._lock:
             self._left -= 1
-            if self._left:
+            if self._left or self._over:
                 return
         try:
             finish(posted)
@@ -97,7 +131,23 @@ class Chained:
             return
         self.advance()
 
+    def _sent(self, send: Transfer) -> None:
+        try:
+            send.wait(0.0)  # ended: raises the send's error, if it failed
+        except BaseException as exc:
+            self._end(exc)
+            return
+        with self._lock:
+            self._sending -= 1
+            over = self._finished and not self._sending
+        if over:
+            self._end(None)
+
     def _end(self, exc: BaseException | None) -> None:
+        with self._lock:
+            if self._over:
+                return
+            self._over = True
         if exc is not None:
             self._error = task_error(self.describe, exc)
         self._on_end(self)
