@@ -50,7 +50,9 @@ Fusing at 64 KiB took 10-16 % less time than 0 unshaped (0.83-0.85x default
 DDP in the same runs, against 0.72-0.74x) and alike at 300 Mbit/s (1.14-1.17x
 default DDP, against 1.10-1.15x; resnet5m, 2 workers; BENCHMARKS.md, "The ps
 transport's small tensors fused"), and a default above 0 puts the knob in ``auto``'s search
-(:func:`commsched.plan.tune.search_space` leaves out knobs at 0).
+(:func:`commsched.plan.tune.search_space` leaves out knobs at 0). At 1024 KiB (9 partitions of resnet5m
+instead of 17) ``ps`` ran unshaped at 0.98x ``torch_ddp`` but at 300 Mbit/s 2-3 % slower than at 64
+(BENCHMARKS.md, "``ps`` with 1 MiB fusion"): the default stays, and ``auto`` may pick either.
 """
 
 from __future__ import annotations
