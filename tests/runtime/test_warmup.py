@@ -64,6 +64,21 @@ def test_auto_times_the_ps_transport_apart_only_where_it_may_choose_it_on_gloo_w
     assert AutoPlanner(1.0, None, gloo=True, host_memory=False).timed_apart() == frozenset()  # cannot run there
 
 
+def test_a_named_ps_times_its_transport_apart_only_where_it_sizes_its_fusion_from_the_network() -> None:
+    from commsched.runtime.named import NamedPlanner
+    from commsched.schedule import make_knobs
+
+    def named(policy: str, gloo: bool = True, host_memory: bool = True, **knobs: object) -> NamedPlanner:
+        return NamedPlanner(policy, make_knobs(policy, knobs).to_dict(), gloo=gloo, host_memory=host_memory)
+
+    assert named("ps").timed_apart() == {"ps"}
+    assert named("ps", fuse_kb=64).timed_apart() == frozenset()  # the size given: nothing to price
+    assert named("ps", gloo=False).timed_apart() == frozenset()
+    assert named("ps", host_memory=False).timed_apart() == frozenset()
+    assert named("dlcp").timed_apart() == frozenset()  # fuses at its own 64 KiB, over its own transport
+    assert named("ddp").timed_apart() == frozenset()
+
+
 def test_a_near_tie_is_the_best_unmeasured_policy_within_the_margin_of_the_best_prediction(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -372,6 +372,28 @@ def test_ps_fuses_small_tensors_into_the_partition_before_them_and_pushes_it_whe
     unfused = build_scheduler("ps", w, NET, partition_mb=0.5, credit_mb=100, fuse_kb=0)  # every tensor alone
     unfused_pushes = [t.tensors for t in unfused.plan.tasks if t.kind == "push"]
     assert unfused_pushes == [(0,), (1,), (2,), (3,), (3,), (3,), (4,), (5,)]
-    for policy in ("ps", "dlcp"):  # both fuse below 64 KiB by default
+    for policy in ("ps", "dlcp"):  # both fuse below 64 KiB by default (ps: at 1 Gbit/s without latency)
         default = build_scheduler(policy, w, NET, partition_mb=0.5, credit_mb=100)
         assert [t.tensors for t in default.plan.tasks if t.kind == "push"] == [(0, 1, 2), (3,), (3,), (3, 4, 5)]
+
+
+def test_ps_fuses_what_the_network_carries_in_a_tasks_fixed_cost_and_at_least_below_64_kib() -> None:
+    from commsched.schedule.base import PS_TRANSPORT
+    from commsched.schedule.ps import fuse_bytes
+
+    slow = NetworkEstimate(2, 37.5e6, 50e-6, cpu_per_message_s=100e-6)  # 300 Mbit/s: 5.6 KB in 150 us
+    assert fuse_bytes(None, slow) == 64 * 1024
+    fast = NetworkEstimate(2, 2e9, 20e-6, cpu_per_message_s=60e-6)  # 160 KB in 80 us
+    assert fuse_bytes(None, fast) == int(2e9 * 80e-6)
+    measured = NetworkEstimate(2, 2e9, 20e-6, cpu_per_message_s=60e-6, transport_cpu=((PS_TRANSPORT, 480e-6, 1e-9),))
+    assert fuse_bytes(None, measured) == int(2e9 * 500e-6)  # a ps task's own CPU where it was timed apart
+    assert fuse_bytes(0.0, measured) == 0 and fuse_bytes(16.0, slow) == 16 * 1024  # the knob, where given
+    kib = 1024 // 4
+    w = workload([2048 * kib, 300 * kib, 2048 * kib, 700 * kib, 2048 * kib, 100 * kib])
+    partitions = {
+        net: [t.tensors for t in build_scheduler("ps", w, net, partition_mb=4).plan.tasks if t.kind == "push"]
+        for net in (slow, fast, measured)
+    }
+    assert partitions[slow] == [(0,), (1,), (2,), (3,), (4,), (5,)]
+    assert partitions[fast] == [(0,), (1,), (2,), (3,), (4, 5)]  # 100 KiB below 160 KB
+    assert partitions[measured] == [(0, 1), (2, 3), (4, 5)]  # below 1 MB: each joins the one before

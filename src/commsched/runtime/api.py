@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -28,11 +27,12 @@ from commsched.runtime.batches import (
 from commsched.runtime.binding import bind_plan
 from commsched.runtime.engine import Engine, Planner
 from commsched.runtime.losses import StepLoss
+from commsched.runtime.named import NamedPlanner
 from commsched.runtime.pipeline import PipelineModule, staged_refusals
 from commsched.runtime.replan import DriftPolicy
 from commsched.runtime.replicas import DEFAULT_EVERY, ReplicaCheck, check_every
 from commsched.runtime.servers import run_transport_options
-from commsched.runtime.switching import AutoPlanner, plan_by_name
+from commsched.runtime.switching import AutoPlanner
 from commsched.runtime.warmup import WARMUP_ITERS
 from commsched.schedule import (
     AUTO,
@@ -261,15 +261,15 @@ def parallelize(
     defers = True if policy == AUTO else policy_class(policy).update_mode == "forward"
     if grad_scaler is not None and policy != AUTO and defers:
         raise UnsupportedError(grad_scaler_refusal(policy))
+    on_cpu = all(d.type == "cpu" for d in devices)
+    on_gloo = "gloo" in str(dist.get_backend(process_group)) and on_cpu
     if policy == AUTO:
         step_only = tuple(n for n in updating_at("step") if n in LOSSLESS)
         choices = step_only if grad_scaler is not None else None
         defers = grad_scaler is None
-        on_cpu = all(d.type == "cpu" for d in devices)
-        on_gloo = "gloo" in str(dist.get_backend(process_group)) and on_cpu
         planner: Planner = AutoPlanner(auto_budget_s, choices, gloo=on_gloo, host_memory=on_cpu)
     else:
-        planner = functools.partial(plan_by_name, policy, knob_values)
+        planner = NamedPlanner(policy, knob_values, gloo=on_gloo, host_memory=on_cpu)
     if replan is None:
         replan = policy == AUTO
     drift = (DriftPolicy() if replan is True else replan) or None

@@ -36,6 +36,7 @@ import torch.distributed as dist
 from commsched.errors import PlanMismatchError, RuntimeCommError
 from commsched.runtime import startup, warmup
 from commsched.runtime.binding import bind_plan
+from commsched.runtime.named import NamedPlanner
 from commsched.runtime.replan import TRIAL_ITERATIONS, Replanner
 from commsched.schedule import (
     CommPlan,
@@ -92,8 +93,8 @@ def replan_after_warmup(engine: Engine) -> None:
         for wall_s, cpu_s in startup.tiny_allreduces(coll, 5, device):
             engine.recorder.latency_s.append(wall_s)
             engine.recorder.latency_cpu_s.append(cpu_s)
-        if isinstance(engine.planner, AutoPlanner):  # and the transports whose CPU work the search prices apart
-            with startup.peers("timing the transports auto may choose"):
+        if isinstance(engine.planner, AutoPlanner | NamedPlanner):  # and the transports whose CPU work it prices
+            with startup.peers("timing the transports the plan may use"):
                 engine.recorder.transport_samples = warmup.time_transports(
                     engine.groups.sync, engine.planner.timed_apart(), engine._transport_options
                 )
@@ -255,13 +256,6 @@ def check_plan_fits(engine: Engine, plan: CommPlan) -> None:
     problem = warmup.first_iteration_mismatch(plan, engine.recorder, engine._layer_modules, engine.buffers.params)
     if problem is not None:
         raise PlanMismatchError(f"plan: the model does not run as the plan expects: {problem}")
-
-
-def plan_by_name(
-    policy: str, knobs: dict[str, Any], workload: Workload, network: NetworkEstimate, exclude: frozenset[str]
-) -> CommPlan:
-    """The named policy's plan (``exclude`` cannot apply: the user chose it)."""
-    return build_plan(policy, workload, network, **knobs)
 
 
 class AutoPlanner:

@@ -45,12 +45,18 @@ Guarantee: lossless (every task's ``loss_bound`` is 0): each element is
 summed once, by the server that owns it, and every rank receives that sum,
 so training equals synchronous SGD up to the float association order.
 Knobs: ``partition_mb`` (4), ``credit_mb`` (16: four default partitions in
-flight), ``fuse_kb`` (64, as ``dlcp``; 0: every tensor on its own, as BytePS).
-Fusing at 64 KiB took 10-16 % less time than 0 unshaped (0.83-0.85x default
-DDP in the same runs, against 0.72-0.74x) and alike at 300 Mbit/s (1.14-1.17x
-default DDP, against 1.10-1.15x; resnet5m, 2 workers; BENCHMARKS.md, "The ps
-transport's small tensors fused"), and a default above 0 puts the knob in ``auto``'s search
-(:func:`commsched.plan.tune.search_space` leaves out knobs at 0). At 1024 KiB (9 partitions of resnet5m
+flight), ``fuse_kb`` (none: from the network, :func:`fuse_bytes`; 0: every
+tensor on its own, as BytePS). A tensor is fused where sending it alone
+would cost more in a message's fixed cost than in its time on the wire: below
+``bandwidth x (latency + CPU per task)``, and at least below 64 KiB. Fusing at
+64 KiB took 10-16 % less time than 0 unshaped (0.83-0.85x default DDP in the
+same runs, against 0.72-0.74x) and alike at 300 Mbit/s (1.14-1.17x default
+DDP, against 1.10-1.15x; resnet5m, 2 workers; BENCHMARKS.md, "The ps
+transport's small tensors fused"). At a fixed 1024 KiB (9 partitions of
+resnet5m instead of 17) ``ps`` ran unshaped at 0.98x ``torch_ddp``, but at
+300 Mbit/s 2-3 % slower than at 64 (BENCHMARKS.md, "``ps`` with 1 MiB
+fusion"): no one size suits both, and the rule gives each network its own
+(about 64 KiB at 300 Mbit/s, where a 64 KiB tensor is 1.7 ms on the wire). At 1024 KiB (9 partitions of resnet5m
 instead of 17) ``ps`` ran unshaped at 0.98x ``torch_ddp`` but at 300 Mbit/s 2-3 % slower than at 64
 (BENCHMARKS.md, "``ps`` with 1 MiB fusion"): the default stays, and ``auto`` may pick either.
 """
@@ -87,7 +93,26 @@ class PSKnobs(Knobs):
     policy: ClassVar[str] = "ps"
     partition_mb: float = knob(4.0, gt=0, doc="largest partition, MiB")
     credit_mb: float = knob(16.0, gt=0, doc="bytes of partitions in flight (push to pull), MiB")
-    fuse_kb: float = knob(64.0, ge=0, doc=FUSE_DOC, before=0.0)
+    fuse_kb: float | None = knob(None, ge=0, doc=FUSE_DOC + "; none: from the network", before=0.0)
+
+
+#: The least size below which :func:`fuse_bytes` fuses, KiB, however fast the network (measured: the knob's doc).
+FUSE_FLOOR_KB = 64.0
+
+
+def fuse_bytes(fuse_kb: float | None, network: NetworkEstimate) -> int:
+    """The size below which a tensor joins the partition before it: ``fuse_kb`` where given, else the bytes the
+    network carries in one task's fixed cost (its latency and the CPU a ``"ps"`` task costs, measured apart in
+    the warm-up where it was, else a message's), and at least :data:`FUSE_FLOOR_KB`.
+
+    A tensor smaller than that spends more of its push (and of its pull) on the message than on the wire, and
+    every message also costs the core that computes (unshaped, resnet5m: 1.8 GB/s, 0.1-0.5 ms a task).
+    """
+    if fuse_kb is not None:
+        return kib_to_bytes(fuse_kb)
+    per_task_s = next((s for name, s, _ in network.transport_cpu if name == PS_TRANSPORT), network.cpu_per_message_s)
+    on_the_wire = network.bandwidth_bytes_per_s * (network.latency_s + per_task_s)
+    return max(kib_to_bytes(FUSE_FLOOR_KB), int(on_the_wire))
 
 
 def push_pull_tasks(workload: Workload, partition_bytes: int, fuse_bytes: int = 0) -> list[CommTask]:
@@ -130,7 +155,7 @@ class PSScheduler(Scheduler):
     @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
         assert isinstance(knobs, PSKnobs)
-        tasks = push_pull_tasks(workload, mb_to_bytes(knobs.partition_mb), kib_to_bytes(knobs.fuse_kb))
+        tasks = push_pull_tasks(workload, mb_to_bytes(knobs.partition_mb), fuse_bytes(knobs.fuse_kb, network))
         return CommPlan(cls.name, workload, network, tuple(tasks), "forward", knobs)
 
     def __init__(self, plan: CommPlan) -> None:

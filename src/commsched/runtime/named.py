@@ -1,0 +1,32 @@
+"""The planner of a policy the user named: its plan from the model and network the warm-up measured."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from commsched.schedule import CommPlan, NetworkEstimate, build_plan, make_knobs, policy_class
+from commsched.schedule.base import PS_TRANSPORT
+from commsched.workload import Workload
+
+__all__ = ["NamedPlanner"]
+
+
+class NamedPlanner:
+    """The plan of the policy the user named, from the measured model and network (``exclude`` cannot apply:
+    the user chose it)."""
+
+    def __init__(self, policy: str, knobs: Mapping[str, Any], *, gloo: bool, host_memory: bool) -> None:
+        self.policy, self.knobs = policy, dict(knobs)
+        self.gloo, self.host_memory = gloo, host_memory
+
+    def timed_apart(self) -> frozenset[str]:
+        """The ``"ps"`` transport where the policy runs on it on gloo with CPU tensors and sizes its fusion
+        from the network (:func:`commsched.schedule.ps.fuse_bytes`: a task's CPU is part of its fixed cost)."""
+        from_network = "fuse_kb" in self.knobs and self.knobs["fuse_kb"] is None
+        if not (self.gloo and self.host_memory and from_network):
+            return frozenset()
+        return policy_class(self.policy).transports(make_knobs(self.policy, self.knobs)) & {PS_TRANSPORT}
+
+    def __call__(self, workload: Workload, network: NetworkEstimate, exclude: frozenset[str]) -> CommPlan:
+        return build_plan(self.policy, workload, network, **self.knobs)
