@@ -341,13 +341,15 @@ def test_the_dlcp_sums_in_place_check_is_recomputed_from_its_runs(
         ("ps-fuse-1024/300mbit-default", 2),
         ("ps-fuse-1024/300mbit-fuse1024", 2),
         ("ps-fuse-1024/unshaped-fuse1024", 2),
+        ("ps-fuse-network/unshaped", 2),
+        ("ps-fuse-network/300mbit", 2),
     ],
 )
 def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
     run: str, configurations: int, script_loader: Callable[[str], ModuleType]
 ) -> None:
     """BENCHMARKS.md, "Every policy unshaped on the fast day", "The parameter server's sums in place", "Every
-    policy unshaped after these changes" and "`ps` with 1 MiB fusion": every row of the paired ratios of each run."""
+    policy unshaped after these changes" and the two on `ps`'s fusion: every row of the paired ratios of each run."""
     paired_ratios = script_loader("benchmarks/paired_ratios.py")
     (session,) = json.loads((ROOT / "benchmarks" / "results" / run / "bench.json").read_text())["sessions"]
     lines = paired_ratios.rows(session, "torch_ddp")

@@ -56,9 +56,9 @@ transport's small tensors fused"). At a fixed 1024 KiB (9 partitions of
 resnet5m instead of 17) ``ps`` ran unshaped at 0.98x ``torch_ddp``, but at
 300 Mbit/s 2-3 % slower than at 64 (BENCHMARKS.md, "``ps`` with 1 MiB
 fusion"): no one size suits both, and the rule gives each network its own
-(about 64 KiB at 300 Mbit/s, where a 64 KiB tensor is 1.7 ms on the wire). At 1024 KiB (9 partitions of resnet5m
-instead of 17) ``ps`` ran unshaped at 0.98x ``torch_ddp`` but at 300 Mbit/s 2-3 % slower than at 64
-(BENCHMARKS.md, "``ps`` with 1 MiB fusion"): the default stays, and ``auto`` may pick either.
+(64 KiB at 300 Mbit/s, where a 64 KiB tensor is 1.7 ms on the wire; unshaped,
+11 partitions of resnet5m: 0.972x ``torch_ddp``, and 300 Mbit/s as before;
+BENCHMARKS.md, "``ps`` sizes its fusion from the network").
 """
 
 from __future__ import annotations
