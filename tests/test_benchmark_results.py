@@ -329,12 +329,25 @@ def test_the_dlcp_sums_in_place_check_is_recomputed_from_its_runs(
         assert line in DOCUMENT, line
 
 
+def test_the_dlcp_training_check_after_the_sends_behind_their_phase_is_recomputed_from_its_run(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BENCHMARKS.md, "DLCP in training after these changes": the training lines and the CPU row of the run."""
+    path = ROOT / "benchmarks" / "results" / "dlcp-sends-behind-train" / "after.json"
+    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT))])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
+    assert len(lines) == 7  # ps, dlcp, default DDP and four ratios
+    for line in [*lines, script_loader("benchmarks/dlcp_cpu_ab.py").row(path)]:
+        assert line in DOCUMENT, line
+
+
 @pytest.mark.parametrize(
     ("run", "configurations"),
     [
         ("unshaped-every-policy-fastday", 10),
         ("unshaped-every-policy-fastday-2", 10),
         ("unshaped-every-policy-fastday-3", 10),
+        ("unshaped-every-policy-fusenet", 10),
         ("ps-unshaped-accumulator", 3),
         ("ps-unshaped-own-slice", 3),
         ("ps-unshaped-own-slice-2", 3),
@@ -343,6 +356,7 @@ def test_the_dlcp_sums_in_place_check_is_recomputed_from_its_runs(
         ("ps-fuse-1024/unshaped-fuse1024", 2),
         ("ps-fuse-network/unshaped", 2),
         ("ps-fuse-network/300mbit", 2),
+        ("ps-fuse-network/unshaped-2", 2),
     ],
 )
 def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(

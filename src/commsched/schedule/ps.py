@@ -57,8 +57,9 @@ resnet5m instead of 17) ``ps`` ran unshaped at 0.98x ``torch_ddp``, but at
 300 Mbit/s 2-3 % slower than at 64 (BENCHMARKS.md, "``ps`` with 1 MiB
 fusion"): no one size suits both, and the rule gives each network its own
 (64 KiB at 300 Mbit/s, where a 64 KiB tensor is 1.7 ms on the wire; unshaped,
-11 partitions of resnet5m: 0.972x ``torch_ddp``, and 300 Mbit/s as before;
-BENCHMARKS.md, "``ps`` sizes its fusion from the network").
+11 partitions of resnet5m: 0.947-0.972x ``torch_ddp`` in three runs, where
+64 KiB gave 0.943-0.959x, and 300 Mbit/s as before; BENCHMARKS.md, "``ps``
+sizes its fusion from the network").
 """
 
 from __future__ import annotations
