@@ -225,3 +225,22 @@ def test_the_ps_policy_simulates_its_pushes_and_pulls_under_the_ps_cost_model(se
     assert {e.kind for e in events} == {"push", "pull"}
     for event in events:  # alone or sharing the network: never faster than the closed form
         assert event.duration_s >= ps.cost_s(event.kind, event.bytes) * (1 - 1e-9)
+
+
+def test_ps_is_planned_with_the_cpu_work_the_options_charge_as_the_runtime_that_measured_it_would() -> None:
+    from commsched.schedule.ps import fuse_bytes
+
+    workload = make_workload([1.0] * 6, [1.0] * 6, [600_000, 40_000, 600_000, 90_000, 600_000, 120_000])
+    cluster = make_cluster(2, gbps=10, latency_us=20)
+    options = SimOptions(cpu_per_task_ms=0.05, cpu_ms_per_mb=0.5, transport_cpu=(("ps", 0.4, 1.0),))
+    network = options.planned_with(CommModel.from_cluster(cluster).estimate())
+    assert network.cpu_per_message_s == pytest.approx(0.05e-3)
+    assert network.cpu_s_per_byte == pytest.approx(0.5e-3 / 2**20)
+    assert network.transport_cpu == (("ps", pytest.approx(0.4e-3), pytest.approx(1e-3 / 2**20)),)
+    assert fuse_bytes(None, network) > 4 * 120_000  # about 1.25 GB/s x 0.42 ms: each small tensor joins one
+    unfused, fused = (
+        [t.tensors for t in plan_for(workload, cluster, "ps", opts).tasks if t.kind == "push"]
+        for opts in (None, options)
+    )
+    assert unfused == [(0,), (1,), (2,), (3,), (4,), (5,)]  # 20 us at 10 Gbit/s: the 64 KiB floor
+    assert fused == [(0, 1), (2, 3), (4, 5)]

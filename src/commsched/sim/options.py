@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from commsched.errors import ScheduleError
-from commsched.schedule.base import transport_cpu_entries
+from commsched.schedule.base import NetworkEstimate, transport_cpu_entries
 from commsched.sim.costs import ALGORITHMS
 from commsched.sim.network import NETWORK_MODELS
 
@@ -85,6 +85,18 @@ class SimOptions:
             if name == transport:
                 return per_task_ms, ms_per_mb
         return self.cpu_per_task_ms, self.cpu_ms_per_mb
+
+    def planned_with(self, network: NetworkEstimate) -> NetworkEstimate:
+        """``network`` with the CPU work these options charge (in seconds, as a runtime measures it), so that a
+        policy that plans with it (``ps``'s fusion, :func:`commsched.schedule.ps.fuse_bytes`) makes the plan the
+        runtime that measured it would."""
+        s_per_mb = 1e-3 / 2**20
+        return replace(
+            network,
+            cpu_per_message_s=self.cpu_per_task_ms / 1e3,
+            cpu_s_per_byte=self.cpu_ms_per_mb * s_per_mb,
+            transport_cpu=tuple((name, task_ms / 1e3, mb_ms * s_per_mb) for name, task_ms, mb_ms in self.transport_cpu),
+        )
 
     @property
     def charges_cpu(self) -> bool:

@@ -34,13 +34,15 @@ def plan_for(
     options: SimOptions | Mapping[str, Any] | None = None,
     **knobs: Any,
 ) -> CommPlan:
-    """``policy``'s plan for ``workload`` on ``cluster``, made for the cost model's network estimate.
+    """``policy``'s plan for ``workload`` on ``cluster``, made for the cost model's network estimate with the CPU
+    work ``options`` charge.
 
     Raises ScheduleError for an unknown policy, knob or option, or a bad value.
     """
-    comm = CommModel.from_cluster(cluster, SimOptions.from_mapping(options).algorithm)
+    opts = SimOptions.from_mapping(options)
+    comm = CommModel.from_cluster(cluster, opts.algorithm)
     try:
-        return build_plan(policy, workload, comm.estimate(), **knobs)
+        return build_plan(policy, workload, opts.planned_with(comm.estimate()), **knobs)
     except CommschedError:
         raise
     except (TypeError, ValueError, ArithmeticError) as exc:
