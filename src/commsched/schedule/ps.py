@@ -59,7 +59,8 @@ fusion"): no one size suits both, and the rule gives each network its own
 (64 KiB at 300 Mbit/s, where a 64 KiB tensor is 1.7 ms on the wire; unshaped,
 11 partitions of resnet5m: 0.947-0.972x ``torch_ddp`` in three runs, where
 64 KiB gave 0.943-0.959x, and 300 Mbit/s as before; BENCHMARKS.md, "``ps``
-sizes its fusion from the network").
+sizes its fusion from the network"). ``auto`` takes the rule's size too: its
+knob search keeps knobs whose default is none (:mod:`commsched.plan.tune`).
 """
 
 from __future__ import annotations
