@@ -397,3 +397,7 @@ def test_ps_fuses_what_the_network_carries_in_a_tasks_fixed_cost_and_at_least_be
     assert partitions[slow] == [(0,), (1,), (2,), (3,), (4,), (5,)]
     assert partitions[fast] == [(0,), (1,), (2,), (3,), (4, 5)]  # 100 KiB below 160 KB
     assert partitions[measured] == [(0, 1), (2, 3), (4, 5)]  # below 1 MB: each joins the one before
+    plan = build_scheduler("ps", w, measured, partition_mb=4).plan
+    assert plan.knobs.to_dict()["fuse_kb"] == int(2e9 * 500e-6) / 1024  # the plan records the size it fused at
+    again = build_scheduler("ps", w, slow, **plan.knobs.to_dict()).plan  # and replays it on another network
+    assert [t.tensors for t in again.tasks if t.kind == "push"] == partitions[measured]

@@ -66,7 +66,7 @@ knob search keeps knobs whose default is none (:mod:`commsched.plan.tune`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from commsched.schedule.base import (
@@ -157,8 +157,10 @@ class PSScheduler(Scheduler):
     @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
         assert isinstance(knobs, PSKnobs)
-        tasks = push_pull_tasks(workload, mb_to_bytes(knobs.partition_mb), fuse_bytes(knobs.fuse_kb, network))
-        return CommPlan(cls.name, workload, network, tuple(tasks), "forward", knobs)
+        fuse = fuse_bytes(knobs.fuse_kb, network)
+        tasks = push_pull_tasks(workload, mb_to_bytes(knobs.partition_mb), fuse)
+        # the plan records the size it fused at (a run's record replays it, whatever network predicts it)
+        return CommPlan(cls.name, workload, network, tuple(tasks), "forward", replace(knobs, fuse_kb=fuse / 1024))
 
     def __init__(self, plan: CommPlan) -> None:
         super().__init__(plan)
