@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from commsched.schedule import CommPlan, NetworkEstimate, build_plan, make_knobs, policy_class
-from commsched.schedule.base import PS_TRANSPORT
 from commsched.workload import Workload
 
 __all__ = ["NamedPlanner"]
@@ -21,12 +20,11 @@ class NamedPlanner:
         self.gloo, self.host_memory = gloo, host_memory
 
     def timed_apart(self) -> frozenset[str]:
-        """The ``"ps"`` transport where the policy runs on it on gloo with CPU tensors and sizes its fusion
-        from the network (:func:`commsched.schedule.ps.fuse_bytes`: a task's CPU is part of its fixed cost)."""
-        from_network = "fuse_kb" in self.knobs and self.knobs["fuse_kb"] is None
-        if not (self.gloo and self.host_memory and from_network):
+        """The transports whose CPU work the policy plans with (``Scheduler.plans_with_cpu_of``: ``ps`` sizing
+        its fusion from the network), on gloo with CPU tensors, where that CPU work is what the runtime's is."""
+        if not (self.gloo and self.host_memory):
             return frozenset()
-        return policy_class(self.policy).transports(make_knobs(self.policy, self.knobs)) & {PS_TRANSPORT}
+        return policy_class(self.policy).plans_with_cpu_of(make_knobs(self.policy, self.knobs))
 
     def __call__(self, workload: Workload, network: NetworkEstimate, exclude: frozenset[str]) -> CommPlan:
         return build_plan(self.policy, workload, network, **self.knobs)

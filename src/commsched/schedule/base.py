@@ -258,6 +258,12 @@ class Scheduler(ABC):
         return frozenset({COLLECTIVE})
 
     @classmethod
+    def plans_with_cpu_of(cls, knobs: Knobs) -> frozenset[str]:
+        """The transports whose CPU work per task, timed apart in the warm-up (``NetworkEstimate.transport_cpu``),
+        this policy's plan under ``knobs`` is made with (none by default)."""
+        return frozenset()
+
+    @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
         raise NotImplementedError
 

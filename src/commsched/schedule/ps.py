@@ -155,6 +155,11 @@ class PSScheduler(Scheduler):
         return frozenset({PS_TRANSPORT})
 
     @classmethod
+    def plans_with_cpu_of(cls, knobs: Knobs) -> frozenset[str]:
+        assert isinstance(knobs, PSKnobs)
+        return frozenset({PS_TRANSPORT}) if knobs.fuse_kb is None else frozenset()  # fuse_bytes reads it
+
+    @classmethod
     def build_plan(cls, workload: Workload, network: NetworkEstimate, knobs: Knobs) -> CommPlan:
         assert isinstance(knobs, PSKnobs)
         fuse = fuse_bytes(knobs.fuse_kb, network)

@@ -14,14 +14,13 @@ __all__ = ["TcpTransfer"]
 class TcpTransfer:
     """A send or receive of :class:`TcpLink`; :meth:`then` calls back in the link's thread that ends it."""
 
-    __slots__ = ("_done", "_error", "_received", "_timeout_s", "describe")
+    __slots__ = ("_done", "_error", "_timeout_s", "describe")
 
     def __init__(self, describe: str, timeout_s: float) -> None:
         self.describe = describe
         self._timeout_s = timeout_s
         self._done = Ended()
         self._error: RuntimeCommError | None = None
-        self._received = COMPLETE
 
     def finish(self, error: RuntimeCommError | None = None) -> None:
         if not self._done.is_set():
@@ -38,7 +37,7 @@ class TcpTransfer:
             raise RuntimeCommError(f"{self.describe} did not complete within {limit:g} s")
         if self._error is not None:
             raise self._error
-        return self._received
+        return COMPLETE  # TCP loses nothing
 
     def is_completed(self) -> bool:
         return self._done.is_set()
