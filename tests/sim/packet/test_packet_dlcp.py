@@ -140,6 +140,17 @@ def test_a_lossy_link_completes_at_the_bound_with_stop_and_never_loses_more() ->
     assert result.sender.inner.retransmits == 0 and result.sender.inner.transfers == []
 
 
+def test_a_datagram_lost_in_mid_stream_is_resent_on_the_receivers_report_as_on_the_link() -> None:
+    # the 10th datagram is lost on the wire; the PROBE is held off, so only a report can get it re-sent
+    with tapped(lambda pkt: pkt.seq != 9) as config:
+        config = replace(config, dlcp=DlcpParams(probe_delay_s=60.0))
+        [result] = run_flows(fabric(2, config), [Flow(0, 1, 1_000_000)], config)
+    sender = result.sender.inner
+    [(_, lost, ended, _)] = result.receiver.inner.records
+    assert (lost, ended) == (0, "complete") and result.fct_s < 1.0
+    assert sender.retransmits == 1 and sender.probes == 0 and sender.transfers == []
+
+
 @pytest.mark.parametrize("stop_at_count", [False, True])
 def test_a_loss_free_path_loses_nothing_unless_the_count_rule_stops_early(stop_at_count: bool) -> None:
     config = replace(DLCP, dlcp=DlcpParams(stop_at_count=stop_at_count))

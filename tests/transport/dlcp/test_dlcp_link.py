@@ -20,6 +20,7 @@ from _data_path import patches_data_path
 
 from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.transport.dlcp import link as link_module
+from commsched.transport.dlcp import slots
 from commsched.transport.dlcp.link import DlcpLink, _chunk_norms, small_mtu_warning
 from commsched.transport.dlcp.sockets import LinkSockets
 from commsched.transport.dlcp.wire import packet_numel
@@ -168,6 +169,38 @@ def test_dropped_datagrams_are_resent_until_complete_at_bound_zero() -> None:
         a.send(1, K(0, 0, 0), sent).wait(10.0)
         assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
         assert a.stats.dropped_by_hook > 0 and a.stats.resent >= a.stats.dropped_by_hook
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_datagram_lost_on_the_wire_is_resent_on_the_receivers_report_before_any_probe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A datagram lost after it was numbered leaves a gap the receiver sees: its report, not a PROBE at the
+    transfer's end, gets the hole re-sent (the PROBE is held off for the test's length)."""
+    real = slots.SenderState
+    monkeypatch.setattr(slots, "SenderState", lambda *a, **k: real(*a, **k, probe_delay_s=60.0))
+    a, b = pair(timeout_s=10.0)
+    transmit = a._engine.outbound._transmit
+    lost: list[int] = []
+
+    def lossy(slot: Any, numbered: list[Any], now: float) -> None:  # the 5th datagram, first sent, never arrives
+        if not lost and a.stats.sent + len(numbered) >= 5:
+            lost.append(numbered.pop(min(len(numbered) - 1, 4 - a.stats.sent))[1].offset)
+        if numbered:
+            transmit(slot, numbered, now)
+
+    monkeypatch.setattr(a._engine.outbound, "_transmit", lossy)
+    try:
+        sent = data(200_000)
+        out = torch.full_like(sent, float("nan"))
+        recv = b.recv(0, K(0, 0, 0), out)
+        a.send(1, K(0, 0, 0), sent).wait(10.0)
+        assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
+        assert len(lost) == 1 and b.stats.reports >= 1 and a.stats.resent_on_report == 1
+        # the report, not a PROBE, got the hole re-sent (besides what a full send buffer refused: it goes again)
+        assert a.stats.probes == 0 and a.stats.resent == 1 + a.stats.send_errors
     finally:
         a.close()
         b.close()

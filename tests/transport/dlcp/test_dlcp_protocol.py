@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from commsched.transport.dlcp.protocol import (
     CE,
     ECT0,
+    REPORT,
     Accept,
     Ack,
     Action,
@@ -330,3 +331,71 @@ def test_a_packet_that_could_not_leave_the_host_goes_again_before_the_others_and
     tx.on_stop()
     tx.requeue(0)
     assert not tx.pending
+
+
+def arrivals(fb: PeerFeedback, seqs: list[int]) -> list[int | None]:
+    out: list[Action] = []
+    return [fb.on_data(seq % 2**32, False, 0.0, out) for seq in seqs]
+
+
+def test_a_gap_is_reported_once_it_outlives_reorder_later_numbers_and_once_only() -> None:
+    fb = PeerFeedback(every=100, reorder=3)
+    # 2 is lost: seen missing at 3, reported at 6 (three numbers later), as lost before 4
+    assert arrivals(fb, [0, 1, 3, 4, 5, 6, 7]) == [None, None, None, None, None, 4, None]
+    # a second loss (9) is a new gap, reported on its own
+    assert arrivals(fb, [8, 10, 11, 12, 13]) == [None, None, None, None, 11]
+
+
+def test_a_datagram_overtaken_by_fewer_than_reorder_later_ones_is_not_reported() -> None:
+    fb = PeerFeedback(every=100, reorder=3)
+    assert arrivals(fb, [0, 2, 3, 1, 4, 5, 6, 7]) == [None] * 8  # 1 came late, within the reorder window
+    fb = PeerFeedback(every=100, reorder=2)  # the first datagram lost is a gap like any other
+    assert arrivals(fb, [1, 2, 3]) == [None, None, 2]
+    with pytest.raises(ValueError, match="reorder"):
+        PeerFeedback(reorder=0)
+
+
+def test_a_receiver_reports_its_holes_and_its_bound_only_while_under_way() -> None:
+    rx = ReceiverState(100, loss_bound=0.1)
+    out: list[Action] = []
+    rx.report(7, out)
+    assert out == []  # nothing arrived yet: its sender may not have started
+    feed(rx, [0, 20, 30], 10)
+    rx.report(7, out)
+    assert out == [Bitmap(REPORT, ((10, 20), (40, 100)), 7, 10)]
+    feed(rx, [10, 40, 50, 60, 70, 80, 90], 10)  # complete: a Stop, and no more reports
+    out.clear()
+    rx.report(9, out)
+    assert out == []
+
+
+def test_a_report_resends_only_holes_numbered_before_it_unimportant_first_within_the_bound() -> None:
+    importance = np.array([1, 0, 1, 0, 1, 1], dtype=np.uint8)  # sent 0 2 4 5, then 1 3
+    tx = SenderState(60, 10, importance)
+    out: list[Action] = []
+    tx.next_packets(0.0, 5, out)  # offsets 0 20 40 50 10 leave as numbers 100..104
+    for seq, act in enumerate(out, start=100):
+        assert isinstance(act, Data)
+        tx.numbered(act.offset, seq)
+    # the receiver lost 20 (101) and 10 (104): its report names every hole, but only 101 left before 104
+    tx.on_bitmap(REPORT, ((10, 30), (30, 40)), below=104, allowed=0)
+    out.clear()
+    tx.next_packets(0.1, 1, out)
+    assert out == [Data(20, 10, 1, True)] and tx.reported == 1
+    tx.numbered(20, 105)
+    # the same report again (its TCP copy), and an answer to no probe: nothing more
+    tx.on_bitmap(REPORT, ((10, 30), (30, 40)), below=104, allowed=0)
+    tx.on_bitmap(3, ((10, 30),))
+    assert tx.reported == 1
+    # now 10 (104) is lost too, and the bound spares 10 elements: the unimportant packet is spared, not re-sent
+    tx.on_bitmap(REPORT, ((10, 20), (30, 40)), below=106, allowed=10)
+    assert (tx.reported, tx.spared) == (1, 10)
+    out.clear()
+    tx.next_packets(0.2, 5, out)
+    assert [(a.offset, a.resend) for a in out if isinstance(a, Data)] == [(30, False)]
+    # a report with no allowance left re-sends the next loss, though unimportant
+    tx.numbered(30, 106)
+    tx.on_bitmap(REPORT, ((10, 20), (30, 40)), below=110, allowed=10)
+    out.clear()
+    tx.next_packets(0.3, 5, out)
+    assert [(a.offset, a.resend) for a in out if isinstance(a, Data)] == [(30, True)] and tx.reported == 2

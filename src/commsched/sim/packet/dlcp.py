@@ -217,7 +217,7 @@ class DlcpSender:
             if transfer in self.transfers:
                 self.transfers.remove(transfer)
         elif type(act) is Bitmap:
-            transfer.send.on_bitmap(act.seq, act.holes)
+            transfer.send.on_bitmap(act.seq, act.holes, act.below, act.allowed)
         self._pump(now_s, out)
 
     def on_timer(self, now_s: float, out: list[Packet]) -> None:
@@ -276,6 +276,7 @@ class DlcpSender:
             pkt = Packet(0, payload, payload + DATAGRAM_OVERHEAD_BYTES, now_s, ect=ect, cls=band)
             seq = self.rate.on_send(pkt.size_bytes, now_s)
             pkt.seq = seq
+            transfer.send.numbered(act.offset, seq)
             if self.spray:
                 pkt.path = seq
             pkt.info = (transfer, act)
@@ -302,6 +303,7 @@ class DlcpReceiver:
         self.rcv_nxt = 0  # never advances: messages complete through ``completed``
         self.completed: list[int] = []
         self.records: list[tuple[int, int, str, float]] = []
+        self.open: dict[int, Transfer] = {}  # receives under way, by message: a loss reports their holes
         self.timer_s = INF
         self.duplicates = 0
         self.late = 0
@@ -313,8 +315,9 @@ class DlcpReceiver:
         acts.clear()
         recv = transfer.recv
         was_open = recv.ended is None
+        below = None
         if type(act) is Data:
-            self.feedback.on_data(pkt.seq, pkt.ce, now_s, acts)
+            below = self.feedback.on_data(pkt.seq, pkt.ce, now_s, acts)
             accepted = recv.on_data(act.offset, act.numel, transfer.stride, acts)
             if accepted is Accept.DUPLICATE:
                 self.duplicates += 1
@@ -322,12 +325,20 @@ class DlcpReceiver:
                 self.late += 1
         else:  # a PROBE ends a receive whose holes are within the bound (the link's default rule)
             recv.on_probe(act.seq, acts)
+        if was_open and recv.ended is None:
+            self.open[transfer.end] = transfer
         if was_open and recv.ended is not None:
+            self.open.pop(transfer.end, None)
             transfer.ended_s = now_s
             self.completed.append(transfer.end)
             norm_lost = transfer.lost_norm_fraction() if transfer.known else math.nan
             self.records.append((recv.numel, recv.lost, recv.ended or "", norm_lost))
         self._send(transfer, now_s, out)
+        if below is not None:  # as the link's Inbound.report: every receive under way reports its holes
+            for other in list(self.open.values()):
+                acts.clear()
+                other.recv.report(below, acts)
+                self._send(other, now_s, out)
 
     def on_timer(self, now_s: float, out: list[Packet]) -> None:
         self._acts.clear()

@@ -56,7 +56,7 @@ from commsched.transport.dlcp import udp
 from commsched.transport.dlcp.control import Control
 from commsched.transport.dlcp.inbound import Inbound
 from commsched.transport.dlcp.outbound import Outbound
-from commsched.transport.dlcp.protocol import Ack, Action, Bitmap, Probe, Stop, tos_byte
+from commsched.transport.dlcp.protocol import REORDER, Ack, Action, Bitmap, Probe, Stop, tos_byte
 from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
 from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
@@ -94,7 +94,8 @@ class Engine:
         self._claims_lock = threading.Lock()
         self.inbound = Inbound(rank, world, self.codec, stats, self, timeout_s=timeout_s, ack_every=ack_every,
                                early_limit_bytes=early_limit_bytes, stale_steps=stale_steps,
-                               stop_at_count=stop_at_count, on_control=self._on_control)  # fmt: skip
+                               stop_at_count=stop_at_count, on_control=self._on_control,
+                               reorder=REORDER * len(sockets.data))  # fmt: skip
         self.outbound = Outbound(rank, world, self.codec, stats, self, sockets, peers, timeout_s=timeout_s,
                                  rate=rate, drop=drop, now=time.monotonic())  # fmt: skip
         self._readers = [DatagramReader(sock) for sock in sockets.data]
@@ -281,7 +282,9 @@ class Engine:
             elif d.kind == Kind.STOP:
                 self.outbound.finish(send)
             elif d.kind == Kind.BITMAP:
-                send.state.on_bitmap(d.seq, check_holes(d.payload, d.total))
+                reported = send.state.reported
+                send.state.on_bitmap(d.seq, check_holes(d.payload, d.total), d.numel, d.offset)
+                self.stats.resent_on_report += send.state.reported - reported
 
     # ---- control out (the halves' Messages) ----
 
@@ -301,7 +304,7 @@ class Engine:
             elif isinstance(act, Bitmap):
                 self.stats.bitmaps += 1
                 self._send_control(peer, Kind.BITMAP, slot.key, seq=act.seq, total=slot.numel, dtype=slot.dtype,
-                                   payload=encode_holes(act.holes))  # fmt: skip
+                                   numel=act.below, offset=act.allowed, payload=encode_holes(act.holes))  # fmt: skip
 
     def stop(self, peer: int, key: TransferKey, received: int, total: int, dtype: int) -> None:
         self._send_control(peer, Kind.STOP, key, offset=received, total=total, dtype=dtype)

@@ -15,7 +15,9 @@ datagrams of finished receives are ``late``, of steps more than
 ``stale_steps`` behind the newest receive ``stale``. A PROBE is answered
 only once the data sockets were read dry and the datagrams its sender had
 sent before it arrived, or :data:`PROBE_HOLD_S` passed (the engine's
-module docstring says why).
+module docstring says why). A gap in a peer's datagram numbers that outlives
+``reorder`` more of them is reported at once: each receive from that peer
+sends its holes unasked, and the sender re-sends those lost in mid-stream.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable
 
 from commsched.errors import WireError
 from commsched.transport.dlcp.control import Messages
-from commsched.transport.dlcp.protocol import Accept, Action, PeerFeedback, ReceiverState
+from commsched.transport.dlcp.protocol import REORDER, Accept, Action, PeerFeedback, ReceiverState
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, TransferRecord
 from commsched.transport.dlcp.udp import DatagramReader
 from commsched.transport.dlcp.wire import U32, Codec, Datagram, Kind
@@ -48,14 +50,14 @@ class Inbound:
     def __init__(
         self, rank: int, world: int, codec: Codec, stats: LinkStats, messages: Messages, *, timeout_s: float,
         ack_every: int, early_limit_bytes: int, stale_steps: int, stop_at_count: bool,
-        on_control: Callable[[Datagram, float], None],
+        on_control: Callable[[Datagram, float], None], reorder: int = REORDER,
     ) -> None:  # fmt: skip
         self.rank, self.codec, self.stats, self.timeout_s = rank, codec, stats, timeout_s
         self._on_control = on_control  # a control datagram (STOP, PROBE, BITMAP, ACK) read off a data socket
         self._messages = messages
         self._emit = messages.emit
         self._early_limit_bytes, self._stale_steps, self._stop_at_count = early_limit_bytes, stale_steps, stop_at_count
-        self.feedback = [PeerFeedback(every=ack_every) for _ in range(world)]
+        self.feedback = [PeerFeedback(every=ack_every, reorder=reorder) for _ in range(world)]
         self.recvs: dict[Slot, RecvSlot] = {}
         self.ended: dict[Slot, int] = {}  # finished receives -> elements received
         self.early: dict[Slot, list[Datagram]] = {}
@@ -164,10 +166,22 @@ class Inbound:
             stats.ecn_capable += 1
             stats.ce_marked += ecn == 3
         acts: list[Action] = []
-        self.feedback[d.rank].on_data(d.seq, ecn == 3, now, acts)
+        below = self.feedback[d.rank].on_data(d.seq, ecn == 3, now, acts)
         if acts:
             self._emit(d.rank, acts, None)
         self.on_data(d)
+        if below is not None:
+            self.report(d.rank, below)
+
+    def report(self, peer: int, below: int) -> None:
+        """Datagrams from ``peer`` numbered before ``below`` are lost: report the holes of each of its receives
+        (:meth:`ReceiverState.report <commsched.transport.dlcp.protocol.ReceiverState.report>`)."""
+        for slot in [s for s in self.recvs.values() if s.peer == peer]:
+            acts: list[Action] = []
+            slot.state.report(below, acts)
+            if acts:
+                self.stats.reports += 1
+                self._emit(peer, acts, slot)
 
     def on_data(self, d: Datagram) -> None:
         """A verified DATA datagram: write it into its receive, or keep it for one not posted yet, or count it.

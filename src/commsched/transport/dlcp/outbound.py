@@ -178,7 +178,9 @@ class Outbound:
                     stats.resent += act.resend
                     continue
                 # on the wire: the payload, DLCP's header and MAC, IPv4 and UDP
-                numbered.append((rate.on_send(act.numel * itemsize + FRAMING_BYTES + IPV4_UDP_BYTES, now), act))
+                seq = rate.on_send(act.numel * itemsize + FRAMING_BYTES + IPV4_UDP_BYTES, now)
+                state.numbered(act.offset, seq)
+                numbered.append((seq, act))
         if numbered:
             self._transmit(slot, numbered, now)
         return taken

@@ -60,11 +60,23 @@ class Stop(NamedTuple):
     received: int
 
 
+#: Later datagram numbers a gap must outlive before the receiver reports it (per path: :class:`PeerFeedback`).
+REORDER = 3
+#: A :class:`Bitmap`'s ``seq`` when no probe asked for it: the receiver reports holes on seeing a gap in the
+#: sender's datagram numbers (probes number from 1).
+REPORT = 0
+
+
 class Bitmap(NamedTuple):
-    """The answer to probe ``seq``: element ranges ``[start, stop)`` still missing (at most MAX_HOLES)."""
+    """Element ranges ``[start, stop)`` still missing (at most MAX_HOLES): the answer to probe ``seq``, or, with
+    ``seq`` :data:`REPORT`, a report the receiver sent unasked: every DATA datagram numbered before ``below``
+    (32-bit sequence numbers) that has not arrived is lost, and the receive may end with ``allowed`` elements
+    missing (its bound)."""
 
     seq: int
     holes: tuple[tuple[int, int], ...]
+    below: int = 0
+    allowed: int = 0
 
 
 class Ack(NamedTuple):
@@ -217,6 +229,13 @@ class ReceiverState:
         else:
             out.append(Bitmap(seq, self.missing()[:MAX_HOLES]))
 
+    def report(self, below: int, out: list[Action]) -> None:
+        """Report the holes unasked (:data:`REPORT`): datagrams numbered before ``below`` did not arrive and may be
+        this receive's; the sender re-sends those of the holes it sent before ``below`` that its bound cannot
+        spare. Nothing once ended, or before anything arrived (its sender may not have started)."""
+        if self.ended is None and self._got is not None:
+            out.append(Bitmap(REPORT, self.missing()[:MAX_HOLES], below, self.allowed))
+
     def deadline(self, now_s: float, out: list[Action]) -> bool:
         """The safety net: at ``deadline_s`` end with what arrived (``"deadline"``) and Stop. True if it ended now."""
         if self.ended is None and now_s >= self.deadline_s:
@@ -279,14 +298,26 @@ class PeerFeedback:
     hold it until its feedback timeout (50 ms; on the testbed at 1 % loss,
     90 feedback timeouts in 1,020 rounds of ``benchmarks/dlcp_tails.py``
     before the repeat, most with the window full).
+
+    Loss is seen here first: :meth:`on_data` returns the sequence number
+    before which every datagram not arrived counts as lost once a gap in the
+    numbers (``sent − received`` grew) outlived ``reorder`` more numbers, as
+    TCP's three duplicate ACKs; the receiver then reports its holes
+    (:meth:`ReceiverState.report`) and the sender re-sends in mid-stream what
+    it sent before that number, not only after its PROBE at the transfer's
+    end. A datagram overtaken by ``reorder`` later ones (spraying over paths
+    of unequal delay) is re-sent for nothing: a duplicate, not an error.
     """
 
-    __slots__ = ("_last_ack_s", "_last_seq", "_repeat_s", "_unacked", "ce", "every", "interval_s", "received",
-                 "sent")  # fmt: skip
+    __slots__ = ("_gap_at", "_last_ack_s", "_last_seq", "_repeat_s", "_reported", "_unacked", "ce", "every",
+                 "interval_s", "received", "reorder", "sent")  # fmt: skip
 
-    def __init__(self, every: int = 32, interval_s: float = 0.005) -> None:
+    def __init__(self, every: int = 32, interval_s: float = 0.005, reorder: int = 3) -> None:
+        if reorder < 1:
+            raise ValueError(f"reorder must be >= 1, got {reorder}")
         self.every = every
         self.interval_s = interval_s
+        self.reorder = reorder
         self.sent = 0
         self.received = 0
         self.ce = 0
@@ -294,8 +325,12 @@ class PeerFeedback:
         self._unacked = 0
         self._last_ack_s = -INF
         self._repeat_s = INF  # when the last Ack goes again, if no datagram comes before
+        self._reported = 0  # the gaps (sent − received) reported so far
+        self._gap_at = -1  # ``sent`` when gaps beyond those reported were first seen (-1: none)
 
-    def on_data(self, seq: int, ce: bool, now_s: float, out: list[Action]) -> None:
+    def on_data(self, seq: int, ce: bool, now_s: float, out: list[Action]) -> int | None:
+        """Count datagram ``seq``; append an Ack when one is due. Returns, when a gap outlived ``reorder``
+        numbers, the 32-bit number before which what has not arrived is lost (else None)."""
         ahead = (seq - self._last_seq) % 2**32
         if ahead < 2**31 or not self.received:  # the sender numbers from 0
             self.sent += ahead
@@ -306,6 +341,16 @@ class PeerFeedback:
         self._repeat_s = INF
         if self._unacked >= self.every:
             self._ack(now_s, seq, out)
+        gaps = self.sent - self.received
+        if gaps <= self._reported:  # a late datagram filled a gap
+            self._reported, self._gap_at = gaps, -1
+            return None
+        if self._gap_at < 0:
+            self._gap_at = self.sent
+        elif self.sent - self._gap_at >= self.reorder:
+            self._reported, self._gap_at = gaps, -1
+            return (self.sent - self.reorder) % 2**32
+        return None
 
     @property
     def timer_s(self) -> float:

@@ -13,7 +13,7 @@ from collections import deque
 
 import numpy as np
 
-from commsched.transport.dlcp.protocol import INF, Action, Data, Probe
+from commsched.transport.dlcp.protocol import INF, REPORT, Action, Data, Probe
 
 
 class SenderState:
@@ -34,11 +34,20 @@ class SenderState:
     :class:`~commsched.transport.dlcp.protocol.Bitmap` answering the latest probe queues its holes for re-send;
     :meth:`on_stop` ends the send and drops the rest. ``wake_s`` is when it
     next wants :meth:`next_packets` called with nothing queued (INF: never).
+
+    Holes are also re-sent in mid-stream: the link tells :meth:`numbered` the
+    sequence number each packet left with, and a Bitmap the receiver sent
+    unasked (seq :data:`~commsched.transport.dlcp.protocol.REPORT`, on a gap in
+    those numbers) queues the holes that left before its ``below``
+    (``reported`` counts them); the others are still on their way, or unsent.
+    A report also says how many elements the receive may miss: the lost
+    packets that fit in it, unimportant ones first, are not re-sent
+    (``spared`` elements), as a PROBE's answer would not have asked for them.
     """
 
     __slots__ = (
-        "_important", "_order", "_pos", "_queued", "_resend", "answered", "done", "numel", "probe_delay_s",
-        "probe_seq", "probe_timeout_s", "resent", "sent", "stride", "wake_s",
+        "_important", "_order", "_pos", "_queued", "_resend", "_seq", "answered", "done", "numel", "probe_delay_s",
+        "probe_seq", "probe_timeout_s", "reported", "resent", "sent", "spared", "stride", "wake_s",
     )  # fmt: skip
 
     def __init__(
@@ -64,6 +73,7 @@ class SenderState:
             self._important = np.array(importance, dtype=np.uint8)  # a copy: holes asked for become important
             self._order = np.argsort(-self._important.astype(np.int8), kind="stable")
         self._pos = 0
+        self._seq = np.full(packets, -1, dtype=np.int64)  # per packet: the number its last send left with
         self._resend: deque[int] = deque()
         self._queued: set[int] = set()
         self.done = numel == 0
@@ -73,6 +83,8 @@ class SenderState:
         self.probe_timeout_s = probe_timeout_s
         self.sent = 0
         self.resent = 0
+        self.reported = 0
+        self.spared = 0
         self.wake_s = INF
 
     @property
@@ -109,16 +121,43 @@ class SenderState:
         offset = index * self.stride
         return Data(offset, min(self.stride, self.numel - offset), int(self._important[index]), resend)
 
-    def on_bitmap(self, seq: int, holes: tuple[tuple[int, int], ...] | list[tuple[int, int]]) -> None:
+    def numbered(self, offset: int, seq: int) -> None:
+        """The packet at ``offset`` left (or is about to) as DATA datagram ``seq`` (32 bits)."""
+        self._seq[offset // self.stride] = seq
+
+    def on_bitmap(
+        self, seq: int, holes: tuple[tuple[int, int], ...] | list[tuple[int, int]], below: int = 0, allowed: int = 0
+    ) -> None:
         """Queue the packets covering ``holes`` for re-send (important first); ignore an answer to an older
-        probe, and a second answer to the latest (a link may carry each answer twice)."""
-        if self.done or seq != self.probe_seq or seq == self.answered:
+        probe, and a second answer to the latest (a link may carry each answer twice). A report (seq
+        :data:`~commsched.transport.dlcp.protocol.REPORT`) queues only the holes numbered before ``below``, and of
+        those only what ``allowed`` missing elements cannot spare."""
+        if self.done:
             return
-        self.answered = seq
         wanted: set[int] = set()
-        for start, stop in holes:
-            wanted.update(range(start // self.stride, -(-stop // self.stride)))
-        wanted -= self._queued
+        if seq == REPORT:
+            for start, stop in holes:
+                first = start // self.stride
+                numbers = self._seq[first : -(-stop // self.stride)]
+                behind = (below - numbers) % 2**32
+                lost = np.flatnonzero((numbers >= 0) & (behind > 0) & (behind < 2**31))
+                numbers[lost] = -1  # its re-send is numbered anew; a spared one is never reported again
+                wanted.update((lost + first).tolist())
+            wanted -= self._queued
+            for index in sorted(wanted, key=lambda i: (int(self._important[i]), i)):  # unimportant first
+                size = min(self.stride, self.numel - index * self.stride)
+                if self.spared + size > allowed:
+                    break
+                self.spared += size
+                wanted.discard(index)
+            self.reported += len(wanted)
+        elif seq != self.probe_seq or seq == self.answered:
+            return
+        else:
+            self.answered = seq
+            for start, stop in holes:
+                wanted.update(range(start // self.stride, -(-stop // self.stride)))
+            wanted -= self._queued
         if not wanted:
             return
         ordered = sorted(wanted, key=lambda i: (-int(self._important[i]), i))

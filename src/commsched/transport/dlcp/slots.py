@@ -39,7 +39,10 @@ class LinkStats:
     size or grid for the posted receive), ``early_buffered`` /
     ``early_dropped`` (for a receive not yet posted): valid datagrams not
     written. ``probes`` sent (a sender that ran out of datagrams asking for
-    the holes) and ``bitmaps`` sent (this receiver's answers naming holes);
+    the holes) and ``bitmaps`` sent (this receiver's answers naming holes,
+    and its ``reports``: holes sent unasked on a gap in a peer's datagram
+    numbers); ``resent_on_report``: packets this sender queued again on a
+    report, in mid-stream;
     ``probes_held_out``: probes answered because ``inbound.PROBE_HOLD_S``
     passed before the datagrams sent before them arrived (lost, or still
     queued).
@@ -79,6 +82,8 @@ class LinkStats:
     control_duplicate: int = 0
     probes: int = 0
     bitmaps: int = 0
+    reports: int = 0
+    resent_on_report: int = 0
     probes_held_out: int = 0
     control_unmatched: int = 0
     connections_refused: int = 0

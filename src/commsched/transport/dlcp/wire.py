@@ -13,7 +13,11 @@ of ``stride`` elements, so packet ``i`` holds elements ``[i·stride,
 min((i+1)·stride, total))`` and can be written at its offset in any order.
 A DATA payload is those elements' bytes, little-endian. A PROBE carries no
 elements; its ``numel`` is the sender's next DATA sequence number toward the
-receiver (what it had sent before the probe).
+receiver (what it had sent before the probe). A BITMAP's payload is its hole
+list; its ``seq`` echoes the probe it answers, or is 0 for a report the
+receiver sent unasked, whose ``numel`` is the sequence number before which
+every DATA datagram not arrived is lost and whose ``offset`` is how many
+elements the receive may miss.
 
 The MAC is AES-GMAC (AES-256-GCM with an empty plaintext, header and
 payload as its associated data, from the ``cryptography`` package) under a
