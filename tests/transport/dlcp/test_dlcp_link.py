@@ -206,6 +206,34 @@ def test_a_datagram_lost_on_the_wire_is_resent_on_the_receivers_report_before_an
         b.close()
 
 
+def test_a_push_goes_before_a_pull_whatever_their_classes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registered in one turn, a push of the least urgent class leaves before a pull of the most urgent: the
+    peer's pull of that slice waits for it."""
+    a, b = pair(timeout_s=10.0)
+    transmit = a._engine.outbound._transmit
+    order: list[tuple[int, int]] = []
+
+    def noted(slot: Any, numbered: list[Any], now: float) -> None:
+        order.append((slot.key.phase, slot.prio))
+        transmit(slot, numbered, now)
+
+    monkeypatch.setattr(a._engine.outbound, "_transmit", noted)
+    try:
+        pull, push = data(50_000, seed=1), data(50_000, seed=2)
+        outs = [torch.full_like(pull, float("nan")) for _ in range(2)]
+        recvs = [b.recv(0, K(0, 0, 1), outs[0]), b.recv(0, K(0, 1, 0), outs[1])]
+        with a._engine._lock:  # both wait for the I/O thread's next turn
+            sends = [a.send(1, K(0, 0, 1), pull, priority=0), a.send(1, K(0, 1, 0), push, priority=3)]
+        for recv, send in zip(recvs, sends, strict=True):
+            assert recv.wait(10.0).lost == 0
+            send.wait(10.0)
+        assert torch.equal(outs[0], pull) and torch.equal(outs[1], push)
+        assert order[0] == (0, 3) and (1, 0) in order  # (phase, class) of the first datagrams to leave
+    finally:
+        a.close()
+        b.close()
+
+
 @patches_data_path
 def test_control_messages_get_through_as_datagrams_while_the_control_connection_is_stalled(
     monkeypatch: pytest.MonkeyPatch,

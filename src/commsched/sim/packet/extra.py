@@ -23,6 +23,7 @@ from commsched.sim.packet.registry import TRANSPORTS
 from commsched.sim.packet.scenario import Flow
 from commsched.sim.packet.topology import Built
 from commsched.sim.packet.transport import MessageSpec, TransportFactory
+from commsched.transport.exchange_state import PULL, PUSH
 from commsched.transport.slices import owner_slices
 from commsched.workload import Workload
 
@@ -68,12 +69,12 @@ class ExtraTraffic:
         finished = self._finished
         left = [len(owners) * (p - 1) * (int(push) + int(pull))]
 
-        def spec(bound: float, start: int, src: int, dst: int) -> MessageSpec:
+        def spec(bound: float, start: int, src: int, dst: int, phase: int) -> MessageSpec:
             norms = None
             if self._workload is not None:
                 rng = np.random.default_rng((self.config.seed, task.id, launch, src, dst))
                 norms = norms_for(self._workload, task, start, rng)
-            return MessageSpec(bound, task.priority, itemsize, norms)
+            return MessageSpec(bound, task.priority, itemsize, norms, phase)
 
         def arrived() -> None:
             left[0] -= 1
@@ -85,7 +86,8 @@ class ExtraTraffic:
             bound = task.loss_bound if task.kind == "pull" else 0.0
             for r in range(p):
                 if r != q:
-                    self._dlcp_message(hosts[q], hosts[r], (b - a) * itemsize, arrived, spec(bound, a, q, r), launch)
+                    spec_qr = spec(bound, a, q, r, PULL)
+                    self._dlcp_message(hosts[q], hosts[r], (b - a) * itemsize, arrived, spec_qr, launch)
 
         if left[0] == 0:
             self.fabric.schedule(self.fabric.now, lambda _: finished.append(coll), None)
@@ -105,7 +107,7 @@ class ExtraTraffic:
 
             for r in range(p):
                 if r != q:
-                    spec_rq = spec(task.loss_bound, a, r, q)
+                    spec_rq = spec(task.loss_bound, a, r, q, PUSH)
                     self._dlcp_message(hosts[r], hosts[q], (b - a) * itemsize, pushed, spec_rq, launch)
 
     def _dlcp_message(

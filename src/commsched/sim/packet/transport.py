@@ -39,13 +39,15 @@ class MessageSpec:
     layer nearest the input); ``itemsize``: bytes per element; ``norms``:
     ``norms(stride, numel)`` gives the L2 norm of each packet's chunk when the
     message is cut into packets of ``stride`` elements (None: the transport's
-    default).
+    default); ``phase``: the phase of its exchange it moves (0: a push, 1: a
+    pull; DLCP sends an earlier phase first).
     """
 
     loss_bound: float = 0.0
     priority: int = 0
     itemsize: int = 4
     norms: Callable[[int, int], Any] | None = None
+    phase: int = 0
 
 
 class Sender(Protocol):

@@ -6,8 +6,12 @@ in its own module) sends each packet once, in its order, then PROBEs; the
 :class:`ReceiverState` here keeps a bitmap of the packets it has, and
 once at most ``floor(loss_bound · numel)`` elements are missing it STOPs the
 sender; until then it answers a PROBE with a BITMAP of its holes and the
-sender re-sends exactly those. A deadline is only a safety net for a sender
-that died.
+sender re-sends exactly those. Holes are re-sent in mid-stream too: a gap in
+a peer's datagram numbers that outlives a few later ones
+(:class:`PeerFeedback`) makes every receive from that peer report its holes
+unasked (:meth:`ReceiverState.report`), and the sender re-sends those it
+sent before the gap that the bound cannot spare. A deadline is only a
+safety net for a sender that died.
 
 Nothing here reads a clock, owns a socket or starts a thread: methods take
 ``now_s`` where time matters and append what to send to ``out``
