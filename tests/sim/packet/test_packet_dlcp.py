@@ -151,15 +151,16 @@ def test_a_datagram_lost_in_mid_stream_is_resent_on_the_receivers_report_as_on_t
     assert sender.retransmits == 1 and sender.probes == 0 and sender.transfers == []
 
 
-def test_a_push_goes_before_a_pull_whatever_their_classes_as_on_the_link() -> None:
+def test_a_push_goes_before_a_pull_and_no_message_before_an_earlier_steps_as_on_the_link() -> None:
     fab = fabric(2, DLCP)
     sender, receiver = TRANSPORTS["dlcp"](DLCP, 0)
     conn = Connection(fab, 0, 1, 0, sender, receiver, 0)
     ends: dict[str, float] = {}
     conn.message(500_000, lambda: ends.setdefault("pull", fab.now), MessageSpec(priority=0, phase=1))
+    conn.message(500_000, lambda: ends.setdefault("next", fab.now), MessageSpec(priority=0, phase=0, step=1))
     conn.message(500_000, lambda: ends.setdefault("push", fab.now), MessageSpec(priority=3, phase=0))
     fab.run()
-    assert ends["push"] < ends["pull"]
+    assert ends["push"] < ends["pull"] < ends["next"]
 
 
 @pytest.mark.parametrize("stop_at_count", [False, True])

@@ -206,29 +206,35 @@ def test_a_datagram_lost_on_the_wire_is_resent_on_the_receivers_report_before_an
         b.close()
 
 
-def test_a_push_goes_before_a_pull_whatever_their_classes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Registered in one turn, a push of the least urgent class leaves before a pull of the most urgent: the
-    peer's pull of that slice waits for it."""
+def test_a_push_goes_before_a_pull_whatever_their_classes_and_no_send_before_an_earlier_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Registered in one turn: a push of the least urgent class leaves before a pull of the most urgent (the
+    peer's pull of that slice waits for it), and the next step's push after both."""
     a, b = pair(timeout_s=10.0)
     transmit = a._engine.outbound._transmit
-    order: list[tuple[int, int]] = []
+    order: list[tuple[int, int, int]] = []
 
     def noted(slot: Any, numbered: list[Any], now: float) -> None:
-        order.append((slot.key.phase, slot.prio))
+        if not order or order[-1] != (slot.key.step, slot.key.phase, slot.prio):
+            order.append((slot.key.step, slot.key.phase, slot.prio))
         transmit(slot, numbered, now)
 
     monkeypatch.setattr(a._engine.outbound, "_transmit", noted)
     try:
-        pull, push = data(50_000, seed=1), data(50_000, seed=2)
-        outs = [torch.full_like(pull, float("nan")) for _ in range(2)]
-        recvs = [b.recv(0, K(0, 0, 1), outs[0]), b.recv(0, K(0, 1, 0), outs[1])]
-        with a._engine._lock:  # both wait for the I/O thread's next turn
-            sends = [a.send(1, K(0, 0, 1), pull, priority=0), a.send(1, K(0, 1, 0), push, priority=3)]
+        # (key, class): a pull, the next step's push, a push
+        posts = [(K(0, 0, 1), 0), (K(1, 1, 0), 0), (K(0, 1, 0), 3)]
+        sent = [data(50_000, seed=i) for i in range(len(posts))]
+        outs = [torch.full_like(x, float("nan")) for x in sent]
+        recvs = [b.recv(0, key, out) for (key, _), out in zip(posts, outs, strict=True)]
+        with a._engine._lock:  # every post waits for the I/O thread's next turn
+            sends = [a.send(1, key, x, priority=prio) for (key, prio), x in zip(posts, sent, strict=True)]
         for recv, send in zip(recvs, sends, strict=True):
             assert recv.wait(10.0).lost == 0
             send.wait(10.0)
-        assert torch.equal(outs[0], pull) and torch.equal(outs[1], push)
-        assert order[0] == (0, 3) and (1, 0) in order  # (phase, class) of the first datagrams to leave
+        assert all(torch.equal(out, x) for out, x in zip(outs, sent, strict=True))
+        firsts = list(dict.fromkeys(order))  # (step, phase, class) in the order their first datagrams left
+        assert firsts == [(0, 0, 3), (0, 1, 0), (1, 0, 0)]
     finally:
         a.close()
         b.close()

@@ -33,8 +33,8 @@ What differs from the link, by construction of a simulator:
   ``SenderState.wake_s``, the pacer's delay); the receive deadline (a safety
   net for a dead peer) is not armed.
 
-The sender serves the most urgent message first (earliest phase, then lowest
-layer class; among equals the first posted), one datagram whenever the pacer and the window
+The sender serves the most urgent message first (earliest step, then earliest
+phase, then lowest layer class; among equals the first posted), one datagram whenever the pacer and the window
 allow, as the engine does. It PROBEs ``max(probe_delay_s, 2·srtt)`` after a
 message's last datagram (the state machine's ``probe_delay_s``, set from the
 rate control's smoothed round trip, which includes queueing): a PROBE that
@@ -107,7 +107,7 @@ class Transfer:
     """One message: its sender's and its receiver's state, and how it ended (``ended_s``, ``ReceiverState``)."""
 
     __slots__ = ("end", "ended_s", "itemsize", "known", "norms", "phase", "posted_s", "prio", "recv", "send",
-                 "stride")  # fmt: skip
+                 "step", "stride")  # fmt: skip
 
     def __init__(self, end: int, numel: int, stride: int, spec: MessageSpec, important: Any, norms: Any,
                  params: Any, now_s: float) -> None:  # fmt: skip
@@ -116,6 +116,7 @@ class Transfer:
         self.stride = stride
         self.prio = spec.priority
         self.phase = spec.phase
+        self.step = spec.step
         self.norms = norms
         self.known = spec.norms is not None  # magnitudes from a recorded histogram, not ranks
         self.posted_s = now_s
@@ -138,10 +139,10 @@ class Transfer:
         return lost / total
 
 
-def _urgency(transfer: Transfer) -> tuple[int, int, int]:
-    """Most urgent first: the earliest phase, the lowest layer class, then the first posted (as the link's
-    :class:`~commsched.transport.dlcp.outbound.Outbound` picks)."""
-    return transfer.phase, transfer.prio, transfer.end
+def _urgency(transfer: Transfer) -> tuple[int, int, int, int]:
+    """Most urgent first: the earliest step, the earliest phase, the lowest layer class, then the first posted
+    (as the link's :class:`~commsched.transport.dlcp.outbound.Outbound` picks)."""
+    return transfer.step, transfer.phase, transfer.prio, transfer.end
 
 
 def _control(transfer: Transfer | None, act: Action, nbytes: int, now_s: float, *, ack: bool) -> Packet:

@@ -74,7 +74,7 @@ class ExtraTraffic:
             if self._workload is not None:
                 rng = np.random.default_rng((self.config.seed, task.id, launch, src, dst))
                 norms = norms_for(self._workload, task, start, rng)
-            return MessageSpec(bound, task.priority, itemsize, norms, phase)
+            return MessageSpec(bound, task.priority, itemsize, norms, phase, launch)  # launch n: iteration n
 
         def arrived() -> None:
             left[0] -= 1

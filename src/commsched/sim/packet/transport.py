@@ -40,7 +40,8 @@ class MessageSpec:
     ``norms(stride, numel)`` gives the L2 norm of each packet's chunk when the
     message is cut into packets of ``stride`` elements (None: the transport's
     default); ``phase``: the phase of its exchange it moves (0: a push, 1: a
-    pull; DLCP sends an earlier phase first).
+    pull) and ``step`` the iteration (DLCP sends an earlier step first, then
+    an earlier phase).
     """
 
     loss_bound: float = 0.0
@@ -48,6 +49,7 @@ class MessageSpec:
     itemsize: int = 4
     norms: Callable[[int, int], Any] | None = None
     phase: int = 0
+    step: int = 0
 
 
 class Sender(Protocol):

@@ -2,8 +2,9 @@
 
 :class:`Outbound` is driven by the link's I/O thread, under the link's lock
 (:mod:`~commsched.transport.dlcp.engine`). Each turn, per destination, it
-serves the most urgent send (the earliest phase of its task, then the lowest
-layer class; among equals the first posted): it takes the send's next packets one by one while the destination's
+serves the most urgent send (the earliest step, then the earliest phase of
+its task, then the lowest layer class; among equals the first posted): it
+takes the send's next packets one by one while the destination's
 :class:`~commsched.transport.dlcp.rate.RateControl` lets one more go
 (:meth:`~commsched.transport.dlcp.rate.RateControl.delay_s` is 0; each
 numbered by :meth:`~commsched.transport.dlcp.rate.RateControl.on_send`), so
@@ -145,9 +146,10 @@ class Outbound:
         while pending and budget > 0:
             for peer in list(pending):
                 slots = pending[peer]
-                # a push before any pull: a peer's pull waits for the pushes of its slice, and a push held behind
-                # this rank's pulls leaves that peer idle at the end (BENCHMARKS.md, "DLCP sends pushes first")
-                slot = min(slots, key=lambda s: (s.key.phase, s.prio))  # stable: the first posted among equals
+                # a step's pushes before its pulls: a peer's pull waits for the pushes of its slice, and a push held
+                # behind this rank's pulls left that peer idle at the exchange's end (BENCHMARKS.md, "DLCP
+                # re-sends lost datagrams in mid-stream and sends pushes first"); no send before an earlier step's
+                slot = min(slots, key=lambda s: (s.key.step, s.key.phase, s.prio))  # stable: first posted among equals
                 limit = udp.batch_limit(slot.stride * slot.itemsize + FRAMING_BYTES) * len(self._paths)
                 taken = self._send_some(slot, self.rates[peer], now, min(budget, limit))
                 budget -= taken
