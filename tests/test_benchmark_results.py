@@ -343,6 +343,19 @@ def test_the_dlcp_training_check_after_the_sends_behind_their_phase_is_recompute
         assert line in DOCUMENT, line
 
 
+@pytest.mark.parametrize("run", ["phase-first", "step-first"])
+def test_the_dlcp_training_checks_with_pushes_first_are_recomputed_from_their_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], run: str
+) -> None:
+    """BENCHMARKS.md, "DLCP in training with pushes first": the training lines and the CPU row of each run."""
+    path = ROOT / "benchmarks" / "results" / "dlcp-push-first-train" / f"{run}.json"
+    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT))])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
+    assert len(lines) == 7  # ps, dlcp, default DDP and four ratios
+    for line in [*lines, script_loader("benchmarks/dlcp_cpu_ab.py").row(path)]:
+        assert line in DOCUMENT, line
+
+
 @pytest.mark.parametrize(
     ("run", "configurations"),
     [
@@ -357,6 +370,8 @@ def test_the_dlcp_training_check_after_the_sends_behind_their_phase_is_recompute
         ("ps-fuse-1024/300mbit-fuse1024", 2),
         ("ps-fuse-1024/unshaped-fuse1024", 2),
         ("ps-fuse-network/unshaped", 2),
+        ("ps-tcp-push-first/new-1", 2),
+        ("ps-tcp-push-first/old-1", 2),
         ("ps-fuse-network/300mbit", 2),
         ("ps-fuse-network/unshaped-2", 2),
     ],

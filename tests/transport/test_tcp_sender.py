@@ -96,20 +96,3 @@ def test_a_connection_closed_before_the_first_write_fails_it_in_the_callers_thre
     with pytest.raises(RuntimeCommError, match="send 0: the connection to rank 1 failed"):
         t.wait(0.0)
     assert len(wire.failures) == 1, wire.failures
-
-
-def test_queued_frames_go_out_by_step_then_phase_after_the_frame_already_started(wire: Wire) -> None:
-    big = torch.arange(1 << 22, dtype=torch.int32)  # partly written by the caller: its rest goes first
-    small = torch.full((3,), 7, dtype=torch.int32)
-    frames = [(b"big0", (9, 1)), (b"pul1", (0, 1)), (b"nxt2", (1, 0)), (b"psh3", (0, 0)), (b"pul4", (0, 1))]
-    transfers = [_transfer(i) for i in range(len(frames))]
-    for (head, order), t in zip(frames, transfers, strict=True):
-        wire.sender.send(head, bytes_of(big if head == b"big0" else small), t, order=order)
-    assert not transfers[0].is_completed()
-    got = recv_exact(wire.far, 4 + big.numel() * 4 + 4 * (4 + 12))
-    assert got[:4] == b"big0"
-    heads = [got[4 + big.numel() * 4 + i * 16 :][:4] for i in range(4)]
-    assert heads == [b"psh3", b"pul1", b"pul4", b"nxt2"]  # this step's push, its pulls as sent, the next step's
-    for t in transfers:
-        t.wait(TIMEOUT_S)
-    assert wire.sender._queued == 0

@@ -25,15 +25,10 @@ Frames
     connection is not read, until its receive is posted or buffers are taken
     (TCP pushes back on the sender). A receive posted for a frame that landed
     where it points finds it there; one buffered is copied. Sends to a peer go out in the order they were made
-    within a step and phase; among those queued an earlier step first, then
-    an earlier phase (a push before a pull: a peer's pull of a slice waits
-    for its pushes;
-    :class:`~commsched.transport.tcp_sender.PeerSender`: written by the
+    (:class:`~commsched.transport.tcp_sender.PeerSender`: written by the
     caller where the socket takes them at once, else by one sender thread
     per peer): together with every rank posting in start order, this is
-    what keeps that back-pressure from deadlocking (a push overtakes only
-    pulls of its own step, which its receiver needs after it has posted
-    every receive of that step's pushes).
+    what keeps that back-pressure from deadlocking.
 
 Failures
     A peer whose connection closes or breaks fails every transfer with it at
@@ -144,7 +139,7 @@ class TcpLink:
             if self._closed or peer in self._dead:
                 t.finish(RuntimeCommError(f"{t.describe}: {self._dead.get(peer, 'the link is closed')}"))
                 return t
-        self._senders[peer].send(header, bytes_of(data.view(-1)), t, order=(key.step, key.phase))
+        self._senders[peer].send(header, bytes_of(data.view(-1)), t)
         return t
 
     def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> TcpTransfer:

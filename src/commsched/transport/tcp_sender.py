@@ -1,16 +1,13 @@
 """The sending side of one TCP connection: of a :class:`~commsched.transport.tcp.TcpLink` or of
 :class:`~commsched.transport.direct.DirectAllReduce`'s mesh.
 
-Frames go out whole. A frame sent while nothing is queued before it is
-written by the calling thread, with one non-blocking ``writev`` of its
-header and payload; what the socket does not take at once, and every frame
-sent after it until the queue has drained, the connection's sender thread
-writes, blocking (each chunk bounded by the socket's timeout). Queued
-frames go out by their ``order`` (lowest first; a link's ``(step, phase)``:
-a step's pushes before its pulls, and no frame before one of an earlier
-step), in the order they were sent among equals; a frame once started is
-finished first. A frame ends
-(:meth:`Frame.finish`) once its last byte is handed to the socket.
+Frames go out whole and in the order they were sent. A frame sent while
+nothing is queued before it is written by the calling thread, with one
+non-blocking ``writev`` of its header and payload; what the socket does not
+take at once, and every frame sent after it until the queue has drained,
+the connection's sender thread writes, blocking (each chunk bounded by the
+socket's timeout). A frame ends (:meth:`Frame.finish`) once its last byte
+is handed to the socket.
 
 Why not always the sender thread: on a rank whose one core also computes,
 every thread that wakes may preempt the training thread, and under the
@@ -21,9 +18,8 @@ tasks ended by its link's threads").
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import os
+import queue
 import socket
 import threading
 from collections.abc import Callable
@@ -35,7 +31,6 @@ __all__ = ["CHUNK_BYTES", "Frame", "PeerSender"]
 
 #: what the sender thread hands the socket at a time (the timeout bounds each)
 CHUNK_BYTES = 1 << 20
-_STARTED, _QUEUED, _STOP = 0, 1, 2  # a queued frame's state: what goes first
 
 
 class Frame(Protocol):
@@ -55,23 +50,18 @@ class PeerSender:
     :meth:`stop` lets it write what is queued, then end.
     """
 
-    __slots__ = ("_count", "_lock", "_on_fail", "_queue", "_queued", "_ready", "_sock", "peer")
+    __slots__ = ("_lock", "_on_fail", "_queue", "_queued", "_sock", "peer")
 
     def __init__(self, peer: int, sock: socket.socket, on_fail: Callable[[str], None]) -> None:
         self.peer = peer
         self._sock = sock
         self._on_fail = on_fail
         self._lock = threading.Lock()
-        self._ready = threading.Condition(self._lock)
         self._queued = 0  # frames queued for the thread or being written by it
-        self._count = itertools.count()  # the order frames were sent in, among equal orders
-        # (0: started, 1: queued, 2: stop; order; count; head; body; frame), least first; the frame None: stop once
-        # everything before it is written
-        self._queue: list[tuple[int, tuple[int, ...], int, memoryview, memoryview, Frame | None]] = []
+        self._queue: queue.SimpleQueue[tuple[memoryview, memoryview, Frame] | None] = queue.SimpleQueue()
 
-    def send(self, header: bytes, payload: memoryview, t: Frame, order: tuple[int, ...] = ()) -> None:
-        """Write the frame ``header + payload`` (the payload is read until ``t`` ends); never blocks. Behind
-        queued frames it goes out by ``order`` (lowest first), then as sent.
+    def send(self, header: bytes, payload: memoryview, t: Frame) -> None:
+        """Write the frame ``header + payload`` (the payload is read until ``t`` ends); never blocks.
 
         ``t`` ends here where the socket took the whole frame (or failed), else in the sender thread; outside
         the lock either way, so that its callbacks may send again.
@@ -88,36 +78,19 @@ class PeerSender:
                     failed = f"the connection to rank {self.peer} failed ({exc})"
             whole = sent == len(head) + len(body)
             if failed is None and not whole:
-                # a frame partly written here is the connection's next bytes, whatever its order
-                self._put(_STARTED if sent else _QUEUED, order, head[sent:], body[max(0, sent - len(head)) :], t)
+                self._queued += 1
+                self._queue.put((head[sent:], body[max(0, sent - len(head)) :], t))
         if failed is not None:
             self._fail(t, failed)
         elif whole:
             t.finish()
 
     def stop(self) -> None:
-        """Let the thread write what is queued, then end."""
-        with self._lock:
-            self._put(_STOP, (), memoryview(b""), memoryview(b""), None)
-
-    def _put(self, state: int, order: tuple[int, ...], head: memoryview, body: memoryview, t: Frame | None) -> None:
-        if t is not None:
-            self._queued += 1
-        heapq.heappush(self._queue, (state, order, next(self._count), head, body, t))
-        self._ready.notify()
-
-    def _next(self) -> tuple[memoryview, memoryview, Frame | None]:
-        with self._lock:
-            while not self._queue:
-                self._ready.wait()
-            _, _, _, head, body, t = heapq.heappop(self._queue)
-            return head, body, t
+        self._queue.put(None)
 
     def run(self) -> None:
-        while True:
-            head, body, t = self._next()
-            if t is None:
-                return
+        while (item := self._queue.get()) is not None:
+            head, body, t = item
             try:
                 self._sock.sendall(head)
                 for start in range(0, len(body), CHUNK_BYTES):
@@ -125,8 +98,8 @@ class PeerSender:
             except OSError as exc:
                 why = f"the connection to rank {self.peer} failed ({exc})"
                 self._fail(t, why)
-                while (rest := self._next()[2]) is not None:
-                    rest.finish(RuntimeCommError(f"{rest.describe}: {why}"))
+                while (rest := self._queue.get()) is not None:
+                    rest[2].finish(RuntimeCommError(f"{rest[2].describe}: {why}"))
                 return
             with self._lock:
                 self._queued -= 1
