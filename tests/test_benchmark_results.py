@@ -343,7 +343,7 @@ def test_the_dlcp_training_check_after_the_sends_behind_their_phase_is_recompute
         assert line in DOCUMENT, line
 
 
-@pytest.mark.parametrize("run", ["phase-first", "step-first"])
+@pytest.mark.parametrize("run", ["phase-first", "step-first", "loss1"])
 def test_the_dlcp_training_checks_with_pushes_first_are_recomputed_from_their_runs(
     script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], run: str
 ) -> None:
