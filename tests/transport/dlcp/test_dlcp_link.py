@@ -68,6 +68,15 @@ def eventually(condition: Callable[[], bool], timeout_s: float = 5.0) -> bool:
     return True
 
 
+def arrives_whole(a: DlcpLink, b: DlcpLink, numel: int) -> None:
+    """Send ``numel`` float32 from ``a`` (rank 0) to ``b`` (rank 1) at bound 0; every element arrives."""
+    sent = data(numel)
+    out = torch.full_like(sent, float("nan"))
+    recv = b.recv(0, K(0, 0, 0), out)
+    a.send(1, K(0, 0, 0), sent).wait(10.0)
+    assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
+
+
 def check_written(out: torch.Tensor, sent: torch.Tensor, got: Received) -> None:
     """Elements outside ``missing`` equal the sender's; inside, untouched (NaN)."""
     mask = torch.ones(out.numel(), dtype=torch.bool)
@@ -163,11 +172,7 @@ def test_dropped_datagrams_are_resent_until_complete_at_bound_zero() -> None:
     rng = random.Random(3)
     a, b = pair(drop=lambda _peer, _offset: rng.random() < 0.2, timeout_s=10.0)
     try:
-        sent = data(200_000)
-        out = torch.full_like(sent, float("nan"))
-        recv = b.recv(0, K(0, 0, 0), out)
-        a.send(1, K(0, 0, 0), sent).wait(10.0)
-        assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
+        arrives_whole(a, b, 200_000)
         assert a.stats.dropped_by_hook > 0 and a.stats.resent >= a.stats.dropped_by_hook
     finally:
         a.close()
@@ -193,11 +198,7 @@ def test_a_datagram_lost_on_the_wire_is_resent_on_the_receivers_report_before_an
 
     monkeypatch.setattr(a._engine.outbound, "_transmit", lossy)
     try:
-        sent = data(200_000)
-        out = torch.full_like(sent, float("nan"))
-        recv = b.recv(0, K(0, 0, 0), out)
-        a.send(1, K(0, 0, 0), sent).wait(10.0)
-        assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
+        arrives_whole(a, b, 200_000)
         assert len(lost) == 1 and b.stats.reports >= 1 and a.stats.resent_on_report == 1
         # the report, not a PROBE, got the hole re-sent (besides what a full send buffer refused: it goes again)
         assert a.stats.probes == 0 and a.stats.resent == 1 + a.stats.send_errors
