@@ -31,11 +31,15 @@ What differs from the link, by construction of a simulator:
   (:attr:`~commsched.transport.dlcp.rate.RateControl.timer_s`,
   :attr:`~commsched.transport.dlcp.protocol.PeerFeedback.timer_s`,
   ``SenderState.wake_s``, the pacer's delay); the receive deadline (a safety
-  net for a dead peer) is not armed.
+  net for a dead peer) is not armed;
+* a receiver reports holes once a gap in the numbers outlives
+  :data:`~commsched.transport.dlcp.protocol.REORDER` later ones whatever the
+  paths; the link allows that many per path of its own (its sprayed paths
+  may differ in delay, a fabric's equal-cost paths do not by construction).
 
-The sender serves the most urgent message first (earliest step, then earliest
-phase, then lowest layer class; among equals the first posted), one datagram whenever the pacer and the window
-allow, as the engine does. It PROBEs ``max(probe_delay_s, 2·srtt)`` after a
+The sender serves the most urgent message first (earliest step, then
+earliest phase, then lowest layer class; among equals the first posted), one
+datagram whenever the pacer and the window allow, as the engine does. It PROBEs ``max(probe_delay_s, 2·srtt)`` after a
 message's last datagram (the state machine's ``probe_delay_s``, set from the
 rate control's smoothed round trip, which includes queueing): a PROBE that
 overtakes datagrams still queued would have their holes re-sent for
