@@ -35,7 +35,8 @@ What differs from the link, by construction of a simulator:
 * a receiver reports holes once a gap in the numbers outlives
   :data:`~commsched.transport.dlcp.protocol.REORDER` later ones whatever the
   paths; the link allows that many per path of its own (its sprayed paths
-  may differ in delay, a fabric's equal-cost paths do not by construction).
+  may be links of unequal delay; a fabric's equal-cost paths have equal
+  links, and only their queues reorder).
 
 The sender serves the most urgent message first (earliest step, then
 earliest phase, then lowest layer class; among equals the first posted), one
