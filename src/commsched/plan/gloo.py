@@ -1,9 +1,10 @@
 """Simulator options that model :mod:`commsched.runtime` on gloo (CPU tensors).
 
-One function, used wherever a simulation stands for the runtime on this
-kind of host: ``commsched bench --validate`` (predictions beside
-measurements) and ``policy="auto"`` (the search after warm-up), so what is
-validated is what chooses.
+One function (with :func:`~commsched.sim.options.measured_cpu`, a
+runtime's CPU measurements in the simulator's units), used wherever a
+simulation stands for the runtime on this kind of host: ``commsched bench
+--validate`` (predictions beside measurements) and ``policy="auto"`` (the
+search after warm-up), so what is validated is what chooses.
 """
 
 from __future__ import annotations
@@ -11,24 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from commsched.cluster import Cluster
-from commsched.schedule import NetworkEstimate, build_plan
+from commsched.schedule import build_plan
 from commsched.sim import CommModel, SimOptions
+from commsched.sim.options import measured_cpu
 from commsched.workload import Workload
 
 __all__ = ["gloo_options", "measured_cpu"]
-
-
-def measured_cpu(network: NetworkEstimate) -> dict[str, Any]:
-    """The CPU costs a runtime measured (``network``'s, in seconds) as the simulator's keyword arguments
-    (milliseconds): ``cpu_per_task_ms``, ``cpu_ms_per_mb`` and ``transport_cpu``, for :func:`gloo_options`
-    and :class:`~commsched.sim.SimOptions`."""
-    ms_per_mb = 2**20 * 1e3
-    apart = tuple((name, task_s * 1e3, byte_s * ms_per_mb) for name, task_s, byte_s in network.transport_cpu)
-    return {
-        "cpu_per_task_ms": network.cpu_per_message_s * 1e3,
-        "cpu_ms_per_mb": network.cpu_s_per_byte * ms_per_mb,
-        "transport_cpu": apart,
-    }
 
 
 def gloo_options(

@@ -60,7 +60,8 @@ fusion"): no one size suits both, and the rule gives each network its own
 11 partitions of resnet5m: 0.947-0.972x ``torch_ddp`` in three runs, where
 64 KiB gave 0.943-0.959x, and 300 Mbit/s as before; BENCHMARKS.md, "``ps``
 sizes its fusion from the network"). ``auto`` takes the rule's size too: its
-knob search keeps knobs whose default is none (:mod:`commsched.plan.tune`).
+knob search leaves a knob whose default is none at that default
+(:func:`commsched.plan.tune.search_space`).
 """
 
 from __future__ import annotations

@@ -17,6 +17,23 @@ from commsched.schedule.base import NetworkEstimate, transport_cpu_entries
 from commsched.sim.costs import ALGORITHMS
 from commsched.sim.network import NETWORK_MODELS
 
+#: ms per MiB for each second per byte: the simulator's CPU unit against a runtime's.
+_MS_PER_MB_PER_S_PER_BYTE = 2**20 * 1e3
+
+
+def measured_cpu(network: NetworkEstimate) -> dict[str, Any]:
+    """The CPU costs a runtime measured (``network``'s, in seconds) as the simulator's keyword arguments
+    (milliseconds): ``cpu_per_task_ms``, ``cpu_ms_per_mb`` and ``transport_cpu``, for :class:`SimOptions` (and
+    :func:`commsched.plan.gloo.gloo_options`). The inverse of :meth:`SimOptions.planned_with`."""
+    apart = tuple(
+        (name, task_s * 1e3, byte_s * _MS_PER_MB_PER_S_PER_BYTE) for name, task_s, byte_s in network.transport_cpu
+    )
+    return {
+        "cpu_per_task_ms": network.cpu_per_message_s * 1e3,
+        "cpu_ms_per_mb": network.cpu_s_per_byte * _MS_PER_MB_PER_S_PER_BYTE,
+        "transport_cpu": apart,
+    }
+
 
 @dataclass(frozen=True)
 class SimOptions:
@@ -89,13 +106,14 @@ class SimOptions:
     def planned_with(self, network: NetworkEstimate) -> NetworkEstimate:
         """``network`` with the CPU work these options charge (in seconds, as a runtime measures it), so that a
         policy that plans with it (``ps``'s fusion, :func:`commsched.schedule.ps.fuse_bytes`) makes the plan the
-        runtime that measured it would."""
-        s_per_mb = 1e-3 / 2**20
+        runtime that measured it would. The inverse of :func:`measured_cpu`."""
         return replace(
             network,
             cpu_per_message_s=self.cpu_per_task_ms / 1e3,
-            cpu_s_per_byte=self.cpu_ms_per_mb * s_per_mb,
-            transport_cpu=tuple((name, task_ms / 1e3, mb_ms * s_per_mb) for name, task_ms, mb_ms in self.transport_cpu),
+            cpu_s_per_byte=self.cpu_ms_per_mb / _MS_PER_MB_PER_S_PER_BYTE,
+            transport_cpu=tuple(
+                (name, task_ms / 1e3, mb_ms / _MS_PER_MB_PER_S_PER_BYTE) for name, task_ms, mb_ms in self.transport_cpu
+            ),
         )
 
     @property

@@ -75,6 +75,7 @@ from commsched.transport.dlcp.protocol import (
     Stop,
     classify,
     datagrams_per_ack,
+    send_order,
     tos_byte,
 )
 from commsched.transport.dlcp.rate import RateControl, RateParams
@@ -144,10 +145,10 @@ class Transfer:
         return lost / total
 
 
-def _urgency(transfer: Transfer) -> tuple[int, int, int, int]:
-    """Most urgent first: the earliest step, the earliest phase, the lowest layer class, then the first posted
-    (as the link's :class:`~commsched.transport.dlcp.outbound.Outbound` picks)."""
-    return transfer.step, transfer.phase, transfer.prio, transfer.end
+def _urgency(transfer: Transfer) -> tuple[tuple[int, int, int], int]:
+    """Most urgent first: the link's :func:`~commsched.transport.dlcp.protocol.send_order`, then the first
+    posted."""
+    return send_order(transfer.step, transfer.phase, transfer.prio), transfer.end
 
 
 def _control(transfer: Transfer | None, act: Action, nbytes: int, now_s: float, *, ack: bool) -> Packet:

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 from commsched.transport.dlcp import udp
 from commsched.transport.dlcp.control import Messages
-from commsched.transport.dlcp.protocol import Action, Data, tos_byte
+from commsched.transport.dlcp.protocol import Action, Data, send_order, tos_byte
 from commsched.transport.dlcp.rate import RateControl, RateParams
 from commsched.transport.dlcp.slots import LinkStats, SendSlot
 from commsched.transport.dlcp.sockets import Endpoints, LinkSockets
@@ -146,10 +146,9 @@ class Outbound:
         while pending and budget > 0:
             for peer in list(pending):
                 slots = pending[peer]
-                # a step's pushes before its pulls: a peer's pull waits for the pushes of its slice, and a push held
-                # behind this rank's pulls left that peer idle at the exchange's end (BENCHMARKS.md, "DLCP
-                # re-sends lost datagrams in mid-stream and sends pushes first"); no send before an earlier step's
-                slot = min(slots, key=lambda s: (s.key.step, s.key.phase, s.prio))  # stable: first posted among equals
+                # a push held behind this rank's pulls left its peer idle at the exchange's end (BENCHMARKS.md,
+                # "DLCP re-sends lost datagrams in mid-stream and sends pushes first")
+                slot = min(slots, key=lambda s: send_order(s.key.step, s.key.phase, s.prio))  # stable: first posted
                 limit = udp.batch_limit(slot.stride * slot.itemsize + FRAMING_BYTES) * len(self._paths)
                 taken = self._send_some(slot, self.rates[peer], now, min(budget, limit))
                 budget -= taken

@@ -153,6 +153,14 @@ def tos_byte(priority_class: int, important: bool) -> int:
     return LAYER_DSCP[min(max(priority_class, 0), len(LAYER_DSCP) - 1)] << 2 | ECT0
 
 
+def send_order(step: int, phase: int, layer_class: int) -> tuple[int, int, int]:
+    """Which send to a destination goes first (least first; among equals the first posted): the earliest step,
+    so that no push of the next step holds a peer waiting for this step's pulls; then the earliest phase, a
+    step's pushes before its pulls, since a peer's pull of a slice waits for its pushes; then the layer class.
+    The link (:class:`~commsched.transport.dlcp.outbound.Outbound`) and the packet simulator both order by it."""
+    return step, phase, layer_class
+
+
 # ---------------------------------------------------------------- the receiver
 
 
