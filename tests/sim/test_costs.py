@@ -229,6 +229,7 @@ def test_the_ps_policy_simulates_its_pushes_and_pulls_under_the_ps_cost_model(se
 
 def test_ps_is_planned_with_the_cpu_work_the_options_charge_as_the_runtime_that_measured_it_would() -> None:
     from commsched.schedule.ps import fuse_bytes
+    from commsched.sim.options import measured_cpu
 
     workload = make_workload([1.0] * 6, [1.0] * 6, [600_000, 40_000, 600_000, 90_000, 600_000, 120_000])
     cluster = make_cluster(2, gbps=10, latency_us=20)
@@ -237,6 +238,9 @@ def test_ps_is_planned_with_the_cpu_work_the_options_charge_as_the_runtime_that_
     assert network.cpu_per_message_s == pytest.approx(0.05e-3)
     assert network.cpu_s_per_byte == pytest.approx(0.5e-3 / 2**20)
     assert network.transport_cpu == (("ps", pytest.approx(0.4e-3), pytest.approx(1e-3 / 2**20)),)
+    back = measured_cpu(network)  # its inverse gives the options' CPU costs again
+    assert back["cpu_per_task_ms"] == pytest.approx(0.05) and back["cpu_ms_per_mb"] == pytest.approx(0.5)
+    assert back["transport_cpu"] == (("ps", pytest.approx(0.4), pytest.approx(1.0)),)
     assert fuse_bytes(None, network) > 4 * 120_000  # about 1.25 GB/s x 0.42 ms: each small tensor joins one
     unfused, fused = (
         [t.tensors for t in plan_for(workload, cluster, "ps", opts).tasks if t.kind == "push"]
