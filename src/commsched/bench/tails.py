@@ -158,7 +158,8 @@ def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:
     if stats is not None:  # whole-run counters, and the datagrams of the timed rounds
         keep = ("sent", "resent", "received", "written", "ecn_capable", "ce_marked", "duplicate", "late",
                 "early_dropped", "probes", "bitmaps", "probes_held_out", "rcvbuf_requested_bytes",
-                "rcvbuf_granted_bytes")  # fmt: skip
+                "rcvbuf_granted_bytes", "turns", "idle_turns", "host_queue_full", "send_calls",
+                "recv_calls")  # fmt: skip
         timed = {"timed_sent": stats.sent - base[0], "timed_received": stats.received - base[1]}
         out["dlcp"] = {k: getattr(stats, k) for k in keep} | timed | {"rejected": dict(stats.rejected)}
         out["dlcp"]["rate"] = {str(peer): c for peer, c in link.rate_counters().items()}  # each destination's

@@ -10,6 +10,7 @@ import errno
 import math
 import socket
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import torch
 from _data_path import patches_data_path
 from test_dlcp_link import KEY, data, eventually
 
+import commsched.transport.dlcp.engine as dlcp_engine
 import commsched.transport.dlcp.sockets as dlcp_sockets
 import commsched.transport.dlcp.udp as dlcp_udp
 from commsched.errors import SpecError
@@ -176,3 +178,68 @@ def test_the_link_counts_the_turns_of_its_io_loop_and_those_a_timer_woke(closing
     assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
     stats = closing[1].stats
     assert stats.idle_turns < stats.turns  # the turns that read the datagrams are not idle
+
+
+class _Selector:
+    """A selector that notes the timeouts it is given and has a socket ready on the calls listed in ``ready``."""
+
+    def __init__(self, ready: set[int]) -> None:
+        self.timeouts: list[float] = []
+        self.ready = ready
+
+    def select(self, timeout: float) -> list[Any]:
+        self.timeouts.append(timeout)
+        return ["event"] if len(self.timeouts) in self.ready else []
+
+
+@pytest.mark.parametrize(
+    ("timeout_s", "ready", "selects", "slept"),
+    [
+        (0.0004, set(), [0, 0], [0.0004]),  # below epoll's millisecond: poll, sleep that long, poll again
+        (0.0004, {1}, [0], []),  # a socket already ready: no sleep
+        (0.003, set(), [0.003], []),  # a millisecond or more: epoll waits
+        (0.0, set(), [0.0], []),
+    ],
+)
+def test_the_io_loop_waits_less_than_epolls_millisecond_without_rounding_it_up(
+    monkeypatch: pytest.MonkeyPatch, timeout_s: float, ready: set[int], selects: list[float], slept: list[float]
+) -> None:
+    sleeps: list[float] = []
+    monkeypatch.setattr(dlcp_engine.time, "sleep", sleeps.append)
+    selector = _Selector(ready)
+    engine = SimpleNamespace(_sel=selector)
+    events = dlcp_engine.Engine._wait(engine, timeout_s)  # type: ignore[arg-type]
+    assert selector.timeouts == selects and sleeps == slept
+    assert events == (["event"] if ready else [])
+
+
+def test_a_sender_waits_while_this_hosts_queue_holds_two_bursts_and_goes_on_once_it_drains(
+    monkeypatch: pytest.MonkeyPatch, closing: list[DlcpLink]
+) -> None:
+    closing += pair(mtu_bytes=9000)
+    a, b = closing
+    limit = a._engine.outbound.host_queue_limit
+    assert limit == 2 * 4 * 9000  # two pacer bursts of 4 datagrams of the MTU
+    queued = {"bytes": limit}  # the host's queue full: nothing may go
+    monkeypatch.setattr(dlcp_udp, "queued_bytes", lambda sock: queued["bytes"])
+    sent, out = data(50_000, seed=3), torch.empty(50_000)
+    recv = b.recv(0, K(0, 0, 0), out)
+    send = a.send(1, K(0, 0, 0), sent)
+    assert eventually(lambda: a.stats.host_queue_full >= 20)
+    assert a.stats.sent == 0 and not send.is_completed()
+    queued["bytes"] = limit - 1  # room for one datagram a turn: the transfer goes on, datagram by datagram
+    assert recv.wait(10.0).lost == 0 and torch.equal(out, sent)
+    send.wait(10.0)
+    assert a.stats.send_calls >= a.stats.sent  # one datagram per turn: no GSO batch of several
+
+
+def test_queued_bytes_reads_what_this_host_still_holds_of_a_sockets_datagrams(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.sendto(b"x" * 1000, ("127.0.0.1", 9))  # loopback hands it on at once: nothing stays queued
+        assert dlcp_udp.queued_bytes(sock) == 0
+
+        def refused(*args: Any) -> bytes:
+            raise OSError(errno.ENOTTY, "not a tty")
+
+        monkeypatch.setattr(dlcp_udp.fcntl, "ioctl", refused)
+        assert dlcp_udp.queued_bytes(sock) == 0  # a kernel that will not say: no limit from it

@@ -55,7 +55,7 @@ from commsched._threads import daemon_thread
 from commsched.transport.dlcp import udp
 from commsched.transport.dlcp.control import Control
 from commsched.transport.dlcp.inbound import Inbound
-from commsched.transport.dlcp.outbound import Outbound
+from commsched.transport.dlcp.outbound import HOST_QUEUE_POLL_S, Outbound
 from commsched.transport.dlcp.protocol import REORDER, Ack, Action, Bitmap, Probe, Stop, tos_byte
 from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
@@ -70,6 +70,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("commsched")
 
 TICK_S = 0.001
+#: the resolution of the selector's timeout (epoll's: a millisecond)
+EPOLL_RESOLUTION_S = 0.001
 _NO_KEY = TransferKey(0, 0, 0)
 #: control datagrams go as the front layers' important data: first served, marked rather than dropped
 CONTROL_TOS = tos_byte(0, True)
@@ -210,8 +212,7 @@ class Engine:
         inbound, outbound, stats = self.inbound, self.outbound, self.stats
         try:
             while not self._closing:
-                timeout_s = self._sleep_s(time.monotonic())
-                events = self._sel.select(timeout_s)
+                events = self._wait(self._sleep_s(time.monotonic()))
                 with self._lock:
                     if self._closing:
                         return  # not break: mypyc cannot compile a break out of a with block
@@ -236,12 +237,33 @@ class Engine:
             with self._lock:
                 self._fail_all(f"the link's I/O thread failed: {exc!r}")
 
+    def _wait(self, timeout_s: float) -> list[tuple[selectors.SelectorKey, int]]:
+        """The sockets ready within ``timeout_s``, waiting no longer than that also below a millisecond.
+
+        epoll counts whole milliseconds and Python rounds a shorter timeout up
+        to one, so a pacer that lets the next datagrams go in 40 µs would wait a
+        millisecond, and a burst of 4 datagrams of 9000 bytes per millisecond
+        is 288 Mbit/s: below a 300 Mbit/s link (BENCHMARKS.md, "DLCP's pacer
+        waits less than a millisecond"). Such a wait polls, sleeps (the
+        kernel's timer slack, about 50 µs, is its least), and polls again; what
+        arrives meanwhile waits in the socket's buffer for at most that long.
+        """
+        if 0 < timeout_s < EPOLL_RESOLUTION_S:
+            events = self._sel.select(0)
+            if events:
+                return events
+            time.sleep(timeout_s)
+            return self._sel.select(0)
+        return self._sel.select(timeout_s)
+
     def _sleep_s(self, now: float) -> float:
         with self._lock:
             if self._posted:
                 return 0.0
             if not self.outbound.sends and not self.inbound.recvs:
                 return 0.005
+            if self.outbound.host_queue_full:
+                return HOST_QUEUE_POLL_S
             return min(TICK_S, self.outbound.sleep_s(now))
 
     def _on_event(self, key: selectors.SelectorKey, now: float) -> None:

@@ -17,6 +17,21 @@ few system calls as the kernel allows: those of one path and one TOS byte
 may have (its tail) last, each datagram whole, self-describing and MAC'd
 (:meth:`~commsched.transport.dlcp.wire.Codec.data_parts`), within the MTU.
 
+**This host's queue.** The rate control never reads the link's rate, and on
+a link that neither marks nor drops it allows several times that rate: the
+datagrams then wait in this host's own queue (the qdisc of its interface),
+where the peer's ACKs, STOPs and BITMAPs wait behind its own datagrams
+toward this host, and the round trip the peer's window was sized for (from
+the least round trip seen) grows until the window, not the link, sets its
+pace. On the testbed one rank in some runs sent 25 % below the link's
+rate that way for a whole run (BENCHMARKS.md, "DLCP keeps its own queue
+short"). So, as TCP Small Queues does for TCP, a turn sends only while the
+datagrams of a path this host still holds
+(:func:`~commsched.transport.dlcp.udp.queued_bytes`) are fewer than
+:data:`HOST_QUEUE_BURSTS` pacer bursts; the rest wait in the link, where the
+send order still applies, and the I/O loop looks again in
+:data:`HOST_QUEUE_POLL_S`.
+
 A batch the host's send buffer refuses (EAGAIN) is queued again, datagram by
 datagram; a route that cannot segment (:data:`~commsched.transport.dlcp.udp.GSO_REFUSED`)
 turns GSO off for that socket (once, with a warning) and the batch goes
@@ -29,6 +44,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -45,6 +61,12 @@ log = logging.getLogger("commsched")
 
 #: DATA datagrams sent per turn of the I/O loop, over every destination (so that receiving keeps up).
 SENDS_PER_TURN = 256
+#: This host's queue of a path's datagrams (:func:`~commsched.transport.dlcp.udp.queued_bytes`) holds at most
+#: this many pacer bursts: one leaving, one waiting (module docstring, "This host's queue").
+HOST_QUEUE_BURSTS = 2
+#: How soon the I/O loop looks again at a full host queue: at 300 Mbit/s-1 Gbit/s the link sends 1-3 datagrams of
+#: 9000 bytes meanwhile, a fraction of the two bursts left queued.
+HOST_QUEUE_POLL_S = 0.0002
 #: Bytes a datagram adds to its payload: DLCP's header and MAC (IP and UDP come on top).
 FRAMING_BYTES = HEADER.size + MAC_BYTES
 Slot = tuple[int, TransferKey]
@@ -66,6 +88,10 @@ class Outbound:
         #: per local path: the socket takes GSO sends (cleared if a route refuses one)
         self.gso = list(sockets.gso)
         self.rates = [RateControl(rate, now) for _ in range(world)]
+        #: the most bytes of one path's datagrams left in this host's queue before a turn sends more
+        self.host_queue_limit = HOST_QUEUE_BURSTS * rate.burst_bytes
+        #: the last turn sent nothing because this host's queue was full (the I/O loop looks again soon)
+        self.host_queue_full = False
         self.sends: dict[Slot, SendSlot] = {}
         #: the sends finished last (at most _RECENT), so a control message's second copy is known as one
         self._finished: OrderedDict[Slot, None] = OrderedDict()
@@ -143,15 +169,22 @@ class Outbound:
             if send.state.pending:
                 pending.setdefault(send.peer, []).append(send)
         budget = SENDS_PER_TURN
-        while pending and budget > 0:
+        # bytes this host's queue may still take, over every path (module docstring, "This host's queue")
+        room = self.host_queue_limit * len(self._paths) - sum(udp.queued_bytes(sock) for sock in self._paths)
+        self.host_queue_full = bool(pending) and room <= 0
+        if self.host_queue_full:
+            self.stats.host_queue_full += 1
+        while pending and budget > 0 and room > 0:
             for peer in list(pending):
                 slots = pending[peer]
                 # a push held behind this rank's pulls left its peer idle at the exchange's end (BENCHMARKS.md,
                 # "DLCP re-sends lost datagrams in mid-stream and sends pushes first")
                 slot = min(slots, key=lambda s: send_order(s.key.step, s.key.phase, s.prio))  # stable: first posted
-                limit = udp.batch_limit(slot.stride * slot.itemsize + FRAMING_BYTES) * len(self._paths)
-                taken = self._send_some(slot, self.rates[peer], now, min(budget, limit))
+                datagram = slot.stride * slot.itemsize + FRAMING_BYTES
+                limit = min(budget, udp.batch_limit(datagram) * len(self._paths), math.ceil(room / datagram))
+                taken = self._send_some(slot, self.rates[peer], now, limit)
                 budget -= taken
+                room -= taken * datagram
                 if not slot.state.pending:
                     slots.remove(slot)
                     if not slots:

@@ -58,7 +58,9 @@ class LinkStats:
     them); ``gso_refused``: GSO sends a route refused (that path then sends
     one datagram per call).
     ``turns``: turns of the I/O thread's loop; ``idle_turns``: those that
-    woke on a timer with no socket ready.
+    woke on a timer with no socket ready; ``host_queue_full``: turns that
+    sent nothing because this host still held two pacer bursts of a path's
+    datagrams (:mod:`~commsched.transport.dlcp.outbound`).
     """
 
     sent: int = 0
@@ -94,6 +96,7 @@ class LinkStats:
     gso_refused: int = 0
     turns: int = 0
     idle_turns: int = 0
+    host_queue_full: int = 0
     rcvbuf_requested_bytes: int = 0
     rcvbuf_granted_bytes: int = 0
     rmem_max_bytes: int | None = None

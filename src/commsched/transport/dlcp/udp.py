@@ -36,9 +36,11 @@ the caller sends the batch again datagram by datagram.
 from __future__ import annotations
 
 import errno
+import fcntl
 import socket
 import struct
 import sys
+import termios
 from collections.abc import Sequence
 
 #: Linux's option numbers (Python 3.11's socket module does not name them).
@@ -55,6 +57,7 @@ GSO_REFUSED = frozenset((errno.EIO, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOPRO
 READ_BUFFER_BYTES = 65536 + 512
 
 _CMSG_SPACE = socket.CMSG_SPACE(4)
+_INT = struct.Struct("i")
 _SEGMENT_CACHE: dict[int, bytes] = {}
 _TOS_CACHE: dict[int, bytes] = {}
 
@@ -141,3 +144,13 @@ class DatagramReader:
             elif data:
                 tos = data[0] if len(data) == 1 else int.from_bytes(data[:4], sys.byteorder)
         return n, segment, tos
+
+
+def queued_bytes(sock: socket.socket) -> int:
+    """Bytes of ``sock``'s datagrams this host still holds (``SIOCOUTQ``: sent, not yet handed to the device or
+    the peer of a veth): its own queue in the qdisc, as TCP Small Queues reads it; 0 where the kernel will not say.
+    """
+    try:
+        return int(_INT.unpack(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(_INT.size)))[0])
+    except OSError:
+        return 0
