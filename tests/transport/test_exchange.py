@@ -12,6 +12,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.schedule.base import CommTask, Segment
 from commsched.transport import TaskBuffer
 from commsched.transport.exchange import PULL, PUSH, PsExchange, owner_slices
+from commsched.transport.exchange_tasks import Chained
 from commsched.transport.handles import Ended
 from commsched.transport.links import COMPLETE, Received, TransferKey
 
@@ -50,6 +52,17 @@ class FakeTransfer:
         return self.done.is_set()
 
 
+class DetachableTransfer(FakeTransfer):
+    """A send that can go on without its caller's tensor, as DLCP's (the fake's already read a copy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.detached = False
+
+    def detach(self) -> None:
+        self.detached = True
+
+
 class FakeNetwork:
     """Matches sends to receives by ``(src, dst, key)``; ``lose[(src, dst, phase)]`` = ranges to drop."""
 
@@ -64,6 +77,8 @@ class FakeNetwork:
         self.timers: list[threading.Timer] = []
         #: sends kept unended until the test ends them (a bounded-loss link ends a send at the receiver's Stop)
         self.held: list[FakeTransfer] | None = None
+        #: sends are :class:`DetachableTransfer`
+        self.detachable = False
         self.links = [FakeLink(self, r) for r in range(world)]
 
     def deliver(self, where: tuple[int, int, TransferKey], data: torch.Tensor) -> None:
@@ -102,7 +117,7 @@ class FakeLink:
         timer = threading.Timer(delay, self.net.deliver, args=((self.rank, peer, key), copy))
         self.net.timers.append(timer)
         timer.start()
-        t = FakeTransfer()
+        t = DetachableTransfer() if self.net.detachable else FakeTransfer()
         if self.net.held is None:
             t.finish()
         else:
@@ -368,6 +383,61 @@ def test_a_send_that_fails_after_its_phase_finished_fails_the_task_naming_it() -
     with pytest.raises(RuntimeCommError, match=r"ps all_reduce of task 't0' \(step 0\) on rank 0: the connection"):
         handles[0].wait(TIMEOUT_S)
     handles[1].wait(TIMEOUT_S)
+
+
+def test_an_all_reduce_ends_with_its_sum_detaching_its_sends_and_close_waits_for_them() -> None:
+    net = FakeNetwork(2)
+    net.held, net.detachable = [], True
+    xs = exchanges(net)
+    flats = [torch.full((4,), 1.0), torch.full((4,), 2.0)]
+    handles = [x.start(task(0, "all_reduce", 4), TaskBuffer(f)) for x, f in zip(xs, flats, strict=True)]
+    for h in handles:
+        h.wait(TIMEOUT_S)  # no send has ended: each goes on, detached
+    assert all(torch.equal(f, torch.full((4,), 3.0)) for f in flats)
+    assert len(net.held) == 4 and not any(t.is_completed() for t in net.held)
+    assert all(isinstance(t, DetachableTransfer) and t.detached for t in net.held)
+    closing = threading.Thread(target=xs[0].close)
+    closing.start()
+    closing.join(0.2)
+    assert closing.is_alive()  # close waits for the sends that went on
+    assert not any(cast(Chained, h).settle(0.0) for h in handles)
+    for t in net.held:
+        t.finish()
+    assert all(cast(Chained, h).settle(0.0) for h in handles)  # the last send's end settled each task at once
+    closing.join(TIMEOUT_S)
+    assert not closing.is_alive()
+    xs[1].close()
+
+
+def test_a_push_that_only_sends_ends_with_its_sends_even_if_they_could_be_detached() -> None:
+    net = FakeNetwork(2)
+    net.held, net.detachable = [], True
+    xs = exchanges(net, servers=(0,))
+    handles = [x.start(task(0, "push", 4), TaskBuffer(torch.ones(4))) for x in xs]
+    handles[0].wait(TIMEOUT_S)  # the server: its receive ended, and it sends nothing
+    assert len(net.held) == 1 and not handles[1].is_completed()  # the worker's push: sends only
+    assert not cast(DetachableTransfer, net.held[0]).detached
+    net.held[0].finish()
+    handles[1].wait(TIMEOUT_S)
+
+
+def test_a_detached_send_that_fails_after_its_task_ended_fails_the_next_start_naming_both() -> None:
+    net = FakeNetwork(2)
+    net.held, net.detachable = [], True
+    xs = exchanges(net)
+    handles = [x.start(task(0, "all_reduce", 4), TaskBuffer(torch.ones(4))) for x in xs]
+    for h in handles:
+        h.wait(TIMEOUT_S)
+    net.held[0].finish(error=RuntimeCommError("no STOP from the receiver within 10 s"))
+    with pytest.raises(
+        RuntimeCommError,
+        match=r"ps all_reduce of task 't0' \(step 1\) on rank \d: an earlier task failed: ps all_reduce of task "
+        r"'t0' \(step 0\) on rank \d \(a send that went on after the task ended\): no STOP",
+    ):
+        for x in xs:
+            x.start(task(0, "all_reduce", 4), TaskBuffer(torch.ones(4)))
+    for t in net.held[1:]:
+        t.finish()
 
 
 def test_a_loss_above_the_bound_fails_the_task_naming_it() -> None:

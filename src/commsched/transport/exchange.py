@@ -139,6 +139,9 @@ class PsExchange:
         self._chains: set[Chained] = set()  # started and not ended (close waits for them)
         self._chains_lock = threading.Lock()
         self._closed = False
+        #: a send that went on after its task ended (detached, :class:`Chained`) and then failed: every later
+        #: start raises it
+        self._failed_late: RuntimeCommError | None = None
 
     # ---- starting ----
 
@@ -148,6 +151,8 @@ class PsExchange:
         describe = f"ps {task.kind} of task {task.name!r} (step {step}) on rank {self.rank}"
         if self._closed:
             raise RuntimeCommError(f"{describe}: the transport is closed")
+        if self._failed_late is not None:
+            raise RuntimeCommError(f"{describe}: an earlier task failed: {self._failed_late}")
         flat = buffer.flat
         if flat.device.type != "cpu" or not flat.is_contiguous():
             raise UnsupportedError(f"{describe}: needs a contiguous CPU buffer, got {flat.device} {flat.stride()}")
@@ -184,11 +189,15 @@ class PsExchange:
         elif task.kind in _PULLING:
             pulled = self._post_pull(task, step, flat, server, target)
             phases.append((lambda: pulled, lambda p: self._finish_pull(task, p, flat, server)))
-        chain = Chained(describe, phases, self.timeout_s, self._chain_ended)
+        chain = Chained(describe, phases, self.timeout_s, self._chain_ended, self._late_error)
         with self._chains_lock:
             self._chains.add(chain)
         chain.advance()
         return chain
+
+    def _late_error(self, error: RuntimeCommError) -> None:
+        if self._failed_late is None and not self._closed:
+            self._failed_late = error
 
     def _chain_ended(self, chain: Chained) -> None:
         with self._chains_lock:
@@ -357,3 +366,5 @@ class PsExchange:
             for chain in chains:
                 with contextlib.suppress(RuntimeCommError):
                     chain.wait(max(0.0, chain.deadline - time.monotonic()))
+                # a send that went on after its task ended (detached) still re-sends what its receiver lacks
+                chain.settle(max(0.0, chain.deadline - time.monotonic()))

@@ -20,6 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol, cast, runtime_checkable
 
 import torch
 
@@ -27,7 +28,7 @@ from commsched.errors import RuntimeCommError
 from commsched.transport.handles import Ended
 from commsched.transport.links import Transfer, TransferKey
 
-__all__ = ["Chained", "Phase", "Posted", "task_error"]
+__all__ = ["Chained", "Detachable", "Phase", "Posted", "task_error"]
 
 
 @dataclass(slots=True)
@@ -58,8 +59,15 @@ class Chained:
     writes into the slices this rank's push still reads only after it has received all of that push, so
     nothing the sends read is overwritten while they need it).
 
+    Nor does the task wait for that round trip at its end, where the caller waits for it: once its last phase,
+    which received something, is finished, the sends still going on that can be detached (:class:`Detachable`:
+    DLCP's, which then read a copy of what they still send) are, and the task ends; a send that cannot be
+    detached holds it until it ends, and a phase that only sends (a push to a parameter server) ends with its
+    sends. A detached send that fails afterwards is reported to ``on_late_error``.
+
     ``phases``: per phase, a callable that posts its transfers and one that finishes it once its receives have
-    all ended (raising what went wrong); ``on_end`` is called once the task has ended.
+    all ended (raising what went wrong); ``on_end`` is called once the task has ended and no send of it goes
+    on (at once if it failed).
     """
 
     __slots__ = (
@@ -69,37 +77,55 @@ class Chained:
         "_left",
         "_lock",
         "_on_end",
+        "_on_late_error",
         "_over",
         "_phases",
+        "_quiet",
+        "_received",
+        "_released",
         "_sending",
+        "_sends",
         "deadline",
         "describe",
         "timeout_s",
     )
 
-    def __init__(self, describe: str, phases: list[Phase], timeout_s: float, on_end: Callable[[Chained], None]) -> None:
+    def __init__(
+        self,
+        describe: str,
+        phases: list[Phase],
+        timeout_s: float,
+        on_end: Callable[[Chained], None],
+        on_late_error: Callable[[RuntimeCommError], None] | None = None,
+    ) -> None:
         self.describe = describe
         self.timeout_s = timeout_s
         self.deadline = time.monotonic() + timeout_s
         self._phases = deque(phases)
         self._on_end = on_end
+        self._on_late_error = on_late_error
         self._ended = Ended()
         self._error: RuntimeCommError | None = None
         self._lock = threading.Lock()
         self._left = 0  # receives of the current phase not ended (+1 while their callbacks are registered)
         self._sending = 0  # sends of every phase not ended
+        self._sends: list[Transfer] = []  # every send posted
+        self._received = False  # the last phase posted receives
         self._finished = False  # the last phase is finished
         self._over = False  # the task has ended (or failed)
+        self._released = False  # ``on_end`` was called: no send goes on
+        self._quiet = threading.Event()  # set with it
 
     def advance(self) -> None:
-        """Post the next phase (its transfers call back), or, after the last, end the task once its sends have."""
+        """Post the next phase (its transfers call back), or, after the last, end the task once its sends have
+        ended or been detached (the class docstring)."""
         if self._over:
             return
         if not self._phases:
             with self._lock:
                 self._finished = True
                 over = not self._sending
-            if over:
+            if over or (self._received and self._detach_sends()):
                 self._end(None)
             return
         post, finish = self._phases.popleft()
@@ -111,6 +137,8 @@ class Chained:
         with self._lock:
             self._left = len(posted.recvs) + 1  # one more until every callback is registered
             self._sending += len(posted.sends)
+            self._received = bool(posted.recvs)
+        self._sends += posted.sends
         for send in posted.sends:
             if not send.then(functools.partial(self._sent, send)):
                 self._sent(send)  # ended already
@@ -131,16 +159,31 @@ class Chained:
             return
         self.advance()
 
+    def _detach_sends(self) -> bool:
+        """Detach every send still going on; False (none detached) if one cannot be."""
+        pending = [send for send in self._sends if not send.is_completed()]
+        if not all(isinstance(send, Detachable) for send in pending):
+            return False
+        for send in pending:
+            cast(Detachable, send).detach()
+        return True
+
     def _sent(self, send: Transfer) -> None:
         try:
             send.wait(0.0)  # ended: raises the send's error, if it failed
         except BaseException as exc:
+            if self._over and self._error is None and self._on_late_error is not None:  # detached, then failed
+                self._on_late_error(task_error(f"{self.describe} (a send that went on after the task ended)", exc))
+                self._release()
             self._end(exc)
             return
         with self._lock:
             self._sending -= 1
-            over = self._finished and not self._sending
-        if over:
+            quiet = self._over and not self._sending  # the last detached send ended
+            over = not self._over and self._finished and not self._sending
+        if quiet:
+            self._release()
+        elif over:
             self._end(None)
 
     def _end(self, exc: BaseException | None) -> None:
@@ -148,10 +191,25 @@ class Chained:
             if self._over:
                 return
             self._over = True
+            quiet = exc is not None or not self._sending
         if exc is not None:
             self._error = task_error(self.describe, exc)
-        self._on_end(self)
+        if quiet:
+            self._release()
         self._ended.set()
+
+    def _release(self) -> None:
+        """The task has ended and no send of it goes on (or it failed): ``on_end``, once."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self._on_end(self)
+        self._quiet.set()
+
+    def settle(self, timeout_s: float) -> bool:
+        """Block until the task has ended and no send of it goes on, at most ``timeout_s``; whether it has."""
+        return self._quiet.wait(timeout_s)
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until the task has ended, at most ``timeout_s`` (None: until the transport's timeout from its
@@ -170,6 +228,16 @@ class Chained:
     def then(self, fn: Callable[[], None]) -> bool:
         """Run ``fn`` in the thread that ends the task; False (and nothing registered) if it has ended."""
         return self._ended.then(fn)
+
+
+@runtime_checkable
+class Detachable(Protocol):
+    """A send that can go on without its caller's tensor (DLCP's,
+    :meth:`~commsched.transport.dlcp.link.DlcpTransfer.detach`)."""
+
+    def detach(self) -> None:
+        """From now on read a copy of what is still to be sent: the caller may change its tensor."""
+        ...
 
 
 #: One phase of a task: post its transfers; finish it once they have all ended.

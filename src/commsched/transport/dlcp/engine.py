@@ -55,7 +55,7 @@ from commsched._threads import daemon_thread
 from commsched.transport.dlcp import udp
 from commsched.transport.dlcp.control import Control
 from commsched.transport.dlcp.inbound import Inbound
-from commsched.transport.dlcp.outbound import HOST_QUEUE_POLL_S, Outbound
+from commsched.transport.dlcp.outbound import Outbound
 from commsched.transport.dlcp.protocol import REORDER, Ack, Action, Bitmap, Probe, Stop, tos_byte
 from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
@@ -88,7 +88,9 @@ class Engine:
         self.rank, self.world, self.stats, self.timeout_s = rank, world, stats, timeout_s
         self.codec = Codec(key, world)
         self._sockets, self._peers = sockets, list(peers)
-        self._lock = threading.Lock()
+        #: held by the I/O thread for each turn, and by anyone reading or changing its state (re-entrant: a
+        #: transfer's callbacks run holding it and may detach a send, :meth:`DlcpTransfer.detach`)
+        self.lock = threading.RLock()
         self._closing = False
         self._posted: deque[SendSlot | RecvSlot] = deque()  # posts the I/O thread has not registered yet
         # (is a receive, peer, key) of every transfer posted and not finished: a second post of one is refused
@@ -133,7 +135,7 @@ class Engine:
             self._claimed.add(claim)
         self._posted.append(slot)
         if self._closing:  # close() may have failed what was queued before this post: fail it here
-            with self._lock:
+            with self.lock:
                 self._fail_posted("the link is closed")
             return
         self._wake()
@@ -148,7 +150,7 @@ class Engine:
 
         A transfer still queued is registered first, so that it ends as any other: a receive's STOP ends the
         peer's send, and its key counts as used."""
-        with self._lock:
+        with self.lock:
             if self._posted and not self._closing:
                 self._register_posted(time.monotonic())
             if isinstance(slot, RecvSlot):
@@ -159,12 +161,12 @@ class Engine:
                 slot.transfer.finish(error="cancelled")
 
     def close(self, timeout_s: float) -> None:
-        with self._lock:
+        with self.lock:
             self._closing = True
         self._wake()
         if self._io_thread is not threading.current_thread():
             self._io_thread.join(timeout_s)
-        with self._lock:
+        with self.lock:
             self._fail_all("the link was closed")
             self._close_sockets()
 
@@ -213,7 +215,7 @@ class Engine:
         try:
             while not self._closing:
                 events = self._wait(self._sleep_s(time.monotonic()))
-                with self._lock:
+                with self.lock:
                     if self._closing:
                         return  # not break: mypyc cannot compile a break out of a with block
                     now = time.monotonic()
@@ -234,7 +236,7 @@ class Engine:
                     outbound.send(now)
         except Exception as exc:  # a bug must not leave waiters hanging until their timeouts
             log.exception("dlcp: the I/O thread of rank %d failed", self.rank)
-            with self._lock:
+            with self.lock:
                 self._fail_all(f"the link's I/O thread failed: {exc!r}")
 
     def _wait(self, timeout_s: float) -> list[tuple[selectors.SelectorKey, int]]:
@@ -257,13 +259,13 @@ class Engine:
         return self._sel.select(timeout_s)
 
     def _sleep_s(self, now: float) -> float:
-        with self._lock:
+        with self.lock:
             if self._posted:
                 return 0.0
             if not self.outbound.sends and not self.inbound.recvs:
                 return 0.005
-            if self.outbound.host_queue_full:
-                return HOST_QUEUE_POLL_S
+            if self.outbound.host_queue_wait_s:
+                return self.outbound.host_queue_wait_s
             return min(TICK_S, self.outbound.sleep_s(now))
 
     def _on_event(self, key: selectors.SelectorKey, now: float) -> None:

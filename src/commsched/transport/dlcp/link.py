@@ -134,8 +134,21 @@ class DlcpTransfer:
         return self._done.is_set()
 
     def then(self, fn: Callable[[], None]) -> bool:
-        """Run ``fn`` in the thread that ends the transfer; False (and nothing registered) if it has ended."""
+        """Run ``fn`` in the thread that ends the transfer; False (and nothing registered) if it has ended.
+
+        ``fn`` runs holding the link's lock when the I/O thread ends the transfer; it may post, and detach."""
         return self._done.then(fn)
+
+    def detach(self) -> None:
+        """A send reads a copy of its data from now on: its caller may change the tensor (the send goes on until
+        its receiver says STOP, re-sending what was lost from the copy). Nothing for a receive or an ended send.
+        :class:`~commsched.transport.exchange_tasks.Chained` ends a task so, without waiting a round trip for
+        the STOPs of its last sends."""
+        slot = self.slot
+        if isinstance(slot, SendSlot) and not self._done.is_set():
+            with self._link._engine.lock:  # the I/O thread reads the view only holding it (re-entrant)
+                if not self._done.is_set():
+                    slot.view = memoryview(bytes(slot.view))
 
     def wait(self, timeout_s: float | None = None) -> Received:
         if not self._done.wait(timeout_s):

@@ -129,6 +129,11 @@ class RateControl:
             self._stamp_s = now_s
 
     @property
+    def delivery_bytes_per_s(self) -> float:
+        """The best delivery rate of the last rounds (BBR's bandwidth filter; 0 before any round)."""
+        return self._delivered_max
+
+    @property
     def inflight(self) -> int:
         """Datagrams sent after the highest one the receiver has seen."""
         return (self.seq - self._highest - 1) % U32
