@@ -55,12 +55,14 @@ class FakeTransfer:
 class DetachableTransfer(FakeTransfer):
     """A send that can go on without its caller's tensor, as DLCP's (the fake's already read a copy)."""
 
-    def __init__(self) -> None:
+    def __init__(self, refuse: bool = False) -> None:
         super().__init__()
         self.detached = False
+        self.refuse = refuse
 
-    def detach(self) -> None:
-        self.detached = True
+    def detach(self) -> bool:
+        self.detached = not self.refuse
+        return self.detached
 
 
 class FakeNetwork:
@@ -77,8 +79,9 @@ class FakeNetwork:
         self.timers: list[threading.Timer] = []
         #: sends kept unended until the test ends them (a bounded-loss link ends a send at the receiver's Stop)
         self.held: list[FakeTransfer] | None = None
-        #: sends are :class:`DetachableTransfer`
+        #: sends are :class:`DetachableTransfer`; ``refuse``: whose ``detach`` says it cannot now
         self.detachable = False
+        self.refuse = False
         self.links = [FakeLink(self, r) for r in range(world)]
 
     def deliver(self, where: tuple[int, int, TransferKey], data: torch.Tensor) -> None:
@@ -117,7 +120,7 @@ class FakeLink:
         timer = threading.Timer(delay, self.net.deliver, args=((self.rank, peer, key), copy))
         self.net.timers.append(timer)
         timer.start()
-        t = DetachableTransfer() if self.net.detachable else FakeTransfer()
+        t = DetachableTransfer(self.net.refuse) if self.net.detachable else FakeTransfer()
         if self.net.held is None:
             t.finish()
         else:
@@ -407,6 +410,23 @@ def test_an_all_reduce_ends_with_its_sum_detaching_its_sends_and_close_waits_for
     closing.join(TIMEOUT_S)
     assert not closing.is_alive()
     xs[1].close()
+
+
+def test_an_all_reduce_whose_sends_cannot_be_detached_now_ends_with_them() -> None:
+    net = FakeNetwork(2)
+    net.held, net.detachable, net.refuse = [], True, True
+    xs = exchanges(net)
+    flats = [torch.full((4,), 1.0), torch.full((4,), 2.0)]
+    handles = [x.start(task(0, "all_reduce", 4), TaskBuffer(f)) for x, f in zip(xs, flats, strict=True)]
+    deadline = time.monotonic() + TIMEOUT_S
+    while not all(torch.equal(f, torch.full((4,), 3.0)) for f in flats):
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    assert len(net.held) == 4 and not any(h.is_completed() for h in handles)
+    for t in net.held:
+        t.finish()
+    for h in handles:
+        h.wait(TIMEOUT_S)
 
 
 def test_a_push_that_only_sends_ends_with_its_sends_even_if_they_could_be_detached() -> None:

@@ -61,9 +61,10 @@ class Chained:
 
     Nor does the task wait for that round trip at its end, where the caller waits for it: once its last phase,
     which received something, is finished, the sends still going on that can be detached (:class:`Detachable`:
-    DLCP's, which then read a copy of what they still send) are, and the task ends; a send that cannot be
-    detached holds it until it ends, and a phase that only sends (a push to a parameter server) ends with its
-    sends. A detached send that fails afterwards is reported to ``on_late_error``.
+    DLCP's, which then read a copy of what they still send, where the link's own thread ended that phase) are,
+    and the task ends; a send that cannot be detached holds it until it ends, and a phase that only sends (a
+    push to a parameter server) ends with its sends. A detached send that fails afterwards is reported to
+    ``on_late_error``.
 
     ``phases``: per phase, a callable that posts its transfers and one that finishes it once its receives have
     all ended (raising what went wrong); ``on_end`` is called once the task has ended and no send of it goes
@@ -160,13 +161,11 @@ class Chained:
         self.advance()
 
     def _detach_sends(self) -> bool:
-        """Detach every send still going on; False (none detached) if one cannot be."""
+        """Detach every send still going on; False if one cannot be (now)."""
         pending = [send for send in self._sends if not send.is_completed()]
         if not all(isinstance(send, Detachable) for send in pending):
             return False
-        for send in pending:
-            cast(Detachable, send).detach()
-        return True
+        return all([cast(Detachable, send).detach() for send in pending])  # a list: try every one
 
     def _sent(self, send: Transfer) -> None:
         try:
@@ -235,8 +234,9 @@ class Detachable(Protocol):
     """A send that can go on without its caller's tensor (DLCP's,
     :meth:`~commsched.transport.dlcp.link.DlcpTransfer.detach`)."""
 
-    def detach(self) -> None:
-        """From now on read a copy of what is still to be sent: the caller may change its tensor."""
+    def detach(self) -> bool:
+        """From now on read a copy of what is still to be sent, so that the caller may change its tensor; False if
+        that cannot be done now (the send then still reads the caller's tensor until it ends)."""
         ...
 
 

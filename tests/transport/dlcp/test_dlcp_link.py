@@ -586,14 +586,22 @@ def test_a_detached_send_goes_on_from_a_copy_while_its_caller_changes_the_tensor
         expected = sent.clone()
         out = torch.empty_like(sent)
         recv = b.recv(0, K(0, 0, 0), out)
-        with a._engine.lock:  # nothing is sent before the detach: every datagram comes from the copy
-            send = a.send(1, K(0, 0, 0), sent)
-            send.detach()
+        detached: list[bool] = []
+
+        def detach_and_change() -> None:  # in a's I/O thread, which ends the small receive below
+            detached.append(send.detach())
             sent.fill_(float("nan"))  # the caller's tensor changes at once
+
+        with a._engine.lock:  # a's I/O thread waits: the detach comes before most of the send
+            send = a.send(1, K(0, 0, 0), sent)
+            assert not send.detach()  # not the I/O thread: cannot detach (it might wait on this thread's locks)
+            signal = a.recv(1, K(0, 1, 0), torch.empty(4))
+            assert signal.then(detach_and_change)
+        b.send(0, K(0, 1, 0), torch.ones(4)).wait(10.0)
         assert recv.wait(10.0).lost == 0 and torch.equal(out, expected)
         send.wait(10.0)
-        assert len(dropped) == 1 and a.stats.resent >= 1
-        send.detach()  # an ended send: nothing to do
+        assert detached == [True] and len(dropped) == 1 and a.stats.resent >= 1
+        assert send.detach()  # an ended send: nothing to do
     finally:
         a.close()
         b.close()

@@ -88,9 +88,9 @@ class Engine:
         self.rank, self.world, self.stats, self.timeout_s = rank, world, stats, timeout_s
         self.codec = Codec(key, world)
         self._sockets, self._peers = sockets, list(peers)
-        #: held by the I/O thread for each turn, and by anyone reading or changing its state (re-entrant: a
-        #: transfer's callbacks run holding it and may detach a send, :meth:`DlcpTransfer.detach`)
-        self.lock = threading.RLock()
+        #: held by the I/O thread for each turn (a transfer it ends calls back holding it), and by anyone reading
+        #: or changing its state
+        self.lock = threading.Lock()
         self._closing = False
         self._posted: deque[SendSlot | RecvSlot] = deque()  # posts the I/O thread has not registered yet
         # (is a receive, peer, key) of every transfer posted and not finished: a second post of one is refused
@@ -139,6 +139,10 @@ class Engine:
                 self._fail_posted("the link is closed")
             return
         self._wake()
+
+    def on_io_thread(self) -> bool:
+        """The caller is the I/O thread."""
+        return threading.current_thread() is self._io_thread
 
     def release(self, slot: SendSlot | RecvSlot) -> None:
         """``slot``'s transfer finished: its key may be posted again."""

@@ -139,16 +139,22 @@ class DlcpTransfer:
         ``fn`` runs holding the link's lock when the I/O thread ends the transfer; it may post, and detach."""
         return self._done.then(fn)
 
-    def detach(self) -> None:
+    def detach(self) -> bool:
         """A send reads a copy of its data from now on: its caller may change the tensor (the send goes on until
-        its receiver says STOP, re-sending what was lost from the copy). Nothing for a receive or an ended send.
-        :class:`~commsched.transport.exchange_tasks.Chained` ends a task so, without waiting a round trip for
-        the STOPs of its last sends."""
+        its receiver says STOP, re-sending what was lost from the copy); True. Nothing for a receive or an ended
+        send (True). :class:`~commsched.transport.exchange_tasks.Chained` ends a task so, without waiting a
+        round trip for the STOPs of its last sends.
+
+        Only the link's I/O thread detaches (it holds the link's lock whenever it ends a transfer, so its
+        callbacks may); anywhere else this returns False and changes nothing: taking the lock there could wait
+        on an I/O thread that waits, in a callback, for a lock the caller holds."""
         slot = self.slot
-        if isinstance(slot, SendSlot) and not self._done.is_set():
-            with self._link._engine.lock:  # the I/O thread reads the view only holding it (re-entrant)
-                if not self._done.is_set():
-                    slot.view = memoryview(bytes(slot.view))
+        if not isinstance(slot, SendSlot) or self._done.is_set():
+            return True
+        if not self._link._engine.on_io_thread():
+            return False
+        slot.view = memoryview(bytes(slot.view))
+        return True
 
     def wait(self, timeout_s: float | None = None) -> Received:
         if not self._done.wait(timeout_s):
