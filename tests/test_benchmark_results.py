@@ -358,6 +358,19 @@ def test_the_dlcp_training_checks_with_pushes_first_are_recomputed_from_their_ru
         assert line in DOCUMENT, line
 
 
+@pytest.mark.parametrize("run", ["before", "queue", "lossless", "loss1"])
+def test_the_dlcp_training_checks_with_a_short_host_queue_are_recomputed_from_their_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], run: str
+) -> None:
+    """BENCHMARKS.md, "In training" under "DLCP keeps its own queue short": the training lines and CPU rows."""
+    path = ROOT / "benchmarks" / "results" / "dlcp-host-queue-train" / f"{run}.json"
+    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT))])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
+    assert len(lines) == 7  # ps, dlcp, default DDP and four ratios
+    for line in [*lines, script_loader("benchmarks/dlcp_cpu_ab.py").row(path)]:
+        assert line in DOCUMENT, line
+
+
 @pytest.mark.parametrize(
     ("run", "configurations"),
     [

@@ -66,8 +66,7 @@ SENDS_PER_TURN = 256
 HOST_QUEUE_BURSTS = 2
 #: How soon the I/O loop looks again at a full host queue: when half of it will have left at the rate the peers
 #: have been receiving (so that a burst's worth is still queued when the loop wakes), within these bounds; the
-#: least when no rate is known yet. Polling every 0.2 ms instead cost the testbed's ranks about 120 turns of the
-#: loop per 75 ms exchange.
+#: least when no rate is known yet (datagrams arriving wake it sooner).
 HOST_QUEUE_POLL_S = (0.0002, 0.001)
 #: Bytes a datagram adds to its payload: DLCP's header and MAC (IP and UDP come on top).
 FRAMING_BYTES = HEADER.size + MAC_BYTES
@@ -172,14 +171,15 @@ class Outbound:
                 pending.setdefault(send.peer, []).append(send)
         budget = SENDS_PER_TURN
         # bytes this host's queue may still take, over every path (module docstring, "This host's queue")
-        limit = self.host_queue_limit * len(self._paths)
-        room = limit - sum(udp.queued_bytes(sock) for sock in self._paths)
+        queue_limit = self.host_queue_limit * len(self._paths)
+        room = queue_limit - sum(udp.queued_bytes(sock) for sock in self._paths)
         self.host_queue_wait_s = 0.0
         if pending and room <= 0:
             self.stats.host_queue_full += 1
             leaving = sum(rate.delivery_bytes_per_s for rate in self.rates)
             least, most = HOST_QUEUE_POLL_S
-            self.host_queue_wait_s = least if leaving <= 0 else min(most, max(least, (limit / 2 - room) / leaving))
+            half_s = (queue_limit / 2 - room) / leaving if leaving > 0 else least
+            self.host_queue_wait_s = min(most, max(least, half_s))
         while pending and budget > 0 and room > 0:
             for peer in list(pending):
                 slots = pending[peer]
