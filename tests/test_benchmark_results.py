@@ -345,25 +345,19 @@ def test_the_dlcp_training_check_after_the_sends_behind_their_phase_is_recompute
         assert line in DOCUMENT, line
 
 
-@pytest.mark.parametrize("run", ["phase-first", "step-first", "loss1"])
-def test_the_dlcp_training_checks_with_pushes_first_are_recomputed_from_their_runs(
-    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], run: str
+@pytest.mark.parametrize(
+    ("folder", "run"),
+    [
+        *(("dlcp-push-first-train", run) for run in ("phase-first", "step-first", "loss1")),
+        *(("dlcp-host-queue-train", run) for run in ("before", "queue", "lossless", "loss1")),
+    ],
+)
+def test_the_dlcp_training_checks_of_single_runs_are_recomputed_from_them(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], folder: str, run: str
 ) -> None:
-    """BENCHMARKS.md, "DLCP in training with pushes first": the training lines and the CPU row of each run."""
-    path = ROOT / "benchmarks" / "results" / "dlcp-push-first-train" / f"{run}.json"
-    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT))])
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
-    assert len(lines) == 7  # ps, dlcp, default DDP and four ratios
-    for line in [*lines, script_loader("benchmarks/dlcp_cpu_ab.py").row(path)]:
-        assert line in DOCUMENT, line
-
-
-@pytest.mark.parametrize("run", ["before", "queue", "lossless", "loss1"])
-def test_the_dlcp_training_checks_with_a_short_host_queue_are_recomputed_from_their_runs(
-    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], run: str
-) -> None:
-    """BENCHMARKS.md, "In training" under "DLCP keeps its own queue short": the training lines and CPU rows."""
-    path = ROOT / "benchmarks" / "results" / "dlcp-host-queue-train" / f"{run}.json"
+    """BENCHMARKS.md, "DLCP in training with pushes first" and "In training" under "DLCP keeps its own queue
+    short": the training lines and the CPU row of each run."""
+    path = ROOT / "benchmarks" / "results" / folder / f"{run}.json"
     script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT))])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
     assert len(lines) == 7  # ps, dlcp, default DDP and four ratios
