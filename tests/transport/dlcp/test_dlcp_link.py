@@ -228,7 +228,7 @@ def test_a_push_goes_before_a_pull_whatever_their_classes_and_no_send_before_an_
         sent = [data(50_000, seed=i) for i in range(len(posts))]
         outs = [torch.full_like(x, float("nan")) for x in sent]
         recvs = [b.recv(0, key, out) for (key, _), out in zip(posts, outs, strict=True)]
-        with a._engine.lock:  # every post waits for the I/O thread's next turn
+        with a._engine._lock:  # every post waits for the I/O thread's next turn
             sends = [a.send(1, key, x, priority=prio) for (key, prio), x in zip(posts, sent, strict=True)]
         for recv, send in zip(recvs, sends, strict=True):
             assert recv.wait(10.0).lost == 0
@@ -329,7 +329,7 @@ def test_a_receiver_stall_longer_than_its_buffer_costs_no_loss_the_window_holds_
         recv = b.recv(0, K(0, 0, 0), out)
         send = a.send(1, K(0, 0, 0), sent)
         time.sleep(0.05)
-        with b._engine.lock:  # the receiver's I/O thread stalls (as in a long GC pause)
+        with b._engine._lock:  # the receiver's I/O thread stalls (as in a long GC pause)
             time.sleep(0.3)
         assert recv.wait(20.0).lost == 0 and torch.equal(out, sent)
         send.wait(20.0)
@@ -474,7 +474,7 @@ class _HeldIoThread:
 
     def __init__(self, link: DlcpLink) -> None:
         self._held, self._release, self._seen = threading.Event(), threading.Event(), list[bool]()
-        self._thread = threading.Thread(target=self._hold, args=(link._engine.lock,))
+        self._thread = threading.Thread(target=self._hold, args=(link._engine._lock,))
         self._thread.start()
         assert self._held.wait(5.0)
 
@@ -592,7 +592,7 @@ def test_a_detached_send_goes_on_from_a_copy_while_its_caller_changes_the_tensor
             detached.append(send.detach())
             sent.fill_(float("nan"))  # the caller's tensor changes at once
 
-        with a._engine.lock:  # a's I/O thread waits: the detach comes before most of the send
+        with a._engine._lock:  # a's I/O thread waits: the detach comes before most of the send
             send = a.send(1, K(0, 0, 0), sent)
             assert not send.detach()  # not the I/O thread: cannot detach (it might wait on this thread's locks)
             signal = a.recv(1, K(0, 1, 0), torch.empty(4))

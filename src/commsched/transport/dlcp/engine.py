@@ -88,9 +88,7 @@ class Engine:
         self.rank, self.world, self.stats, self.timeout_s = rank, world, stats, timeout_s
         self.codec = Codec(key, world)
         self._sockets, self._peers = sockets, list(peers)
-        #: held by the I/O thread for each turn (a transfer it ends calls back holding it), and by anyone reading
-        #: or changing its state
-        self.lock = threading.Lock()
+        self._lock = threading.Lock()  # held by the I/O thread for each turn: a transfer it ends calls back holding it
         self._closing = False
         self._posted: deque[SendSlot | RecvSlot] = deque()  # posts the I/O thread has not registered yet
         # (is a receive, peer, key) of every transfer posted and not finished: a second post of one is refused
@@ -135,7 +133,7 @@ class Engine:
             self._claimed.add(claim)
         self._posted.append(slot)
         if self._closing:  # close() may have failed what was queued before this post: fail it here
-            with self.lock:
+            with self._lock:
                 self._fail_posted("the link is closed")
             return
         self._wake()
@@ -154,7 +152,7 @@ class Engine:
 
         A transfer still queued is registered first, so that it ends as any other: a receive's STOP ends the
         peer's send, and its key counts as used."""
-        with self.lock:
+        with self._lock:
             if self._posted and not self._closing:
                 self._register_posted(time.monotonic())
             if isinstance(slot, RecvSlot):
@@ -165,12 +163,12 @@ class Engine:
                 slot.transfer.finish(error="cancelled")
 
     def close(self, timeout_s: float) -> None:
-        with self.lock:
+        with self._lock:
             self._closing = True
         self._wake()
         if self._io_thread is not threading.current_thread():
             self._io_thread.join(timeout_s)
-        with self.lock:
+        with self._lock:
             self._fail_all("the link was closed")
             self._close_sockets()
 
@@ -219,7 +217,7 @@ class Engine:
         try:
             while not self._closing:
                 events = self._wait(self._sleep_s(time.monotonic()))
-                with self.lock:
+                with self._lock:
                     if self._closing:
                         return  # not break: mypyc cannot compile a break out of a with block
                     now = time.monotonic()
@@ -240,7 +238,7 @@ class Engine:
                     outbound.send(now)
         except Exception as exc:  # a bug must not leave waiters hanging until their timeouts
             log.exception("dlcp: the I/O thread of rank %d failed", self.rank)
-            with self.lock:
+            with self._lock:
                 self._fail_all(f"the link's I/O thread failed: {exc!r}")
 
     def _wait(self, timeout_s: float) -> list[tuple[selectors.SelectorKey, int]]:
@@ -249,8 +247,8 @@ class Engine:
         epoll counts whole milliseconds and Python rounds a shorter timeout up
         to one, so a pacer that lets the next datagrams go in 40 µs would wait a
         millisecond, and a burst of 4 datagrams of 9000 bytes per millisecond
-        is 288 Mbit/s: below a 300 Mbit/s link (BENCHMARKS.md, "DLCP's pacer
-        waits less than a millisecond"). Such a wait polls, sleeps (the
+        is 288 Mbit/s: below a 300 Mbit/s link (BENCHMARKS.md, "DLCP keeps its
+        own queue short"). Such a wait polls, sleeps (the
         kernel's timer slack, about 50 µs, is its least), and polls again; what
         arrives meanwhile waits in the socket's buffer for at most that long.
         """
@@ -263,7 +261,7 @@ class Engine:
         return self._sel.select(timeout_s)
 
     def _sleep_s(self, now: float) -> float:
-        with self.lock:
+        with self._lock:
             if self._posted:
                 return 0.0
             if not self.outbound.sends and not self.inbound.recvs:

@@ -170,11 +170,13 @@ class Outbound:
             if send.state.pending:
                 pending.setdefault(send.peer, []).append(send)
         budget = SENDS_PER_TURN
+        self.host_queue_wait_s = 0.0
+        if not pending:  # nothing to send: no system call to read the queue
+            return
         # bytes this host's queue may still take, over every path (module docstring, "This host's queue")
         queue_limit = self.host_queue_limit * len(self._paths)
         room = queue_limit - sum(udp.queued_bytes(sock) for sock in self._paths)
-        self.host_queue_wait_s = 0.0
-        if pending and room <= 0:
+        if room <= 0:
             self.stats.host_queue_full += 1
             leaving = sum(rate.delivery_bytes_per_s for rate in self.rates)
             least, most = HOST_QUEUE_POLL_S

@@ -147,9 +147,9 @@ class DatagramReader:
 
 
 def queued_bytes(sock: socket.socket) -> int:
-    """Bytes of ``sock``'s datagrams this host still holds (``SIOCOUTQ``: sent, not yet handed to the device or
-    the peer of a veth): its own queue in the qdisc, as TCP Small Queues reads it; 0 where the kernel will not say.
-    """
+    """Bytes of ``sock``'s datagrams this host still holds (``SIOCOUTQ``: sent and not yet released, so in its
+    qdisc or device queue; over a veth until the peer namespace's IP layer takes them), the queue TCP Small Queues
+    limits for TCP; 0 where the kernel will not say."""
     try:
         return int(_INT.unpack(fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, bytes(_INT.size)))[0])
     except OSError:
