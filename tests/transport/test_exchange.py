@@ -82,6 +82,9 @@ class FakeNetwork:
         #: sends are :class:`DetachableTransfer`; ``refuse``: whose ``detach`` says it cannot now
         self.detachable = False
         self.refuse = False
+        #: per transfer ``(src, dst, key)``: the loss bound its send was given and its receive's
+        self.send_bounds: dict[tuple[int, int, TransferKey], float | None] = {}
+        self.recv_bounds: dict[tuple[int, int, TransferKey], float] = {}
         self.links = [FakeLink(self, r) for r in range(world)]
 
     def deliver(self, where: tuple[int, int, TransferKey], data: torch.Tensor) -> None:
@@ -114,7 +117,10 @@ class FakeLink:
     def __init__(self, net: FakeNetwork, rank: int) -> None:
         self.net, self.rank, self.world = net, rank, net.world
 
-    def send(self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0) -> FakeTransfer:
+    def send(
+        self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0, loss_bound: float | None = None
+    ) -> FakeTransfer:
+        self.net.send_bounds[(self.rank, peer, key)] = loss_bound
         copy = data.clone()  # what the wire carries: read at send time
         delay = self.net.rng.uniform(0, self.net.max_delay_s)
         timer = threading.Timer(delay, self.net.deliver, args=((self.rank, peer, key), copy))
@@ -128,6 +134,7 @@ class FakeLink:
         return t
 
     def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> FakeTransfer:
+        self.net.recv_bounds[(peer, self.rank, key)] = loss_bound
         t = FakeTransfer()
         self.net.post((peer, self.rank, key), out, t)
         return t
@@ -335,6 +342,28 @@ def test_a_lost_pull_range_keeps_the_previous_sum_of_the_task() -> None:
     assert torch.equal(flats[0], torch.tensor([30.0, 30, 30, 30, 3, 3]))
     assert torch.equal(flats[1], torch.full((n,), 30.0))
     assert xs[0].losses[(1, PULL)].lost_numel == 2 and xs[0].losses[(1, PULL)].step == 1
+
+
+@pytest.mark.parametrize("pull_loss_bound", [0.0, 0.2])
+def test_every_send_is_told_the_loss_bound_of_its_receive(pull_loss_bound: float) -> None:
+    """A link marks what may be dropped first only where the receive may lose some (DLCP: a reliable pull's
+    packets are all important); the exchange tells each send its receive's bound."""
+    world, n = 3, 9
+    net = FakeNetwork(world)
+    xs = exchanges(net, pull_loss_bound=pull_loss_bound)
+    flats = [torch.full((n,), float(r)) for r in range(world)]
+    push_pull(xs, task(0, "push", n, loss_bound=0.05), task(1, "pull", n, deps=(0,)), flats)
+    handles = [x.start(task(2, "all_reduce", n, loss_bound=0.1), TaskBuffer(f)) for x, f in zip(xs, flats, strict=True)]
+    for h in handles:
+        h.wait(TIMEOUT_S)
+    assert len(net.send_bounds) == 4 * world * (world - 1)  # two tasks of two phases, every ordered pair
+    assert net.send_bounds == net.recv_bounds
+    assert {(k.task, k.phase, b) for (_, _, k), b in net.send_bounds.items()} == {
+        (0, PUSH, 0.05),
+        (1, PULL, pull_loss_bound),
+        (2, PUSH, 0.1),
+        (2, PULL, pull_loss_bound),
+    }
 
 
 def test_a_pull_tasks_own_bound_allows_loss_and_stale_fill_starts_from_zeros() -> None:

@@ -244,7 +244,7 @@ class PsExchange:
         key = TransferKey(step, task.id, PUSH)
         lo, hi = server.slices[self.rank]
         sends = [
-            self.link.send(q, key, flat[a:b], priority=task.priority)
+            self.link.send(q, key, flat[a:b], priority=task.priority, loss_bound=task.loss_bound)
             for q, (a, b) in enumerate(server.slices)
             if q != self.rank and b > a
         ]
@@ -262,11 +262,12 @@ class PsExchange:
         own = flat[lo:hi]
         if own.data_ptr() != source.data_ptr():
             own.copy_(source)
-        sends = [self.link.send(q, key, own, priority=task.priority) for q in server.inbox if hi > lo]
+        bound = self._pull_bound(task)
+        sends = [self.link.send(q, key, own, priority=task.priority, loss_bound=bound) for q in server.inbox if hi > lo]
         recvs = []
         for q, (a, b) in enumerate(server.slices):
             if q != self.rank and b > a:
-                recvs.append((q, self.link.recv(q, key, flat[a:b], loss_bound=self._pull_bound(task)), a, flat[a:b]))
+                recvs.append((q, self.link.recv(q, key, flat[a:b], loss_bound=bound), a, flat[a:b]))
         return Posted(key, sends, recvs)
 
     # ---- finishing (in the link's thread that ended a phase's last receive) ----

@@ -69,13 +69,16 @@ class Link(Protocol):
     receive have the same number of elements and dtype. ``priority``: the
     layer class of the data (0 = the layer nearest the input, most urgent).
     ``loss_bound``: the largest fraction of the elements the receive may give
-    up on (the receiver decides; 0 = every element arrives).
+    up on (the receiver decides; 0 = every element arrives); a sender that knows its receive's bound may say
+    so (``send(..., loss_bound=...)``; None: not known), for a link that marks what may be dropped first.
     """
 
     rank: int
     world: int
 
-    def send(self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0) -> Transfer: ...
+    def send(
+        self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0, loss_bound: float | None = None
+    ) -> Transfer: ...
 
     def recv(self, peer: int, key: TransferKey, out: torch.Tensor, *, loss_bound: float = 0.0) -> Transfer: ...
 

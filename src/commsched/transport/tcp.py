@@ -130,8 +130,11 @@ class TcpLink:
 
     # ---- the Link protocol ----
 
-    def send(self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0) -> TcpTransfer:
-        """Queue ``data`` for ``peer``; the transfer completes once its bytes are handed to the socket."""
+    def send(
+        self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0, loss_bound: float | None = None
+    ) -> TcpTransfer:
+        """Queue ``data`` for ``peer``; the transfer completes once its bytes are handed to the socket (every
+        byte arrives: ``loss_bound`` changes nothing)."""
         t = TcpTransfer(f"rank {self.rank}: send of {key} to rank {peer}", self.timeout_s)
         self._check(peer, data, t.describe)
         header = HEADER.pack(MAGIC, data.numel() * data.element_size(), *key, CODES[data.dtype], data.numel())

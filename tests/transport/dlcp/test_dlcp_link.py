@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from _data_path import patches_data_path
@@ -529,19 +530,26 @@ def test_chunk_norms_match_the_norms_of_the_zero_padded_chunks(numel: int) -> No
                           torch.linalg.vector_norm(padded.half().float(), dim=1), rtol=1e-3)  # fmt: skip
 
 
-def test_front_layer_sends_and_quantile_zero_skip_the_norms_every_packet_important(
+def test_front_layer_sends_lossless_receives_and_quantile_zero_skip_the_norms_every_packet_important(
     links: list[DlcpLink], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen: list[int] = []
-    monkeypatch.setattr("commsched.transport.dlcp.link._chunk_norms", lambda t, s: seen.append(t.numel()) or
-                        _chunk_norms(t, s))  # fmt: skip
-    for priority, key in ((0, 0), (3, 1)):
+    seen: list[tuple[int, str]] = []
+
+    def norms(t: torch.Tensor, stride: int) -> np.ndarray:
+        seen.append((t.numel(), threading.current_thread().name))
+        return _chunk_norms(t, stride)
+
+    monkeypatch.setattr("commsched.transport.dlcp.link._chunk_norms", norms)
+    for priority, key, bound in ((0, 0, None), (3, 1, None), (3, 2, 0.0), (3, 3, 0.5)):
         out = torch.empty(5000)
-        recv = links[1].recv(0, K(0, key, 0), out)
-        send = links[0].send(1, K(0, key, 0), data(5000), priority=priority)
+        recv = links[1].recv(0, K(0, key, 0), out, loss_bound=bound or 0.0)
+        send = links[0].send(1, K(0, key, 0), data(5000), priority=priority, loss_bound=bound)
         assert recv.wait(5.0).lost == 0
         send.wait(5.0)
-    assert seen == [5000]  # only the back layer's send classified its chunks
+    # only the back layer's sends to a receive that may lose some classified their chunks, on the I/O thread:
+    # posting a send costs the caller no pass over its data
+    assert seen == [(5000, "dlcp-io-0")] * 2
+    assert links[1].stats.ecn_capable < links[1].stats.written  # their unimportant packets: not ECN-capable
     every = pair(timeout_s=10.0, quantile=0.0)
     try:
         recv = every[1].recv(0, K(0, 0, 0), torch.empty(5000))
@@ -550,7 +558,25 @@ def test_front_layer_sends_and_quantile_zero_skip_the_norms_every_packet_importa
     finally:
         for link in every:
             link.close()
-    assert seen == [5000]  # quantile 0: every packet important, no norms either
+    assert len(seen) == 2  # quantile 0: every packet important, no norms either
+
+
+def test_a_lossless_receives_packets_all_arrive_ecn_capable() -> None:
+    """A receive that takes every packet has none to be dropped first: its sender marks them all important
+    (ECN-capable, first served), as the packet-level simulator does."""
+    a, b = pair(timeout_s=10.0, quantile=0.75)
+    try:
+        stride = packet_numel(1500, 4)
+        small = torch.rand(30 * stride, generator=torch.Generator().manual_seed(1)) * 1e-3
+        sent = torch.cat([small, torch.full((10 * stride,), 5.0)])
+        out = torch.empty_like(sent)
+        recv = b.recv(0, K(0, 0, 0), out)
+        a.send(1, K(0, 0, 0), sent, priority=3, loss_bound=0.0).wait(5.0)
+        assert recv.wait(5.0).lost == 0 and torch.equal(out, sent)
+        assert (b.stats.written, b.stats.ecn_capable) == (40, 40)
+    finally:
+        a.close()
+        b.close()
 
 
 def test_small_datagrams_are_warned_about_once_per_process(

@@ -184,8 +184,13 @@ class Engine:
             if slot.transfer is not None:
                 slot.transfer.finish(error=error)
 
-    def _register_posted(self, now: float) -> None:
-        """Register the transfers posted since the last turn (under the lock), but none finished meanwhile."""
+    def _register_posted(self, now: float, send_first: bool = False) -> None:
+        """Register the transfers posted since the last turn (under the lock), but none finished meanwhile.
+
+        ``send_first`` (the I/O thread's turn): the new sends' first datagrams go before the new receives replay
+        what arrived for them early (a rank that starts its exchange after its peer's datagrams came had 0.7 ms
+        of them to replay before its first datagram left, in the tails harness at 1 % loss)."""
+        recvs: list[RecvSlot] = []
         while self._posted:
             slot = self._posted.popleft()
             if slot.transfer is not None and slot.transfer.is_completed():
@@ -193,7 +198,11 @@ class Engine:
             if isinstance(slot, SendSlot):
                 self.outbound.post(slot, now)
             else:
-                self.inbound.post(slot, now)
+                recvs.append(slot)
+        if send_first and recvs and self.outbound.sends:
+            self.outbound.send(now)
+        for slot in recvs:
+            self.inbound.post(slot, now)
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
@@ -225,7 +234,7 @@ class Engine:
                     if not events:
                         stats.idle_turns += 1
                     if self._posted:
-                        self._register_posted(now)
+                        self._register_posted(now, send_first=True)
                     inbound.backlog = False
                     for key, _mask in sorted(events, key=lambda e: not isinstance(e[0].data, tuple)):  # data first
                         self._on_event(key, now)

@@ -202,6 +202,7 @@ class Outbound:
 
     def _send_some(self, slot: SendSlot, rate: RateControl, now: float, limit: int) -> int:
         """Take up to ``limit`` packets of ``slot`` as the pacer allows, number them, send them; how many taken."""
+        slot.classify()  # before its first packet, if left to this thread (DlcpLink.send)
         state, stats, drop = slot.state, self.stats, self._drop
         itemsize = slot.itemsize
         numbered: list[tuple[int, Data]] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -107,11 +108,12 @@ class LinkStats:
 
 
 class SendSlot:
-    __slots__ = ("deadline_s", "dtype", "importance", "itemsize", "key", "numel", "peer", "prio", "state", "stride",
-                 "transfer", "view")  # fmt: skip
+    __slots__ = ("_importance_of", "deadline_s", "dtype", "importance", "itemsize", "key", "numel", "peer", "prio",
+                 "state", "stride", "transfer", "view")  # fmt: skip
 
     def __init__(self, peer: int, key: TransferKey, view: memoryview, numel: int, itemsize: int, dtype: int,
-                 stride: int, prio: int, importance: np.ndarray | None) -> None:  # fmt: skip
+                 stride: int, prio: int, importance: np.ndarray | None,
+                 importance_of: Callable[[], np.ndarray] | None = None) -> None:  # fmt: skip
         self.peer, self.key, self.view, self.numel, self.itemsize = peer, key, view, numel, itemsize
         self.dtype, self.stride, self.prio, self.importance = dtype, stride, min(max(prio, 0), 255), importance
         # PROBE the state machine's 2 ms after the last datagram, not the packet-level simulator's
@@ -119,8 +121,18 @@ class SendSlot:
         # (inbound.PROBE_HOLD_S), so an early one re-sends nothing for nothing, and a reliable pull's lost datagram
         # is asked for sooner (BENCHMARKS.md, "DLCP's tails again": the two delays measured alike)
         self.state = SenderState(numel, stride, importance)
+        #: classifies the packets when called: left to the I/O thread, which calls it before the first packet goes
+        self._importance_of = importance_of
         self.deadline_s = 0.0
         self.transfer: DlcpTransfer | None = None
+
+    def classify(self) -> None:
+        """Order the packets by importance, if that was left until now (:meth:`DlcpLink.send
+        <commsched.transport.dlcp.link.DlcpLink.send>`); only before the first packet went."""
+        importance_of, self._importance_of = self._importance_of, None
+        if importance_of is not None and self.state.sent == 0 and not self.state.done:
+            self.importance = importance_of()
+            self.state = SenderState(self.numel, self.stride, self.importance)
 
     def describe(self) -> str:
         return f"send of {self.numel} elements to rank {self.peer}, {self.key}"
