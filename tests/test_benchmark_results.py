@@ -351,8 +351,10 @@ def test_the_dlcp_training_check_after_the_sends_behind_their_phase_is_recompute
     [
         *(("dlcp-push-first-train", run) for run in ("phase-first", "step-first", "loss1")),
         *(("dlcp-host-queue-train", run) for run in ("before", "queue", "lossless", "loss1")),
-        *(("dlcp-post-train", run) for run in ("base-lossless", "dev-lossless", "base-loss1", "dev-loss1",
-                                                "dev-loss1-2", "base-loss1-2")),
+        *(
+            ("dlcp-post-train", run)
+            for run in ("base-lossless", "dev-lossless", "base-loss1", "dev-loss1", "dev-loss1-2", "base-loss1-2")
+        ),
     ],
 )
 def test_the_dlcp_training_checks_of_single_runs_are_recomputed_from_them(
