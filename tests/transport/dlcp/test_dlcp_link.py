@@ -561,6 +561,12 @@ def test_front_layer_sends_lossless_receives_and_quantile_zero_skip_the_norms_ev
     assert len(seen) == 2  # quantile 0: every packet important, no norms either
 
 
+@pytest.mark.parametrize("bound", [-0.1, 1.5, float("nan")])
+def test_a_send_refuses_a_loss_bound_out_of_range_at_once(links: list[DlcpLink], bound: float) -> None:
+    with pytest.raises(ValueError, match="send loss_bound must be in"):
+        links[0].send(1, K(0, 0, 0), data(100), priority=3, loss_bound=bound)
+
+
 def test_a_lossless_receives_packets_all_arrive_ecn_capable() -> None:
     """A receive that takes every packet has none to be dropped first: its sender marks them all important
     (ECN-capable, first served), as the packet-level simulator does."""

@@ -286,6 +286,8 @@ class DlcpLink:
         classified while they go (in the tails harness posting an exchange's three sends took the caller
         1.0-1.4 ms of CPU, half of it classifying, and no datagram left before it was done)."""
         dtype, itemsize = self._check(peer, data, "send")
+        if loss_bound is not None and not 0.0 <= loss_bound <= 1.0:
+            raise ValueError(f"dlcp: send loss_bound must be in [0, 1] or None, got {loss_bound!r}")
         stride = packet_numel(self.mtu_bytes, itemsize, self._ip_udp_bytes)
         importance_of = None  # every packet important: the front layer classes, a quantile of 0, a lossless receive
         if (data.is_floating_point() and data.numel() and priority >= self.important_layer_classes and self.quantile
