@@ -188,7 +188,7 @@ class Engine:
         """Register the transfers posted since the last turn (under the lock), but none finished meanwhile.
 
         ``send_first`` (the I/O thread's turn): the new sends' first datagrams go before the new receives replay
-        what arrived for them early (a rank that starts its exchange after its peer's datagrams came had 0.7 ms
+        what arrived for them early (a rank that starts its exchange after its peer's datagrams came had up to 0.7 ms
         of them to replay before its first datagram left, in the tails harness at 1 % loss)."""
         recvs: list[RecvSlot] = []
         while self._posted:
