@@ -354,7 +354,16 @@ def test_the_dlcp_training_check_after_the_sends_behind_their_phase_is_recompute
         *(("dlcp-host-queue-train", run) for run in ("before", "queue", "lossless", "loss1")),
         *(
             ("dlcp-post-train", run)
-            for run in ("base-lossless", "dev-lossless", "base-loss1", "dev-loss1", "dev-loss1-2", "base-loss1-2")
+            for run in (
+                "base-lossless",
+                "dev-lossless",
+                "base-loss1",
+                "dev-loss1",
+                "dev-loss1-2",
+                "base-loss1-2",
+                "base-lossless-2",
+                "dev-lossless-2",
+            )
         ),
     ],
 )
