@@ -276,30 +276,26 @@ class DlcpLink:
     def send(
         self, peer: int, key: TransferKey, data: torch.Tensor, *, priority: int = 0, loss_bound: float | None = None
     ) -> DlcpTransfer:
-        """Start sending ``data`` to ``peer``; the transfer completes when the receiver says STOP.
-
-        The packets are classified by importance (:func:`~commsched.transport.dlcp.protocol.classify`) unless
-        ``priority`` is a front layer class, the link's quantile is 0, or ``loss_bound`` (the receive's, where the
-        caller knows it) is 0: a receiver that takes every packet has none to be dropped first (the packet-level
-        simulator marks such a transfer so too). The I/O thread classifies, just before the first packet goes,
-        so that posting a send costs the caller no pass over its data and a send waiting behind others is
-        classified while they go (in the tails harness posting an exchange's three sends took the caller
-        1.0-1.4 ms of CPU, half of it classifying, and no datagram left before it was done)."""
+        """Start sending ``data`` to ``peer``; the transfer completes when the receiver says STOP. The packets are
+        classified by importance (:func:`~commsched.transport.dlcp.protocol.classify`) unless ``priority`` is a
+        front layer class, the link's quantile is 0, or ``loss_bound`` (the receive's, where the caller knows it)
+        is 0: a receiver that takes every packet has none to be dropped first (as in the packet simulator). The
+        I/O thread classifies just before the first packet goes: posting costs the caller no pass over its data
+        (docs/dlcp.md, "Posting a send costs the caller little")."""
         dtype, itemsize = self._check(peer, data, "send")
         if loss_bound is not None and not 0.0 <= loss_bound <= 1.0:
             raise ValueError(f"dlcp: send loss_bound must be in [0, 1] or None, got {loss_bound!r}")
         stride = packet_numel(self.mtu_bytes, itemsize, self._ip_udp_bytes)
-        importance_of = None  # every packet important: the front layer classes, a quantile of 0, a lossless receive
+        later = None  # every packet important; else the I/O thread classifies them
         if (data.is_floating_point() and data.numel() and priority >= self.important_layer_classes and self.quantile
                 and loss_bound != 0):  # fmt: skip
-            quantile, front = self.quantile, self.important_layer_classes
 
-            def importance_of() -> np.ndarray:
-                return classify(_chunk_norms(data, stride), priority, quantile, important_layer_classes=front)
+            def later() -> np.ndarray:
+                front = self.important_layer_classes
+                return classify(_chunk_norms(data, stride), priority, self.quantile, important_layer_classes=front)
 
         view = data.view(torch.uint8).numpy().data if data.numel() else memoryview(b"")
-        slot = SendSlot(peer, TransferKey(*key), view, data.numel(), itemsize, dtype, stride, priority, None,
-                        importance_of)  # fmt: skip
+        slot = SendSlot(peer, TransferKey(*key), view, data.numel(), itemsize, dtype, stride, priority, None, later)
         transfer = DlcpTransfer(self, slot)
         self._engine.post(slot, transfer)
         return transfer
