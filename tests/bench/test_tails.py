@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from commsched.bench.tails import Job, datapath_rate, round_times, summarise
+from commsched.bench.tails import Job, datapath_rate, round_times, summarise, wire_floor_ms
 from commsched.bench.tails_run import TailsConfig, partitions, plot, ratio, ratio_lines, run_tails, scenarios
 from commsched.testbed import netns_unavailable_reason, project_objects
 from commsched.testbed.switch import SwitchShape, switch_unavailable_reason
@@ -82,7 +82,38 @@ def test_ratios_are_baseline_over_method_against_the_targets() -> None:
     lines = ratio_lines(results)
     assert "loss     p99 ps1/dlcp_ps: 3.00x (target >= 1.50x: met)" in lines
     assert "loss     p50 ps1/dlcp_ps: 1.20x (target >= 1.20x: met)" in lines
+    assert "loss     p99 of ps1 over its lossless p99 (what the loss costs TCP): 5.45x" in lines
+    assert not any("of gloo over its lossless" in line for line in lines)  # gloo ran at loss only
     assert lines[-1].endswith("(what incast costs TCP): 5.00x")
+
+
+def test_the_wire_floor_is_the_busiest_link_directions_payload_less_the_shapers_burst() -> None:
+    g, rate = 3_000_000, 300 * 10**6  # 3 MB at 300 Mbit/s: 80 ms of wire
+    # one server's port: every sender's pull leaves it (2 x 3 MB), less 75 kB the bucket lets through at once
+    assert wire_floor_ms("ps1", 2, g, rate, 0.01, 75_000) == pytest.approx((6_000_000 - 75_000) * 8 / rate * 1e3)
+    assert wire_floor_ms("dlcp_ps", 4, g, rate, 0.01, 0) == pytest.approx(320.0)  # the pull is reliable
+    # an all-reduce's link: (n-1)/n of the gradient out in each phase; a bounded push may leave 1 % unsent
+    assert wire_floor_ms("gloo", 2, g, rate, 0.01, 0) == pytest.approx(80.0)
+    assert wire_floor_ms("ps", 4, g, rate, 0.01, 0) == pytest.approx(120.0)
+    assert wire_floor_ms("dlcp", 2, g, rate, 0.01, 0) == pytest.approx(80.0 * 1.99 / 2)
+    assert wire_floor_ms("gloo", 2, 1000, rate, 0.0, 75_000) == 0.0  # all of it within the burst
+
+
+def test_the_ceiling_of_a_target_is_the_baseline_over_the_methods_floor() -> None:
+    results = {
+        "lossless": {"methods": {"gloo": _result(100, 110), "dlcp": _result(101, 104) | {"floor_ms": 90.0}}},
+        "loss": {"methods": {"gloo": _result(103, 117), "dlcp": _result(104, 120) | {"floor_ms": 90.0}}},
+    }
+    lines = ratio_lines(results)
+    assert "loss     p99 gloo/dlcp: at most 1.30x at dlcp's floor of 90.0 ms a round (target reachable)" in lines
+    assert "loss     p50 gloo/dlcp: at most 1.14x at dlcp's floor of 90.0 ms a round (target reachable)" in lines
+    results["loss"]["methods"]["dlcp"]["floor_ms"] = 91.0  # 117 / 91 = 1.29 < 1.3
+    assert "loss     p99 gloo/dlcp: at most 1.29x at dlcp's floor of 91.0 ms a round (target out of reach)" in (
+        ratio_lines(results)
+    )
+    assert "loss     p50 of gloo over its lossless p50 (what the loss costs TCP): 1.03x" in lines
+    assert "loss     p99 of gloo over its lossless p99 (what the loss costs TCP): 1.06x" in lines
+    assert not any("ps1" in line for line in lines)  # ps1 not measured
 
 
 _REASON = netns_unavailable_reason()
@@ -103,6 +134,9 @@ def test_a_tiny_jumbo_frame_incast_of_dlcp_ps_measures_rounds_datagrams_and_the_
     report = run_tails(config, tmp_path, log=lambda message: None)
     entry = report["scenarios"]["incast"]["methods"]["dlcp_ps"]
     assert entry["round"]["rounds"] == 4 and entry["round"]["p50_ms"] >= 5.0  # at least the sleep
+    # the floor: the sleep and the server port's 2 x 0.125 MiB of pulls, less the bucket, no round below it
+    assert entry["floor_ms"] == pytest.approx(5.0 + wire_floor_ms("dlcp_ps", 2, 2**17, 300 * 10**6, 0.01, 74962))
+    assert entry["floor_ms"] > 5.0 and entry["round"]["p50_ms"] >= entry["floor_ms"]
     assert len(entry["ranks"]) == 3 and entry["ranks"][0]["server"]  # two senders and the server, rank 0
     assert entry["datapath"]["datagrams_per_cpu_s_median"] > 0
     # jumbo frames: the server wrote the pushes in datagrams of about 9000 bytes, not 1500

@@ -211,6 +211,23 @@ def summarise(values_ms: list[float]) -> dict[str, float]:
     return out | {"mean_ms": float(np.mean(values_ms)), "max_ms": float(np.max(values_ms)), "rounds": len(values_ms)}
 
 
+def wire_floor_ms(method: str, senders: int, gradient_bytes: int, rate_bps: int, loss_bound: float,
+                  burst_bytes: int) -> float:  # fmt: skip
+    """A lower bound on any exchange of ``method``'s pattern: the gradient bytes its busiest link direction must
+    carry, at ``rate_bps``, less the ``burst_bytes`` its shaper lets through at once after the sleep. One
+    server's port takes every sender's push and gives every sender its pull (``senders`` x the gradient each
+    way); an all-reduce's link (shards on every sender, or a ring) carries (n-1)/n of the gradient out in each
+    of two phases. A bounded push may leave ``loss_bound`` of its bytes unsent; headers, latency and CPU
+    are not counted, so no transport, schedule or partition size reaches it."""
+    n, g = senders, gradient_bytes
+    if METHODS[method].one_server:
+        carried = n * g  # the pulls, reliable, leave the server's port; the pushes come in, the same bytes
+    else:
+        push = (1 - loss_bound) if METHODS[method].bounded else 1.0
+        carried = round((n - 1) / n * g * (push + 1))
+    return max(0, carried - burst_bytes) * 8 / rate_bps * 1e3
+
+
 def datapath_rate(ranks: list[dict[str, Any]]) -> dict[str, float] | None:
     """DLCP datagrams each rank's process handled (sent + received) per CPU second it used over the timed
     rounds (median and max over ranks): the data path's packet rate per core. None for other methods."""

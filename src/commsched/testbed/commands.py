@@ -218,8 +218,13 @@ def create_commands(layout: Layout) -> list[list[str]]:
     return cmds
 
 
+def shaper_burst_bytes(rate_bps: int) -> int:
+    """The bytes a link's shaper (tbf, htb) lets through at once after an idle spell: its bucket."""
+    return max(TBF_MIN_BURST_BYTES, round(rate_bps / 8 * TBF_BURST_S))
+
+
 def tbf_args(rate_bps: int) -> list[str]:
-    burst = max(TBF_MIN_BURST_BYTES, round(rate_bps / 8 * TBF_BURST_S))
+    burst = shaper_burst_bytes(rate_bps)
     return ["tbf", "rate", f"{rate_bps}bit", "burst", str(burst), "latency", f"{TBF_LATENCY_MS}ms"]
 
 
@@ -242,7 +247,7 @@ def worker_shaping_commands(layout: Layout, rank: int, shape: LinkShape) -> list
         ns, dev = layout.worker_ns(r), layout.worker_dev(r, p)
         up = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
         if shape.needs_netem and shape.rate_bps is not None:
-            burst = str(max(TBF_MIN_BURST_BYTES, round(shape.rate_bps / 8 * TBF_BURST_S)))
+            burst = str(shaper_burst_bytes(shape.rate_bps))
             rate = f"{shape.rate_bps}bit"
             htb = ["rate", rate, "ceil", rate, "burst", burst, "cburst", burst]
             cmds += [
