@@ -135,7 +135,7 @@ def test_a_tiny_jumbo_frame_incast_of_dlcp_ps_measures_rounds_datagrams_and_the_
     entry = report["scenarios"]["incast"]["methods"]["dlcp_ps"]
     assert entry["round"]["rounds"] == 4 and entry["round"]["p50_ms"] >= 5.0  # at least the sleep
     # the floor: the sleep and the server port's 2 x 0.125 MiB of pulls, less the bucket, no round below it
-    assert entry["floor_ms"] == pytest.approx(5.0 + wire_floor_ms("dlcp_ps", 2, 2**17, 300 * 10**6, 0.01, 74962))
+    assert entry["floor_ms"] == pytest.approx(5.0 + wire_floor_ms("dlcp_ps", 2, 2**17, 300 * 10**6, 0.01, 75_000))
     assert entry["floor_ms"] > 5.0 and entry["round"]["p50_ms"] >= entry["floor_ms"]
     assert len(entry["ranks"]) == 3 and entry["ranks"][0]["server"]  # two senders and the server, rank 0
     assert entry["datapath"]["datagrams_per_cpu_s_median"] > 0
