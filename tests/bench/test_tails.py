@@ -88,15 +88,20 @@ def test_ratios_are_baseline_over_method_against_the_targets() -> None:
 
 
 def test_the_wire_floor_is_the_busiest_link_directions_payload_less_the_shapers_burst() -> None:
-    g, rate = 3_000_000, 300 * 10**6  # 3 MB at 300 Mbit/s: 80 ms of wire
-    # one server's port: every sender's pull leaves it (2 x 3 MB), less 75 kB the bucket lets through at once
-    assert wire_floor_ms("ps1", 2, g, rate, 0.01, 75_000) == pytest.approx((6_000_000 - 75_000) * 8 / rate * 1e3)
-    assert wire_floor_ms("dlcp_ps", 4, g, rate, 0.01, 0) == pytest.approx(320.0)  # the pull is reliable
+    parts, rate = (1_000_000, 1_500_000, 500_000), 300 * 10**6  # 3 MB at 300 Mbit/s: 80 ms of wire
+    ms = 8 / rate * 1e3  # per byte
     # an all-reduce's link: (n-1)/n of the gradient out in each phase; a bounded push may leave 1 % unsent
-    assert wire_floor_ms("gloo", 2, g, rate, 0.01, 0) == pytest.approx(80.0)
-    assert wire_floor_ms("ps", 4, g, rate, 0.01, 0) == pytest.approx(120.0)
-    assert wire_floor_ms("dlcp", 2, g, rate, 0.01, 0) == pytest.approx(80.0 * 1.99 / 2)
-    assert wire_floor_ms("gloo", 2, 1000, rate, 0.0, 75_000) == 0.0  # all of it within the burst
+    assert wire_floor_ms("gloo", 2, parts, rate, 0.01, 0) == pytest.approx(80.0)
+    assert wire_floor_ms("ps", 4, parts, rate, 0.01, 0) == pytest.approx(120.0)
+    assert wire_floor_ms("dlcp", 2, parts, rate, 0.01, 0) == pytest.approx(80.0 * 1.99 / 2)
+    assert wire_floor_ms("gloo", 2, parts, rate, 0.0, 75_000) == pytest.approx((3_000_000 - 75_000) * ms)
+    assert wire_floor_ms("gloo", 2, (1000,), rate, 0.0, 75_000) == 0.0  # all of it within the bucket
+    # one server: every push in (2 x 3 MB), then both pulls of the smallest partition (2 x 0.5 MB), less two buckets
+    assert wire_floor_ms("ps1", 2, parts, rate, 0.01, 75_000) == pytest.approx((7_000_000 - 150_000) * ms)
+    # a bounded push leaves 1 % unsent: 2 x 2.97 MB in, then 2 x 0.5 MB of pulls
+    assert wire_floor_ms("dlcp_ps", 2, parts, rate, 0.01, 0) == pytest.approx(6_940_000 * ms)
+    # ... unless the pulls alone take longer: a loose bound and a small last partition
+    assert wire_floor_ms("dlcp_ps", 2, (2_900_000, 100_000), rate, 0.6, 0) == pytest.approx(6_000_000 * ms)
 
 
 def test_the_ceiling_of_a_target_is_the_baseline_over_the_methods_floor() -> None:
@@ -135,7 +140,7 @@ def test_a_tiny_jumbo_frame_incast_of_dlcp_ps_measures_rounds_datagrams_and_the_
     entry = report["scenarios"]["incast"]["methods"]["dlcp_ps"]
     assert entry["round"]["rounds"] == 4 and entry["round"]["p50_ms"] >= 5.0  # at least the sleep
     # the floor: the sleep and the server port's 2 x 0.125 MiB of pulls, less the bucket, no round below it
-    assert entry["floor_ms"] == pytest.approx(5.0 + wire_floor_ms("dlcp_ps", 2, 2**17, 300 * 10**6, 0.01, 75_000))
+    assert entry["floor_ms"] == pytest.approx(5.0 + wire_floor_ms("dlcp_ps", 2, [2**17], 300 * 10**6, 0.01, 75_000))
     assert entry["floor_ms"] > 5.0 and entry["round"]["p50_ms"] >= entry["floor_ms"]
     assert len(entry["ranks"]) == 3 and entry["ranks"][0]["server"]  # two senders and the server, rank 0
     assert entry["datapath"]["datagrams_per_cpu_s_median"] > 0

@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -211,21 +212,25 @@ def summarise(values_ms: list[float]) -> dict[str, float]:
     return out | {"mean_ms": float(np.mean(values_ms)), "max_ms": float(np.max(values_ms)), "rounds": len(values_ms)}
 
 
-def wire_floor_ms(method: str, senders: int, gradient_bytes: int, rate_bps: int, loss_bound: float,
+def wire_floor_ms(method: str, senders: int, partition_bytes: Sequence[int], rate_bps: int, loss_bound: float,
                   burst_bytes: int) -> float:  # fmt: skip
-    """A lower bound on any exchange of ``method``'s pattern: the gradient bytes its busiest link direction must
-    carry, at ``rate_bps``, less the ``burst_bytes`` its shaper lets through at once after the sleep. One
-    server's port takes every sender's push and gives every sender its pull (``senders`` x the gradient each
-    way); an all-reduce's link (shards on every sender, or a ring) carries (n-1)/n of the gradient out in each
-    of two phases. A bounded push may leave ``loss_bound`` of its bytes unsent; headers, latency and CPU
-    are not counted, so no transport, schedule or partition size reaches it."""
-    n, g = senders, gradient_bytes
-    if METHODS[method].one_server:
-        carried = n * g  # the pulls, reliable, leave the server's port; the pushes come in, the same bytes
+    """A lower bound on any exchange of ``method``'s pattern: the bytes its busiest link direction must carry,
+    at ``rate_bps``, less what the shapers let through at once after the sleep (``burst_bytes`` a bucket).
+    Headers, latency and CPU are not counted; a bounded push may leave ``loss_bound`` of its bytes unsent.
+
+    * An all-reduce (shards on every sender, or a ring): each link carries (n-1)/n of the gradient out in
+      each of two phases.
+    * One server: its port gives every sender every pull (n x the gradient out), and the server sums a
+      partition once every push of it is in, so the pulls of the partition whose pushes end last follow
+      every push in (n x the gradient in): at least the smallest partition's pulls come after them.
+    """
+    n, g, b = senders, sum(partition_bytes), burst_bytes
+    push = (1 - loss_bound) if METHODS[method].bounded else 1.0
+    if not METHODS[method].one_server:
+        carried = (n - 1) / n * g * (push + 1) - b
     else:
-        push = (1 - loss_bound) if METHODS[method].bounded else 1.0
-        carried = round((n - 1) / n * g * (push + 1))
-    return max(0, carried - burst_bytes) * 8 / rate_bps * 1e3
+        carried = max(n * g - b, n * g * push + n * min(partition_bytes) - 2 * b)  # out; in, then the last pulls
+    return max(0.0, carried) * 8 / rate_bps * 1e3
 
 
 def datapath_rate(ranks: list[dict[str, Any]]) -> dict[str, float] | None:

@@ -318,7 +318,8 @@ def _run_method(
     times = round_times(ranks, job.warmup)
     summary = summarise(times["round_ms"])
     burst = shaper_burst_bytes(config.rate_bps)
-    wire = wire_floor_ms(job.method, config.senders, sum(job.partitions) * 4, config.rate_bps, job.loss_bound, burst)
+    parts = [4 * numel for numel in job.partitions]  # float32
+    wire = wire_floor_ms(job.method, config.senders, parts, config.rate_bps, job.loss_bound, burst)
     entry: dict[str, Any] = {
         "description": METHODS[job.method].description,
         "wall_s": time.monotonic() - started,
