@@ -138,8 +138,9 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
     ],
 )
 def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) -> None:
-    from commsched.bench.tails import round_times, summarise
+    from commsched.bench.tails import round_times, summarise, wire_floor_ms
     from commsched.bench.tails_run import ratio_lines
+    from commsched.testbed.commands import shaper_burst_bytes
 
     directory = ROOT / "benchmarks" / "results" / run
     report = json.loads((directory / "tails.json").read_text())
@@ -151,6 +152,11 @@ def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) 
             assert times["round_ms"] == pytest.approx(measured["round_ms"])
             assert summarise(times["round_ms"]) == pytest.approx(measured["round"])
             assert measured["round"]["rounds"] == report["meta"]["config"]["rounds"]
+            if "floor_ms" in measured:  # runs since the harness gave each method its floor
+                config, parts = report["meta"]["config"], [4 * n for n in report["meta"]["partitions_numel"]]
+                wire = wire_floor_ms(method, config["senders"], parts, config["rate_bps"], config["loss_bound"],
+                                     shaper_burst_bytes(config["rate_bps"]))  # fmt: skip
+                assert measured["floor_ms"] == pytest.approx(report["meta"]["compute_ms"] + wire)
     printed = (directory / "output.txt").read_text()
     for line in ratio_lines(report["scenarios"]):
         if "what the loss costs" in line and "what the loss costs" not in printed:

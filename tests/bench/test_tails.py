@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from commsched.bench.tails import Job, datapath_rate, round_times, summarise, wire_floor_ms
+from commsched.bench.tails import Job, datapath_rate, round_times, summarise, two_stage_makespan, wire_floor_ms
 from commsched.bench.tails_run import TailsConfig, partitions, plot, ratio, ratio_lines, run_tails, scenarios
 from commsched.testbed import netns_unavailable_reason, project_objects
 from commsched.testbed.switch import SwitchShape, switch_unavailable_reason
@@ -96,12 +97,28 @@ def test_the_wire_floor_is_the_busiest_link_directions_payload_less_the_shapers_
     assert wire_floor_ms("dlcp", 2, parts, rate, 0.01, 0) == pytest.approx(80.0 * 1.99 / 2)
     assert wire_floor_ms("gloo", 2, parts, rate, 0.0, 75_000) == pytest.approx((3_000_000 - 75_000) * ms)
     assert wire_floor_ms("gloo", 2, (1000,), rate, 0.0, 75_000) == 0.0  # all of it within the bucket
-    # one server: every push in (2 x 3 MB), then both pulls of the smallest partition (2 x 0.5 MB), less two buckets
-    assert wire_floor_ms("ps1", 2, parts, rate, 0.01, 75_000) == pytest.approx((7_000_000 - 150_000) * ms)
-    # a bounded push leaves 1 % unsent: 2 x 2.97 MB in, then 2 x 0.5 MB of pulls
-    assert wire_floor_ms("dlcp_ps", 2, parts, rate, 0.01, 0) == pytest.approx(6_940_000 * ms)
-    # ... unless the pulls alone take longer: a loose bound and a small last partition
-    assert wire_floor_ms("dlcp_ps", 2, (2_900_000, 100_000), rate, 0.6, 0) == pytest.approx(6_000_000 * ms)
+    # one server: the pulls of the partition pushed last follow every push in: 2 x (3 MB + the largest, 1.5 MB),
+    # less two buckets (in and out)
+    assert wire_floor_ms("ps1", 2, parts, rate, 0.01, 75_000) == pytest.approx((9_000_000 - 150_000) * ms)
+    # a bounded push leaves 1 % unsent: the smallest first, the largest's pulls after 2 x 2.97 MB in
+    assert wire_floor_ms("dlcp_ps", 2, parts, rate, 0.01, 0) == pytest.approx((5_940_000 + 3_000_000) * ms)
+
+
+def test_the_two_stage_makespan_is_johnsons_order_and_no_order_beats_it() -> None:
+    jobs = [(3.0, 6.0), (5.0, 2.0), (1.0, 2.0), (6.0, 6.0), (7.0, 5.0)]
+    best = two_stage_makespan(jobs)
+    assert best == pytest.approx(24.0)  # (1,2) (3,6) (6,6) (7,5) (5,2): the second machine idles 1 at the start
+
+    def makespan(order: tuple[tuple[float, float], ...]) -> float:
+        first = second = 0.0
+        for a, b in order:
+            first += a
+            second = max(second, first) + b
+        return second
+
+    assert min(makespan(order) for order in itertools.permutations(jobs)) == pytest.approx(best)
+    assert two_stage_makespan([(2.0, 2.0)] * 3) == pytest.approx(8.0)  # equal stages: the sum + the largest
+    assert two_stage_makespan([]) == 0.0
 
 
 def test_the_ceiling_of_a_target_is_the_baseline_over_the_methods_floor() -> None:

@@ -214,23 +214,37 @@ def summarise(values_ms: list[float]) -> dict[str, float]:
 
 def wire_floor_ms(method: str, senders: int, partition_bytes: Sequence[int], rate_bps: int, loss_bound: float,
                   burst_bytes: int) -> float:  # fmt: skip
-    """A lower bound on any exchange of ``method``'s pattern: the bytes its busiest link direction must carry,
-    at ``rate_bps``, less what the shapers let through at once after the sleep (``burst_bytes`` a bucket).
-    Headers, latency and CPU are not counted; a bounded push may leave ``loss_bound`` of its bytes unsent.
+    """A lower bound on any exchange of ``method``'s pattern over these partitions, at ``rate_bps``, less what the
+    shapers let through at once after the sleep (``burst_bytes`` a bucket). Headers, latency and CPU are not
+    counted; a bounded push may leave ``loss_bound`` of its bytes unsent.
 
     * An all-reduce (shards on every sender, or a ring): each link carries (n-1)/n of the gradient out in
       each of two phases.
-    * One server: its port gives every sender every pull (n x the gradient out), and the server sums a
-      partition once every push of it is in, so the pulls of the partition whose pushes end last follow
-      every push in (n x the gradient in): at least the smallest partition's pulls come after them.
+    * One server: its port takes in every sender's push of a partition before it can send the partition's
+      sum out to every sender: a two-stage flow shop (in, then out), whose shortest schedule over every order
+      of the partitions is Johnson's rule's (:func:`two_stage_makespan`). With pushes as large as pulls that
+      is n x (the gradient + its largest partition): no order hides the pulls of the partition pushed last.
     """
-    n, g, b = senders, sum(partition_bytes), burst_bytes
+    n, b = senders, burst_bytes
     push = (1 - loss_bound) if METHODS[method].bounded else 1.0
     if not METHODS[method].one_server:
-        carried = (n - 1) / n * g * (push + 1) - b
-    else:
-        carried = max(n * g - b, n * g * push + n * min(partition_bytes) - 2 * b)  # out; in, then the last pulls
+        carried = (n - 1) / n * sum(partition_bytes) * (push + 1) - b
+    else:  # a bucket on the way in and one on the way out
+        carried = two_stage_makespan([(n * x * push, n * x) for x in partition_bytes]) - 2 * b
     return max(0.0, carried) * 8 / rate_bps * 1e3
+
+
+def two_stage_makespan(jobs: Sequence[tuple[float, float]]) -> float:
+    """The least time to run ``jobs`` (first stage, second stage) through two machines, each job's second stage
+    after its first (Johnson, 1954: those shorter on the first machine first, by it ascending, then the rest by
+    their second stage descending). A few lines, so written here rather than taken from a scheduling library."""
+    early = sorted((j for j in jobs if j[0] <= j[1]), key=lambda j: j[0])
+    late = sorted((j for j in jobs if j[0] > j[1]), key=lambda j: -j[1])
+    first = second = 0.0
+    for a, b in early + late:
+        first += a
+        second = max(second, first) + b
+    return second
 
 
 def datapath_rate(ranks: list[dict[str, Any]]) -> dict[str, float] | None:
