@@ -40,3 +40,24 @@ def test_the_readme_simulated_table_is_what_the_code_gives() -> None:
 
 if __name__ == "__main__":  # prints the rows to paste into README.md
     print("\n".join(table_rows()))
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but hyphens and underscores dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_into_benchmarks_md_name_headings_that_exist() -> None:
+    root = README.parent
+    headings = (root / "BENCHMARKS.md").read_text().splitlines()
+    anchors = {_slug(line.lstrip("#")) for line in headings if re.match(r"#{1,6} ", line)}
+    assert _slug("`ps` with 1 MiB fusion: the target met, 2-3 % lost (2 workers)") == (
+        "ps-with-1-mib-fusion-the-target-met-2-3--lost-2-workers"
+    )
+    linked = [
+        (path.name, anchor)
+        for path in (README, *sorted((root / "docs").glob("*.md")))
+        for anchor in re.findall(r"BENCHMARKS\.md#([\w\-]+)", path.read_text())
+    ]
+    assert linked, "no links into BENCHMARKS.md found: the pattern is wrong"
+    assert [link for link in linked if link[1] not in anchors] == []
