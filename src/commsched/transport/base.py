@@ -64,6 +64,12 @@ class TransportOptions:
     into one system call with UDP GSO and GRO where the kernel supports them
     (:mod:`commsched.transport.dlcp.udp`); False: one datagram per call.
     TCP and gloo ignore both (they follow the links' MTU themselves).
+    ``freeze_gc``: a transport whose data path is a Python thread (the DLCP
+    link, the ``ps`` transport's TCP link) runs one full pass of the garbage
+    collector when it opens and keeps what is alive then out of later passes
+    (:func:`commsched._gc.freeze_long_lived`), so that a full pass over the
+    whole process (85 ms where torch is imported) no longer stalls its
+    transfers; False leaves the collector as it is.
     """
 
     bind: str | None = None
@@ -74,6 +80,7 @@ class TransportOptions:
     inject_seed: int = 0
     mtu_bytes: int = 1500
     udp_offload: bool = True
+    freeze_gc: bool = True
 
     def __post_init__(self) -> None:
         check_probability("TransportOptions.inject_loss", self.inject_loss)
@@ -82,6 +89,8 @@ class TransportOptions:
         check_mtu("TransportOptions.mtu_bytes", self.mtu_bytes)
         if not isinstance(self.udp_offload, bool):
             raise ValueError(f"TransportOptions.udp_offload: must be True or False, got {self.udp_offload!r}")
+        if not isinstance(self.freeze_gc, bool):
+            raise ValueError(f"TransportOptions.freeze_gc: must be True or False, got {self.freeze_gc!r}")
 
 
 @dataclass(frozen=True, slots=True)

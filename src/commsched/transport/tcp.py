@@ -30,6 +30,12 @@ Frames
     per peer): together with every rank posting in start order, this is
     what keeps that back-pressure from deadlocking.
 
+Garbage collection
+    Opening runs one full pass of the garbage collector and keeps what is
+    alive then out of later passes (``TransportOptions.freeze_gc``,
+    :mod:`commsched._gc`): a full pass stops every Python thread, the
+    receiving threads too.
+
 Failures
     A peer whose connection closes or breaks fails every transfer with it at
     once; a hung peer ends waits after the timeout. Both raise
@@ -50,6 +56,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from commsched._gc import freeze_long_lived
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 from commsched.transport.base import TransportOptions
@@ -78,6 +85,8 @@ class TcpLink:
         star: bool = False,
     ) -> None:
         options = options or TransportOptions()
+        if options.freeze_gc:  # its receiving threads are Python: a full pass over the process would stall them
+            freeze_long_lived()
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         #: the ranks this one is connected with: every other, or with ``star`` rank 0 and each other rank only
         #: (a leader's channel: ``world - 1`` connections each way instead of ``world * (world - 1)``)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ pytestmark = pytest.mark.multiproc
 def _rank(rank: int, world: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
     peer = 1 - rank
+    gc.unfreeze()
     # no bind given: the address that routes to MASTER_ADDR (127.0.0.1 here); the key is drawn by rank 0
     with open_dlcp_link(None, 10.0) as link:
         result["bind"] = link._engine._peers[rank].control[0]
@@ -28,7 +30,11 @@ def _rank(rank: int, world: int) -> dict[str, Any]:
         link.send(peer, TransferKey(0, 0, 0), sent).wait(10.0)
         result["lost"] = recv.wait(10.0).lost
         result["exact"] = torch.equal(out, torch.arange(50_000, dtype=torch.float32) + 1000 * peer)
-    with open_dlcp_link(None, 10.0, TransportOptions(bind="127.0.0.1", key=bytes(32)), mtu_bytes=9000) as link:
+    result["frozen_with"] = gc.get_freeze_count()
+    gc.unfreeze()
+    options = TransportOptions(bind="127.0.0.1", key=bytes(32), freeze_gc=False)
+    with open_dlcp_link(None, 10.0, options, mtu_bytes=9000) as link:
+        result["frozen_without"] = gc.get_freeze_count()
         sent = torch.randn(70_000, generator=torch.Generator().manual_seed(rank))
         out = torch.empty(70_000)
         recv = link.recv(peer, TransferKey(1, 0, 0), out)
@@ -49,3 +55,5 @@ def test_open_dlcp_link_exchanges_addresses_and_key_over_gloo() -> None:
         assert result["bind"] == "127.0.0.1"
         assert result["lost"] == 0 and result["exact"] and result["jumbo_exact"], (rank, result)
         assert "different keys" in result["mismatch"]
+        # the link keeps the objects alive at its opening out of the collector's passes unless told not to
+        assert result["frozen_with"] > 1000 and result["frozen_without"] == 0, (rank, result)

@@ -56,6 +56,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from commsched._gc import freeze_long_lived
 from commsched.errors import RuntimeCommError, SpecError, UnsupportedError
 from commsched.transport.base import TransportOptions, check_mtu
 from commsched.transport.dlcp.engine import Engine
@@ -370,11 +371,16 @@ def open_dlcp_link(
     ``options.mtu_bytes`` is the path MTU datagrams are cut to: every rank
     checks it against its routes toward the others, and all raise SpecError
     together if one does not fit; ``options.udp_offload`` False sends and
-    reads one datagram per system call. ``knobs`` go to :class:`DlcpLink`
+    reads one datagram per system call. ``options.freeze_gc`` (the default)
+    keeps what is alive before the link is made out of the garbage
+    collector's later full passes (:mod:`commsched._gc`), which would stall
+    the link's I/O thread. ``knobs`` go to :class:`DlcpLink`
     (``rate``, ``stop_at_count``, ...; a ``mtu_bytes`` there wins over the
     options').
     """
     opts = options if options is not None else TransportOptions()
+    if opts.freeze_gc:  # before the link's own objects exist: those stay the collector's
+        freeze_long_lived()
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if opts.inject_loss > 0 and "drop" not in knobs:
         knobs["drop"] = RandomDrop(opts.inject_loss, opts.inject_seed, rank)
