@@ -2,15 +2,17 @@
 
 A full (generation 2) pass of the cycle collector walks every object the
 collector tracks, holding the GIL: every Python thread of the process stops
-for it. A process that imported torch and commsched tracks about 166,000
-objects, and one full pass took 85 ms on the development machine (2 cores;
-``gc.collect()`` after the imports, three times). Where the data path is a
+for it. A process that imported torch and commsched's transports tracks
+about 170,000 objects, and one full pass took 85-95 ms on the development
+machine (2 cores; ``python benchmarks/gc_pause.py``). Where the data path is a
 Python thread (the DLCP link's I/O thread, the TCP link's receiving threads
 of ``ps``), a pass stalls the transfers in flight as well as the training
 thread, where gloo's C++ threads would carry on. On the testbed's
 communication-only harness (DLCP collective mode, 2 senders, 300 Mbit/s,
 1000 rounds) the two slowest rounds, 270-320 ms against a median of 138,
-were the rounds in which both ranks ran a full pass (155 and 182 ms)
+were the rounds in which both ranks ran a full pass (155 and 182 ms);
+with the freeze, in two runs against two without, the passes took 12-31 ms
+against 106-198 and the slowest rounds 173-221 ms against 261-350
 (BENCHMARKS.md, "DLCP without the collector's full passes").
 
 :func:`freeze_long_lived` runs one full pass, then moves every object alive

@@ -68,7 +68,7 @@ class TransportOptions:
     link, the ``ps`` transport's TCP link) runs one full pass of the garbage
     collector when it opens and keeps what is alive then out of later passes
     (:func:`commsched._gc.freeze_long_lived`), so that a full pass over the
-    whole process (85 ms where torch is imported) no longer stalls its
+    whole process (85-95 ms where torch is imported) no longer stalls its
     transfers; False leaves the collector as it is.
     """
 
