@@ -40,6 +40,33 @@ def test_freeze_long_lived_frees_garbage_then_keeps_the_living_out_of_later_pass
     assert done.stdout.startswith("ok ")
 
 
+_HOLDS = textwrap.dedent(
+    """
+    import gc
+    from commsched._gc import hold
+
+    first, second = hold(), hold()
+    frozen = gc.get_freeze_count()
+    assert frozen > 0
+    first(); first()  # a second call of one release does nothing
+    assert gc.get_freeze_count() >= frozen, "frozen while a hold is open"
+    second()
+    assert gc.get_freeze_count() == 0, "the last release gives everything back to the collector"
+    gc.freeze()  # the process's own freeze, before a hold: left in place
+    own = gc.get_freeze_count()
+    hold()()
+    assert gc.get_freeze_count() >= own > 0
+    print("ok")
+    """
+)
+
+
+def test_the_freeze_lasts_while_a_hold_is_open_and_leaves_the_processs_own_freeze() -> None:
+    done = subprocess.run([sys.executable, "-c", _HOLDS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
 def test_transport_options_refuse_a_freeze_gc_that_is_not_a_bool() -> None:
     with pytest.raises(ValueError, match=r"freeze_gc: must be True or False, got 'yes'"):
         TransportOptions(freeze_gc="yes")  # type: ignore[arg-type]

@@ -17,21 +17,59 @@ against 106-198 and the slowest rounds 173-221 ms against 261-350
 
 :func:`freeze_long_lived` runs one full pass, then moves every object alive
 into the collector's permanent generation (``gc.freeze``), which later passes
-do not walk: the modules, the model, the optimizer — what the process keeps
-to its end. Later passes walk only what was made since. The price: an
-object alive at that moment that later becomes garbage inside a reference
-cycle is not freed (``gc.unfreeze()`` gives them back to the collector).
+do not walk: the modules, the model, the optimizer. Later passes walk only
+what was made since. An object alive at that moment that becomes garbage
+inside a reference cycle is not freed while it stays frozen, so a link
+holds the freeze only while it is open (:func:`hold`): when the last link
+that holds it closes, everything frozen goes back to the collector
+(``gc.unfreeze``), and a job's engine, buffers and model, closed and
+dropped, are freed as before — unless the process had frozen objects of its
+own before the first hold, whose freeze is then left as it was.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import threading
 import time
+from collections.abc import Callable
 
 log = logging.getLogger("commsched")
 
-__all__ = ["freeze_long_lived"]
+__all__ = ["freeze_long_lived", "hold", "nothing_held"]
+
+_lock = threading.Lock()
+_holds = 0
+_theirs = False  # the process had frozen objects before the first hold: never unfreeze them
+
+
+def hold() -> Callable[[], None]:
+    """:func:`freeze_long_lived`, counted; returns the release (once is enough; more calls do nothing). The last
+    release of the holds open together gives the frozen objects back to the collector."""
+    global _holds, _theirs
+    with _lock:
+        if _holds == 0:
+            _theirs = gc.get_freeze_count() > 0
+        freeze_long_lived()
+        _holds += 1
+    released = threading.Event()
+
+    def release() -> None:
+        global _holds
+        with _lock:
+            if released.is_set():
+                return
+            released.set()
+            _holds -= 1
+            if _holds == 0 and not _theirs:
+                gc.unfreeze()
+
+    return release
+
+
+def nothing_held() -> None:
+    """The release of a link that holds no freeze."""
 
 
 def freeze_long_lived() -> None:

@@ -5,6 +5,7 @@ Each writes ``rank{r}.json`` into ``out``; spawned by the tests with :func:`conf
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -463,9 +464,13 @@ def _live() -> tuple[int, int]:
 
 
 def _event_loops() -> int:
-    """gloo's event-loop threads in this process: one per live gloo group."""
-    tasks = Path("/proc/self/task")
-    return sum((task / "comm").read_text().strip() == "gloo_tcp_loop" for task in tasks.iterdir())
+    """gloo's event-loop threads in this process: one per live gloo group (a thread that ends while they are
+    read is not one)."""
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            names.append((task / "comm").read_text().strip())
+    return names.count("gloo_tcp_loop")
 
 
 def repeated_runs(rank: int, world: int, port: int, out: str, policies: list[str], hashed_group: bool) -> None:

@@ -120,6 +120,7 @@ def _bind_scenario(rank: int, world: int) -> dict[str, Any]:
     result |= {"frozen_without": kept_out, "frozen_with": frozen}
     dist.barrier()
     link.close()
+    result["frozen_after"] = gc.get_freeze_count()
     return result
 
 
@@ -257,7 +258,7 @@ def test_the_link_listens_only_on_the_address_it_is_given() -> None:
     for r in _spawn(_bind_scenario, 2).values():
         assert (r["address"], r["received"]) == ("127.0.0.2", True)
         # and the link keeps the objects alive at its opening out of the collector's passes unless told not to
-        assert r["frozen_without"] == 0 and r["frozen_with"] > 1000, r
+        assert r["frozen_without"] == 0 and r["frozen_with"] > 1000 and r["frozen_after"] == 0, r
 
 
 def test_ranks_with_different_keys_refuse_each_other_at_open_with_a_clear_error() -> None:

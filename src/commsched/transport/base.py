@@ -67,7 +67,7 @@ class TransportOptions:
     ``freeze_gc``: a transport whose data path is a Python thread (the DLCP
     link, the ``ps`` transport's TCP link) runs one full pass of the garbage
     collector when it opens and keeps what is alive then out of later passes
-    (:func:`commsched._gc.freeze_long_lived`), so that a full pass over the
+    until it closes (:func:`commsched._gc.hold`), so that a full pass over the
     whole process (85-95 ms where torch is imported) no longer stalls its
     transfers; False leaves the collector as it is.
     """

@@ -32,9 +32,9 @@ Frames
 
 Garbage collection
     Opening runs one full pass of the garbage collector and keeps what is
-    alive then out of later passes (``TransportOptions.freeze_gc``,
-    :mod:`commsched._gc`): a full pass stops every Python thread, the
-    receiving threads too.
+    alive then out of later passes until the link closes
+    (``TransportOptions.freeze_gc``, :mod:`commsched._gc`): a full pass
+    stops every Python thread, the receiving threads too.
 
 Failures
     A peer whose connection closes or breaks fails every transfer with it at
@@ -56,7 +56,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from commsched._gc import freeze_long_lived
+from commsched._gc import hold, nothing_held
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
 from commsched.transport.base import TransportOptions
@@ -85,8 +85,8 @@ class TcpLink:
         star: bool = False,
     ) -> None:
         options = options or TransportOptions()
-        if options.freeze_gc:  # its receiving threads are Python: a full pass over the process would stall them
-            freeze_long_lived()
+        # its receiving threads are Python: a full pass of the collector over the process would stall them
+        self._release_gc = hold() if options.freeze_gc else nothing_held
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         #: the ranks this one is connected with: every other, or with ``star`` rank 0 and each other rank only
         #: (a leader's channel: ``world - 1`` connections each way instead of ``world * (world - 1)``)
@@ -209,6 +209,7 @@ class TcpLink:
             pending, self._posted = self._posted, {}
         for _, t in pending.values():
             t.finish(RuntimeCommError(f"{t.describe}: the link was closed"))
+        self._release_gc()
 
     def _check(self, peer: int, t: torch.Tensor, describe: str) -> None:
         if peer not in self.peers:

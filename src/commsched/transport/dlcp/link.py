@@ -56,7 +56,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from commsched._gc import freeze_long_lived
+from commsched._gc import hold, nothing_held
 from commsched.errors import RuntimeCommError, SpecError, UnsupportedError
 from commsched.transport.base import TransportOptions, check_mtu
 from commsched.transport.dlcp.engine import Engine
@@ -216,6 +216,7 @@ class DlcpLink:
         self.world = world
         self.timeout_s = timeout_s
         self.mtu_bytes = mtu_bytes
+        self._release_gc: Callable[[], None] = nothing_held  # open_dlcp_link's hold on the collector's freeze
         self.quantile = quantile
         self.important_layer_classes = important_layer_classes
         #: the local UDP ports of the data paths (where the kernel counts this link's receive drops)
@@ -311,8 +312,10 @@ class DlcpLink:
         return transfer
 
     def close(self) -> None:
-        """Stop the I/O thread (within about ``timeout_s``), fail what is pending, close the sockets."""
+        """Stop the I/O thread (within about ``timeout_s``), fail what is pending, close the sockets; give back
+        the garbage collector's freeze :func:`open_dlcp_link` took."""
         self._engine.close(min(self.timeout_s, 10.0))
+        self._release_gc()
 
     def __enter__(self) -> DlcpLink:
         return self
@@ -373,14 +376,14 @@ def open_dlcp_link(
     together if one does not fit; ``options.udp_offload`` False sends and
     reads one datagram per system call. ``options.freeze_gc`` (the default)
     keeps what is alive before the link is made out of the garbage
-    collector's later full passes (:mod:`commsched._gc`), which would stall
-    the link's I/O thread. ``knobs`` go to :class:`DlcpLink`
+    collector's later full passes while the link is open (:mod:`commsched._gc`),
+    which would stall the link's I/O thread. ``knobs`` go to :class:`DlcpLink`
     (``rate``, ``stop_at_count``, ...; a ``mtu_bytes`` there wins over the
     options').
     """
     opts = options if options is not None else TransportOptions()
-    if opts.freeze_gc:  # before the link's own objects exist: those stay the collector's
-        freeze_long_lived()
+    # before the link's own objects exist (those stay the collector's), until the link closes
+    release_gc = hold() if opts.freeze_gc else nothing_held
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if opts.inject_loss > 0 and "drop" not in knobs:
         knobs["drop"] = RandomDrop(opts.inject_loss, opts.inject_seed, rank)
@@ -400,7 +403,10 @@ def open_dlcp_link(
         dist.all_gather_object(problems, path_mtu_problems(sockets, peers, rank, mtu_bytes), group=group)
         if any(problems):
             raise _mtu_error(mtu_bytes, [p for ps in problems for p in ps])
-        return DlcpLink(rank, world, sockets, peers, key, timeout_s=timeout_s, mtu_bytes=mtu_bytes, **knobs)
+        link = DlcpLink(rank, world, sockets, peers, key, timeout_s=timeout_s, mtu_bytes=mtu_bytes, **knobs)
     except BaseException:
         sockets.close()
+        release_gc()
         raise
+    link._release_gc = release_gc
+    return link
