@@ -85,8 +85,7 @@ class TcpLink:
         star: bool = False,
     ) -> None:
         options = options or TransportOptions()
-        # its receiving threads are Python: a full pass of the collector over the process would stall them
-        self._release_gc = hold() if options.freeze_gc else nothing_held
+        self._release_gc = nothing_held
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         #: the ranks this one is connected with: every other, or with ``star`` rank 0 and each other rank only
         #: (a leader's channel: ``world - 1`` connections each way instead of ``world * (world - 1)``)
@@ -124,6 +123,8 @@ class TcpLink:
         sockname = self._listener.getsockname()
         #: where this rank listens (host, port)
         self.address = (str(sockname[0]), int(sockname[1]))
+        # its receiving threads are Python: a full pass of the collector over the process would stall them
+        self._release_gc = hold() if options.freeze_gc else nothing_held
         try:
             self._key, infos = share_addresses(group, self.rank, self.world, host, self.address, options.key)
             self._thread(self._accept_loop, "accept")

@@ -382,14 +382,14 @@ def open_dlcp_link(
     options').
     """
     opts = options if options is not None else TransportOptions()
-    # before the link's own objects exist (those stay the collector's), until the link closes
-    release_gc = hold() if opts.freeze_gc else nothing_held
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     if opts.inject_loss > 0 and "drop" not in knobs:
         knobs["drop"] = RandomDrop(opts.inject_loss, opts.inject_seed, rank)
     mtu_bytes = check_mtu("dlcp: mtu_bytes", knobs.pop("mtu_bytes", opts.mtu_bytes))
     bind = opts.bind if opts.bind is not None else default_bind_address()
     sockets = LinkSockets(bind, opts.paths, udp_offload=opts.udp_offload)
+    # before the link's state exists (that stays the collector's), until the link closes
+    release_gc = hold() if opts.freeze_gc else nothing_held
     try:
         drawn = secrets.token_bytes(32) if opts.key is None and rank == 0 else None
         mine = (sockets.endpoints, drawn, _fingerprint(opts.key))
