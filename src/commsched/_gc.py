@@ -53,14 +53,15 @@ def hold() -> Callable[[], None]:
             _theirs = gc.get_freeze_count() > 0
         freeze_long_lived()
         _holds += 1
-    released = threading.Event()
+    released = False
 
     def release() -> None:
         global _holds
+        nonlocal released
         with _lock:
-            if released.is_set():
+            if released:
                 return
-            released.set()
+            released = True
             _holds -= 1
             if _holds == 0 and not _theirs:
                 gc.unfreeze()

@@ -57,14 +57,14 @@ import torch
 import torch.distributed as dist
 
 from commsched._gc import hold, nothing_held
-from commsched.errors import RuntimeCommError, SpecError, UnsupportedError
+from commsched.errors import RuntimeCommError, UnsupportedError
 from commsched.transport.base import TransportOptions, check_mtu
 from commsched.transport.dlcp.engine import Engine
 from commsched.transport.dlcp.inject import RandomDrop
 from commsched.transport.dlcp.protocol import classify, datagrams_per_ack
 from commsched.transport.dlcp.rate import RateParams
 from commsched.transport.dlcp.slots import LinkStats, RecvSlot, SendSlot
-from commsched.transport.dlcp.sockets import Endpoints, LinkSockets, path_mtu_problems
+from commsched.transport.dlcp.sockets import Endpoints, LinkSockets, mtu_error, offload_report, path_mtu_problems
 from commsched.transport.dlcp.wire import DTYPE_CODES, packet_numel
 from commsched.transport.handles import Ended
 from commsched.transport.links import COMPLETE, Received, TransferKey
@@ -211,7 +211,7 @@ class DlcpLink:
         check_mtu("dlcp: mtu_bytes", mtu_bytes)
         problems = path_mtu_problems(sockets, peers, rank, mtu_bytes)
         if problems:
-            raise _mtu_error(mtu_bytes, problems)
+            raise mtu_error(mtu_bytes, problems)
         self.rank = rank
         self.world = world
         self.timeout_s = timeout_s
@@ -337,20 +337,6 @@ def _chunk_norms(data: torch.Tensor, stride: int) -> np.ndarray:
     return norms.numpy()
 
 
-def offload_report(sockets: LinkSockets) -> str:
-    """What the kernel granted of UDP GSO and GRO on ``sockets``: "GSO+GRO", "GSO", "GRO" or "off", and why not."""
-    granted = [name for name, flags in (("GSO", sockets.gso), ("GRO", sockets.gro)) if flags and all(flags)]
-    report = "+".join(granted) or "off"
-    return f"{report} ({'; '.join(sockets.offload_refused)})" if sockets.offload_refused else report
-
-
-def _mtu_error(mtu_bytes: int, problems: list[str]) -> SpecError:
-    return SpecError("TransportOptions", [
-        f"mtu_bytes: datagrams of {mtu_bytes} bytes would not fit the route MTU ({problem}) and would be "
-        f"fragmented; give at most the smallest route MTU, got {mtu_bytes}" for problem in problems
-    ])  # fmt: skip
-
-
 def _fingerprint(key: bytes | None) -> bytes | None:
     return None if key is None else hashlib.blake2b(key, digest_size=8, person=b"commsched.fp").digest()
 
@@ -402,7 +388,7 @@ def open_dlcp_link(
         problems: list[Any] = [None] * world  # every rank learns every rank's, so that all refuse together
         dist.all_gather_object(problems, path_mtu_problems(sockets, peers, rank, mtu_bytes), group=group)
         if any(problems):
-            raise _mtu_error(mtu_bytes, [p for ps in problems for p in ps])
+            raise mtu_error(mtu_bytes, [p for ps in problems for p in ps])
         link = DlcpLink(rank, world, sockets, peers, key, timeout_s=timeout_s, mtu_bytes=mtu_bytes, **knobs)
     except BaseException:
         sockets.close()

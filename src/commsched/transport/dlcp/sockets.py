@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from commsched.errors import SpecError
 from commsched.transport.dlcp.udp import enable_gro, gso_supported
 
 #: One ``(host, port)`` address.
@@ -201,3 +202,18 @@ class FrameReader:
             frames.append(bytes(self._buf[_LEN.size : _LEN.size + length]))
             del self._buf[: _LEN.size + length]
         return frames
+
+
+def offload_report(sockets: LinkSockets) -> str:
+    """What the kernel granted of UDP GSO and GRO on ``sockets``: "GSO+GRO", "GSO", "GRO" or "off", and why not."""
+    granted = [name for name, flags in (("GSO", sockets.gso), ("GRO", sockets.gro)) if flags and all(flags)]
+    report = "+".join(granted) or "off"
+    return f"{report} ({'; '.join(sockets.offload_refused)})" if sockets.offload_refused else report
+
+
+def mtu_error(mtu_bytes: int, problems: list[str]) -> SpecError:
+    """The error that refuses ``mtu_bytes`` for the routes :func:`path_mtu_problems` found too small."""
+    return SpecError("TransportOptions", [
+        f"mtu_bytes: datagrams of {mtu_bytes} bytes would not fit the route MTU ({problem}) and would be "
+        f"fragmented; give at most the smallest route MTU, got {mtu_bytes}" for problem in problems
+    ])  # fmt: skip
