@@ -193,7 +193,7 @@ class Engine:
         recvs: list[RecvSlot] = []
         while self._posted:
             slot = self._posted.popleft()
-            if slot.transfer is not None and slot.transfer.is_completed():
+            if slot.transfer is None or slot.transfer.is_completed():  # it ended while queued (None: ended)
                 continue
             if isinstance(slot, SendSlot):
                 self.outbound.post(slot, now)

@@ -129,6 +129,7 @@ class DlcpTransfer:
             return
         self._result, self._error = result, error
         self._link._engine.release(self.slot)
+        self.slot.transfer = None  # no cycle with the slot: an ended transfer's objects go with their last reference
         self._done.set()
 
     def is_completed(self) -> bool:
