@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from commsched.bench.tails import Job, datapath_rate, round_times, summarise, two_stage_makespan, wire_floor_ms
+from commsched.bench.tails import (
+    Job,
+    datapath_rate,
+    posting_ms,
+    round_times,
+    summarise,
+    two_stage_makespan,
+    wire_floor_ms,
+)
 from commsched.bench.tails_run import TailsConfig, partitions, plot, ratio, ratio_lines, run_tails, scenarios
 from commsched.testbed import netns_unavailable_reason, project_objects
 from commsched.testbed.switch import SwitchShape, switch_unavailable_reason
@@ -31,6 +39,18 @@ def test_a_round_ends_with_its_last_sender_and_the_server_is_left_out() -> None:
     assert times["comm_ms"] == pytest.approx([20, 80, 40])  # the longest exchange of each timed round
     with pytest.raises(ValueError, match="more than the 4 warm-up rounds"):
         round_times(ranks, warmup=4)
+
+
+def test_posting_is_each_senders_start_calls_over_the_timed_rounds_and_absent_from_old_records() -> None:
+    ranks = [
+        {"server": True, "comm_starts_s": [0.0, 0.0], "posted_s": [0.5, 0.5]},  # a server posts nothing timed
+        {"comm_starts_s": [1.0, 2.0, 3.0], "posted_s": [1.010, 2.001, 3.003]},
+        {"comm_starts_s": [1.0, 2.0, 3.0], "posted_s": [1.020, 2.002, 3.004]},
+    ]
+    posting = posting_ms(ranks, warmup=1)  # the timed rounds: 1, 3, 2 and 4 ms
+    assert posting is not None
+    assert posting["p50_ms"] == pytest.approx(2.5) and posting["p99_ms"] == pytest.approx(3.97)
+    assert posting_ms([{"comm_starts_s": [1.0], "ends_s": [2.0]}], warmup=0) is None
 
 
 def test_summaries_are_numpy_percentiles_and_the_datapath_counts_timed_datagrams_per_cpu_second() -> None:
@@ -161,6 +181,7 @@ def test_a_tiny_jumbo_frame_incast_of_dlcp_ps_measures_rounds_datagrams_and_the_
     assert entry["floor_ms"] > 5.0 and entry["round"]["p50_ms"] >= entry["floor_ms"]
     assert len(entry["ranks"]) == 3 and entry["ranks"][0]["server"]  # two senders and the server, rank 0
     assert entry["datapath"]["datagrams_per_cpu_s_median"] > 0
+    assert 0 < entry["posting"]["p50_ms"] <= entry["posting"]["p99_ms"] < entry["comm"]["p99_ms"]
     # jumbo frames: the server wrote the pushes in datagrams of about 9000 bytes, not 1500
     pushes = 2 * (4 + 2) * 0.125 * 2**20  # bytes into the server: 2 senders, 6 rounds
     assert pushes / 8900 <= entry["ranks"][0]["dlcp"]["written"] < pushes / 1400

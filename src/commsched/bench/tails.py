@@ -128,7 +128,7 @@ def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(job.seed + rank)
     grads = [torch.zeros(n) if server else torch.randn(n, generator=generator) for n in job.partitions]
     flats = [torch.empty(n) for n in job.partitions]
-    starts, comm_starts, ends, lost = [], [], [], []
+    starts, comm_starts, posted, ends, lost = [], [], [], [], []
     link: Any = getattr(transport, "link", None)
     stats = getattr(link, "stats", None)  # a DLCP link's counters
     cpu0, base = 0.0, (0, 0)
@@ -144,6 +144,7 @@ def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:
                 time.sleep(job.compute_ms / 1e3)
             comm_starts.append(time.monotonic())
             handles = [transport.start(t, TaskBuffer(f)) for t, f in zip(tasks, flats, strict=True)]
+            posted.append(time.monotonic())
             for h in handles:
                 h.wait(job.timeout_s)
             ends.append(time.monotonic())
@@ -154,7 +155,7 @@ def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:
         transport.close()
     out: dict[str, Any] = {
         "rank": rank, "world": world, "server": server, "starts_s": starts, "comm_starts_s": comm_starts,
-        "ends_s": ends, "lost_numel": lost, "cpu_s": cpu_s,
+        "posted_s": posted, "ends_s": ends, "lost_numel": lost, "cpu_s": cpu_s,
     }  # fmt: skip
     if stats is not None:  # whole-run counters, and the datagrams of the timed rounds
         keep = ("sent", "resent", "received", "written", "ecn_capable", "ce_marked", "duplicate", "late",
@@ -203,6 +204,17 @@ def round_times(ranks: list[dict[str, Any]], warmup: int) -> dict[str, list[floa
     comm = np.array([np.subtract(r["ends_s"][:n], r["comm_starts_s"][:n]) for r in senders]).max(axis=0)
     first = max(warmup, 1)  # the first timed round needs the end of the one before
     return {"round_ms": list(np.diff(ends)[first - 1 :] * 1e3), "comm_ms": list(comm[first:] * 1e3)}
+
+
+def posting_ms(ranks: list[dict[str, Any]], warmup: int) -> dict[str, float] | None:
+    """How long the senders' training threads took to start every partition's exchange of a timed round (from
+    the end of the sleep to the last ``start`` returning): median and p99 over the senders' timed rounds. None
+    for records made before the harness kept it."""
+    senders = [r for r in ranks if not r.get("server")]
+    if not senders or any("posted_s" not in r for r in senders):
+        return None
+    ms = np.concatenate([np.subtract(r["posted_s"], r["comm_starts_s"])[warmup:] * 1e3 for r in senders])
+    return {"p50_ms": float(np.median(ms)), "p99_ms": float(np.percentile(ms, 99))}
 
 
 def summarise(values_ms: list[float]) -> dict[str, float]:

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from commsched.bench.tails import METHODS, Job, datapath_rate, round_times, summarise, wire_floor_ms
+from commsched.bench.tails import METHODS, Job, datapath_rate, posting_ms, round_times, summarise, wire_floor_ms
 from commsched.testbed.commands import LinkShape, format_rate, shaper_burst_bytes
 from commsched.testbed.launch import run_workers
 from commsched.testbed.netns import NetnsTestbed
@@ -328,16 +328,22 @@ def _run_method(
         "round_ms": times["round_ms"],
         "floor_ms": job.compute_ms + wire,
         "lost_numel_per_round_max": max((max(r["lost_numel"], default=0) for r in ranks), default=0),
-        "ranks": [{k: v for k, v in r.items() if k not in ("starts_s", "comm_starts_s", "ends_s")} for r in ranks],
+        "ranks": [
+            {k: v for k, v in r.items() if k not in ("starts_s", "comm_starts_s", "posted_s", "ends_s")} for r in ranks
+        ],
     }
+    posting = posting_ms(ranks, job.warmup)
+    if posting is not None:
+        entry["posting"] = posting
     rate = datapath_rate(ranks)
     if rate is not None:
         entry["datapath"] = rate
     after = _port_counters(bed, scenario, config.senders)
     if after is not None and before is not None:
         entry["server_port"] = {k: after[k] - before[k] for k in after}
+    posted = f", posting p50 {posting['p50_ms']:.2f} ms" if posting is not None else ""
     say(f"tails: {scenario.name} {job.method}: round p50 {summary['p50_ms']:.1f} ms, p99 {summary['p99_ms']:.1f} ms "
-        f"over {summary['rounds']:.0f} rounds ({entry['wall_s']:.0f} s)")  # fmt: skip
+        f"over {summary['rounds']:.0f} rounds{posted} ({entry['wall_s']:.0f} s)")  # fmt: skip
     return entry
 
 
