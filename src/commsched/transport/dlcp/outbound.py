@@ -94,6 +94,11 @@ class Outbound:
         #: the last turn sent nothing because this host's queue was full: the I/O loop looks again after this long
         self.host_queue_wait_s = 0.0
         self.sends: dict[Slot, SendSlot] = {}
+        #: while True, :meth:`finish` leaves the send to :meth:`finish_deferred` (a thread other than the I/O
+        #: thread is sending: the transfer's callbacks must not run there, :meth:`Engine.post
+        #: <commsched.transport.dlcp.engine.Engine.post>`)
+        self.deferring = False
+        self._deferred: list[tuple[SendSlot, str | None]] = []
         #: the sends finished last (at most _RECENT), so a control message's second copy is known as one
         self._finished: OrderedDict[Slot, None] = OrderedDict()
 
@@ -114,6 +119,9 @@ class Outbound:
             self.finish(slot, error="cancelled")
 
     def finish(self, slot: SendSlot, error: str | None = None) -> None:
+        if self.deferring:
+            self._deferred.append((slot, error))
+            return
         slot.state.on_stop()
         k = (slot.peer, slot.key)
         del self.sends[k]
@@ -122,6 +130,15 @@ class Outbound:
             self._finished.popitem(last=False)
         if slot.transfer is not None:
             slot.transfer.finish(error=error)
+
+    def finish_deferred(self) -> None:
+        """Finish the sends :meth:`finish` left while :attr:`deferring` (those still pending)."""
+        if not self._deferred:
+            return
+        deferred, self._deferred = self._deferred, []
+        for slot, error in deferred:
+            if self.sends.get((slot.peer, slot.key)) is slot:
+                self.finish(slot, error)
 
     def fail_all(self, error: str) -> None:
         slots = list(self.sends.values())

@@ -126,6 +126,11 @@ class SendSlot:
         self.deadline_s = 0.0
         self.transfer: DlcpTransfer | None = None
 
+    @property
+    def unclassified(self) -> bool:
+        """Its packets wait for :meth:`classify`, a pass over its data."""
+        return self._importance_of is not None
+
     def classify(self) -> None:
         """Order the packets by importance, if that was left until now (:meth:`DlcpLink.send
         <commsched.transport.dlcp.link.DlcpLink.send>`); only before the first packet went."""
