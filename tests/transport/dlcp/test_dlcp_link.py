@@ -207,6 +207,7 @@ def test_dropped_datagrams_are_resent_until_complete_at_bound_zero() -> None:
         b.close()
 
 
+@patches_data_path
 def test_a_datagram_lost_on_the_wire_is_resent_on_the_receivers_report_before_any_probe(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -235,6 +236,7 @@ def test_a_datagram_lost_on_the_wire_is_resent_on_the_receivers_report_before_an
         b.close()
 
 
+@patches_data_path
 def test_a_push_goes_before_a_pull_whatever_their_classes_and_no_send_before_an_earlier_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

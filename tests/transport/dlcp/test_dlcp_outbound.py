@@ -201,6 +201,7 @@ class _Selector:
         (0.0, set(), [0.0], []),
     ],
 )
+@patches_data_path
 def test_the_io_loop_waits_less_than_epolls_millisecond_without_rounding_it_up(
     monkeypatch: pytest.MonkeyPatch, timeout_s: float, ready: set[int], selects: list[float], slept: list[float]
 ) -> None:
@@ -213,6 +214,7 @@ def test_the_io_loop_waits_less_than_epolls_millisecond_without_rounding_it_up(
     assert events == (["event"] if ready else [])
 
 
+@patches_data_path
 def test_a_sender_waits_while_this_hosts_queue_holds_two_bursts_and_goes_on_once_it_drains(
     monkeypatch: pytest.MonkeyPatch, closing: list[DlcpLink]
 ) -> None:
