@@ -138,6 +138,7 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
         *(f"dlcp-floors/{run}" for run in ("collective", "ps", "ps-025mib")),
         *(f"dlcp-tails-1000/{run}" for run in ("collective", "ps", "collective-freeze")),
         *(f"dlcp-gc-ab/{run}" for run in ("base-1", "new-1", "base-2", "new-2")),
+        *(f"dlcp-first-send-ab/{run}" for run in ("base-1", "dev-1", "base-2", "dev-2")),
     ],
 )
 def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) -> None:
