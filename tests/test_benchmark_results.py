@@ -295,6 +295,21 @@ def test_the_direct_sender_and_dlcp_chained_tables_are_recomputed_from_their_run
         assert line in DOCUMENT, line
 
 
+def test_the_dlcp_first_send_training_figures_are_recomputed_from_their_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BENCHMARKS.md, "The first datagram of an exchange from its poster", in training: the lines and CPU rows."""
+    results = ROOT / "benchmarks" / "results" / "dlcp-first-send-train"
+    runs = [results / f"{name}.json" for name in ("base-loss1", "new-loss1", "new-loss1-2", "base-loss1-2")]
+    assert sorted(results.glob("*.json")) == sorted(runs)
+    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT)) for path in runs])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
+    assert len(lines) == 28  # per run: ps, dlcp, default DDP and four ratios
+    dlcp_cpu_ab = script_loader("benchmarks/dlcp_cpu_ab.py")
+    for line in [*lines, *(dlcp_cpu_ab.row(path) for path in runs)]:
+        assert line in DOCUMENT, line
+
+
 def test_the_dlcp_compiled_table_is_recomputed_from_its_runs(script_loader: Callable[[str], ModuleType]) -> None:
     """BENCHMARKS.md, "DLCP's data path compiled": every row of the alternated runs, from source and compiled,
     lossless and at 1 % loss."""
