@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import time
 from collections.abc import Callable
@@ -31,17 +30,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from commsched._sockets import free_port
 from commsched.transport.collectives import Collectives
 
 OPS = ("all_reduce", "gloo_RS", "gloo_AG", "ring_RS", "ring_AG")
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _time_ops(ops: dict[str, Callable[[], object]], repeats: int, warmup: int) -> dict[str, float]:
@@ -106,7 +100,7 @@ def _rank_main(rank: int, world: int, port: int, sizes_mib: list[int], repeats: 
 def run(world: int, sizes_mib: list[int], repeats: int) -> list[tuple[int, dict[str, float]]]:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, sizes_mib, repeats, out)) for r in range(world)]
     for p in procs:
         p.start()

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import socket
 from collections import Counter
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from commsched._sockets import free_port
 
 
 def garbage_of(policy: str, args: argparse.Namespace) -> tuple[int, Counter[str]]:
@@ -75,12 +76,6 @@ def _rank(rank: int, args: argparse.Namespace, port: int) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     from commsched.models import MODELS
     from commsched.schedule import RUNTIME_POLICIES
@@ -99,7 +94,7 @@ def main() -> None:
         parser.error(f"--model: unknown model {args.model!r}; known: {', '.join(MODELS)}")
     if args.iters < 1 or args.warmup < 0:
         parser.error(f"--iters must be at least 1 and --warmup at least 0, got {args.iters} and {args.warmup}")
-    mp.spawn(_rank, args=(args, _free_port()), nprocs=2)
+    mp.spawn(_rank, args=(args, free_port()), nprocs=2)
 
 
 if __name__ == "__main__":

@@ -14,18 +14,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import time
 
 import torch.distributed as dist
 
+from commsched._sockets import free_port
 from commsched.bench.threads import per_iteration, thread_sleeps
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def main() -> None:
@@ -37,7 +31,7 @@ def main() -> None:
         parser.error(f"--groups: must be >= 1, got {args.groups}")
     if args.seconds <= 0:
         parser.error(f"--seconds: must be > 0, got {args.seconds}")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     print("| live gloo groups | sleeps per second, by thread name |\n|---|---|")
     for live in range(1, args.groups + 1):

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -23,17 +22,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from commsched._sockets import free_port
 from commsched.errors import RuntimeCommError, SpecError
 from commsched.profile.network import DEFAULT_SIZES_BYTES, OPS, NetworkProbe, measure_ops
 from commsched.profile.probe_fit import ProbeSample, fit_alpha_beta
 
 __all__ = ["probe_local"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _local_rank(
@@ -94,7 +88,7 @@ def probe_local(
         raise SpecError("network probe", [f"ops: must include all_reduce (α and β come from it), got {list(ops)}"])
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     args = (world_size, port, [int(s) for s in sizes_bytes], repeats, warmup, threads, timeout_s, tuple(ops), out)
     procs = [ctx.Process(target=_local_rank, args=(r, *args), daemon=True) for r in range(world_size)]
     for p in procs:
