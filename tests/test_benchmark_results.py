@@ -268,6 +268,16 @@ def test_the_ps_tables_are_recomputed_from_their_runs(script_loader: Callable[[s
         assert row in DOCUMENT, row
 
 
+def _training_lines(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], runs: list[Path]
+) -> list[str]:
+    """What ``benchmarks/dlcp_training.py`` prints for ``runs``: per run, ps, dlcp, default DDP and four ratios."""
+    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT)) for path in runs])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
+    assert len(lines) == 7 * len(runs)
+    return lines
+
+
 def test_the_direct_sender_and_dlcp_chained_tables_are_recomputed_from_their_runs(
     script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -280,9 +290,7 @@ def test_the_direct_sender_and_dlcp_chained_tables_are_recomputed_from_their_run
     assert compare_runs.table(direct[:2], direct[2:]) in DOCUMENT
     runs = [f"{side}-{link}" for link in ("lossless", "loss1") for side in ("old", "new")]
     dlcp = [results / "dlcp-chained" / f"{run}.json" for run in runs]
-    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT)) for path in dlcp])
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
-    assert len(lines) == 28  # per run: ps, dlcp, default DDP and four ratios
+    lines = _training_lines(script_loader, capsys, dlcp)
     rows = [
         row
         for paths, only in ((direct, "ddp"), (dlcp, "dlcp"))
@@ -302,9 +310,7 @@ def test_the_dlcp_first_send_training_figures_are_recomputed_from_their_runs(
     results = ROOT / "benchmarks" / "results" / "dlcp-first-send-train"
     runs = [results / f"{name}.json" for name in ("base-loss1", "new-loss1", "new-loss1-2", "base-loss1-2")]
     assert sorted(results.glob("*.json")) == sorted(runs)
-    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT)) for path in runs])
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
-    assert len(lines) == 28  # per run: ps, dlcp, default DDP and four ratios
+    lines = _training_lines(script_loader, capsys, runs)
     dlcp_cpu_ab = script_loader("benchmarks/dlcp_cpu_ab.py")
     for line in [*lines, *(dlcp_cpu_ab.row(path) for path in runs)]:
         assert line in DOCUMENT, line
@@ -330,9 +336,7 @@ def test_the_dlcp_fast_day_tables_are_recomputed_from_their_runs(
     results = ROOT / "benchmarks" / "results" / "dlcp-fastday"
     runs = [results / f"{name}.json" for name in ("lossless", "lossless-rev", "loss1", "loss1-rev")]
     assert sorted(results.glob("*.json")) == sorted(runs)
-    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT)) for path in runs])
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
-    assert len(lines) == 28  # per run: ps, dlcp, default DDP and four ratios
+    lines = _training_lines(script_loader, capsys, runs)
     dlcp_cpu_ab = script_loader("benchmarks/dlcp_cpu_ab.py")
     thread_cpu = script_loader("benchmarks/thread_cpu.py")
     rows = [dlcp_cpu_ab.row(path) for path in runs] + [
@@ -354,9 +358,7 @@ def test_the_dlcp_sums_in_place_check_is_recomputed_from_its_runs(
     results = ROOT / "benchmarks" / "results" / "dlcp-own-slice"
     runs = [results / "before.json", results / "after.json"]
     assert sorted(results.glob("*.json")) == sorted(runs)
-    script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT)) for path in runs])
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
-    assert len(lines) == 14  # per run: ps, dlcp, default DDP and four ratios
+    lines = _training_lines(script_loader, capsys, runs)
     rows = [script_loader("benchmarks/dlcp_cpu_ab.py").row(path) for path in runs]
     for line in [*lines, *rows]:
         assert line in DOCUMENT, line
