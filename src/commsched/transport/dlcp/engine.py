@@ -13,7 +13,9 @@ thread posts transfers without waiting for that lock: a post is checked
 registers it at the top of its next turn, so a backward pass that starts a
 transfer never waits while the I/O thread works through a turn of system
 calls (in training on the testbed the training thread waited there about
-4 ms per iteration before). Cancelling takes the lock; a receive's buffer is
+4 ms per iteration before). A send posted while the link sends nothing
+is the exception: its poster tries the lock and, if it is free, sends the
+first datagrams itself (:meth:`Engine.post`). Cancelling takes the lock; a receive's buffer is
 written only while its slot is registered, and never after it finished or
 was cancelled (a transfer finished while still queued is never registered).
 
