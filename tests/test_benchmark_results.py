@@ -316,6 +316,19 @@ def test_the_dlcp_first_send_training_figures_are_recomputed_from_their_runs(
         assert line in DOCUMENT, line
 
 
+def test_the_dlcp_compiled_training_on_a_slow_day_is_recomputed_from_its_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """BENCHMARKS.md, "Compiled, in training on this host": the lines and CPU rows of the four runs."""
+    results = ROOT / "benchmarks" / "results" / "dlcp-compiled-train-slowday"
+    runs = [results / f"{name}.json" for name in ("source-1", "compiled-1", "compiled-2", "source-2")]
+    assert sorted(results.glob("*.json")) == sorted(runs)
+    lines = _training_lines(script_loader, capsys, runs)
+    dlcp_cpu_ab = script_loader("benchmarks/dlcp_cpu_ab.py")
+    for line in [*lines, *(dlcp_cpu_ab.row(path) for path in runs)]:
+        assert line in DOCUMENT, line
+
+
 def test_the_dlcp_compiled_table_is_recomputed_from_its_runs(script_loader: Callable[[str], ModuleType]) -> None:
     """BENCHMARKS.md, "DLCP's data path compiled": every row of the alternated runs, from source and compiled,
     lossless and at 1 % loss."""
