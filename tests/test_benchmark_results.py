@@ -303,25 +303,20 @@ def test_the_direct_sender_and_dlcp_chained_tables_are_recomputed_from_their_run
         assert line in DOCUMENT, line
 
 
-def test_the_dlcp_first_send_training_figures_are_recomputed_from_their_runs(
-    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("folder", "names"),
+    [
+        # "The first datagram of an exchange from its poster", in training
+        ("dlcp-first-send-train", ("base-loss1", "new-loss1", "new-loss1-2", "base-loss1-2")),
+        # "Compiled, in training on this host"
+        ("dlcp-compiled-train-slowday", ("source-1", "compiled-1", "compiled-2", "source-2")),
+    ],
+)
+def test_the_dlcp_training_ab_lines_and_cpu_rows_are_recomputed_from_their_runs(
+    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], folder: str, names: tuple[str, ...]
 ) -> None:
-    """BENCHMARKS.md, "The first datagram of an exchange from its poster", in training: the lines and CPU rows."""
-    results = ROOT / "benchmarks" / "results" / "dlcp-first-send-train"
-    runs = [results / f"{name}.json" for name in ("base-loss1", "new-loss1", "new-loss1-2", "base-loss1-2")]
-    assert sorted(results.glob("*.json")) == sorted(runs)
-    lines = _training_lines(script_loader, capsys, runs)
-    dlcp_cpu_ab = script_loader("benchmarks/dlcp_cpu_ab.py")
-    for line in [*lines, *(dlcp_cpu_ab.row(path) for path in runs)]:
-        assert line in DOCUMENT, line
-
-
-def test_the_dlcp_compiled_training_on_a_slow_day_is_recomputed_from_its_runs(
-    script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str]
-) -> None:
-    """BENCHMARKS.md, "Compiled, in training on this host": the lines and CPU rows of the four runs."""
-    results = ROOT / "benchmarks" / "results" / "dlcp-compiled-train-slowday"
-    runs = [results / f"{name}.json" for name in ("source-1", "compiled-1", "compiled-2", "source-2")]
+    results = ROOT / "benchmarks" / "results" / folder
+    runs = [results / f"{name}.json" for name in names]
     assert sorted(results.glob("*.json")) == sorted(runs)
     lines = _training_lines(script_loader, capsys, runs)
     dlcp_cpu_ab = script_loader("benchmarks/dlcp_cpu_ab.py")
