@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from conftest import load_script
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = [ROOT / "benchmarks" / "results" / run for run in ("dlcp-round-trace", "dlcp-round-trace-first-send")]
 SCRIPT = ROOT / "benchmarks" / "dlcp_round_trace.py"
 
-_spec = importlib.util.spec_from_file_location("dlcp_round_trace", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-round_trace = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(round_trace)
+round_trace = load_script("benchmarks/dlcp_round_trace.py")
 
 
 def _round_events(i: int, posted: float, sent: float, first: float, last: float, last_bytes: int) -> list[list]:

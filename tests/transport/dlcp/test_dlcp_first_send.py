@@ -10,24 +10,22 @@ from typing import Any
 import pytest
 import torch
 from _data_path import patches_data_path
+from test_dlcp_link import pair
 
 from commsched.errors import RuntimeCommError
 from commsched.transport.dlcp import link as link_module
 from commsched.transport.dlcp import udp
 from commsched.transport.dlcp.link import DlcpLink
-from commsched.transport.dlcp.sockets import LinkSockets
 from commsched.transport.links import TransferKey as K
 
-KEY = bytes(range(32))
 NUMEL = 50_000
 
 
 @pytest.fixture
 def links() -> Iterator[list[DlcpLink]]:
-    sockets = [LinkSockets("127.0.0.1", ()) for _ in range(2)]
-    pair = [DlcpLink(rank, 2, sockets[rank], [s.endpoints for s in sockets], KEY, timeout_s=10.0) for rank in (0, 1)]
-    yield pair
-    for link in pair:
+    both = pair(timeout_s=10.0)
+    yield both
+    for link in both:
         link.close()
 
 

@@ -15,9 +15,10 @@ transfer never waits while the I/O thread works through a turn of system
 calls (in training on the testbed the training thread waited there about
 4 ms per iteration before). A send posted while the link sends nothing
 is the exception: its poster tries the lock and, if it is free, sends the
-first datagrams itself (:meth:`Engine.post`). Cancelling takes the lock; a receive's buffer is
-written only while its slot is registered, and never after it finished or
-was cancelled (a transfer finished while still queued is never registered).
+first datagrams itself (:meth:`Engine.post`). Cancelling takes the lock; a
+receive's buffer is written only while its slot is registered, and never
+after it finished or was cancelled (a transfer finished while still queued
+is never registered).
 
 A PROBE is answered only once the data sockets were read dry and the
 datagrams its sender had sent before it arrived (a PROBE carries the
@@ -138,10 +139,14 @@ class Engine:
             with self._lock:
                 self._fail_posted("the link is closed")
             return
-        by_caller = not self.outbound.sends and not self.on_io_thread()  # the link sends nothing yet
-        if by_caller and isinstance(slot, SendSlot) and slot.numel and not slot.unclassified:
+        if isinstance(slot, SendSlot) and slot.numel and not slot.unclassified and self._idle_for_caller():
             self._send_first(slot)
         self._wake()
+
+    def _idle_for_caller(self) -> bool:
+        """The link sends nothing yet and the caller is not its I/O thread (tested after the cheaper checks of
+        :meth:`post`, which every post passes through)."""
+        return not self.outbound.sends and not self.on_io_thread()
 
     def _send_first(self, slot: SendSlot) -> None:
         """The link sends nothing: register ``slot`` and send its first datagrams from the caller's thread, if the
