@@ -7,17 +7,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
-
-from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = [ROOT / "benchmarks" / "results" / run for run in ("dlcp-round-trace", "dlcp-round-trace-first-send")]
 SCRIPT = ROOT / "benchmarks" / "dlcp_round_trace.py"
-
-round_trace = load_script("benchmarks/dlcp_round_trace.py")
 
 
 def _round_events(i: int, posted: float, sent: float, first: float, last: float, last_bytes: int) -> list[list]:
@@ -25,7 +23,10 @@ def _round_events(i: int, posted: float, sent: float, first: float, last: float,
             ["r", i + first, 9000], ["r", i + last, last_bytes]]  # fmt: skip
 
 
-def test_each_senders_medians_count_from_its_own_start_and_the_first_peers() -> None:
+def test_each_senders_medians_count_from_its_own_start_and_the_first_peers(
+    script_loader: Callable[[str], ModuleType],
+) -> None:
+    round_trace = script_loader("benchmarks/dlcp_round_trace.py")
     rounds = 4
     ranks = [
         {"rank": 0, "comm_starts_s": [i for i in range(rounds)], "ends_s": [i + 0.0451 for i in range(rounds)]},
@@ -82,7 +83,10 @@ for link in links:
 """
 
 
-def test_the_hook_records_a_transfers_posts_datagrams_and_ends(tmp_path: Path) -> None:
+def test_the_hook_records_a_transfers_posts_datagrams_and_ends(
+    tmp_path: Path, script_loader: Callable[[str], ModuleType]
+) -> None:
+    round_trace = script_loader("benchmarks/dlcp_round_trace.py")
     path = os.pathsep.join([str(ROOT / "benchmarks" / "dlcp_trace"), str(ROOT / "src")])
     env = os.environ | {"DLCP_TRACE_DIR": str(tmp_path), "PYTHONPATH": path, "RANK": "3"}
     before = time.monotonic()
