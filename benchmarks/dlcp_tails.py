@@ -40,6 +40,12 @@ def _csv(value: str) -> tuple[str, ...]:
 @click.option("--compute-ms", type=click.FloatRange(0), default=None, help="sleep per round [default: profiled]")
 @click.option("--grad-mib", type=click.FloatRange(0, min_open=True), default=None, help="[default: the model's]")
 @click.option("--partition-mib", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True)
+@click.option(
+    "--split-tensors/--whole-tensors",
+    default=False,
+    show_default=True,
+    help="cut a tensor larger than --partition-mib into pieces, as the ps and dlcp policies do",
+)
 @click.option("--loss-bound", type=click.FloatRange(0, 1, max_open=True), default=0.01, show_default=True)
 @click.option("--rate", default="300mbit", show_default=True, help="link and switch port rate")
 @click.option("--loss", type=click.FloatRange(0, 100, max_open=True), default=1.0, show_default=True, help="%")
@@ -63,8 +69,8 @@ def _csv(value: str) -> tuple[str, ...]:
 )
 def main(
     senders: int, rounds: int, warmup: int, model: str, compute_ms: float | None, grad_mib: float | None,
-    partition_mib: float, loss_bound: float, rate: str, loss: float, queue_pkts: int, buffer_pkts: int,
-    scenarios: str, methods: str, timeout: float, mtu: int, out: Path, plot_path: Path | None,
+    partition_mib: float, split_tensors: bool, loss_bound: float, rate: str, loss: float, queue_pkts: int,
+    buffer_pkts: int, scenarios: str, methods: str, timeout: float, mtu: int, out: Path, plot_path: Path | None,
 ) -> None:  # fmt: skip
     """Round-time tails of ps, DLCP and gloo on the emulated testbed (see the module docstring)."""
     reason = netns_unavailable_reason()
@@ -76,9 +82,9 @@ def main(
             raise ValueError(f"rate: the scenarios shape the links, give a rate, got {rate!r}")
         config = TailsConfig(
             senders=senders, rounds=rounds, warmup=warmup, model=model, compute_ms=compute_ms, grad_mib=grad_mib,
-            partition_mib=partition_mib, loss_bound=loss_bound, rate_bps=rate_bps, loss_pct=loss,
-            queue_pkts=queue_pkts, buffer_pkts=buffer_pkts, scenarios=_csv(scenarios), methods=_csv(methods),
-            timeout_s=timeout, mtu_bytes=mtu,
+            partition_mib=partition_mib, split_tensors=split_tensors, loss_bound=loss_bound, rate_bps=rate_bps,
+            loss_pct=loss, queue_pkts=queue_pkts, buffer_pkts=buffer_pkts, scenarios=_csv(scenarios),
+            methods=_csv(methods), timeout_s=timeout, mtu_bytes=mtu,
         )  # fmt: skip
         port = SwitchShape(rate_bps=rate_bps, queue_pkts=queue_pkts, buffer_pkts=buffer_pkts, loss_pct=loss)
     except ValueError as exc:

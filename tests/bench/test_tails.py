@@ -68,8 +68,37 @@ def test_partitions_follow_the_model_front_first_or_split_a_given_size_evenly() 
     parts = partitions(TailsConfig(model="cnn", partition_mib=0.5))
     assert sum(parts) == 673_322 and len(parts) >= 2  # every parameter of the cnn, in pieces of about 0.5 MiB
     assert partitions(TailsConfig(grad_mib=2.5, partition_mib=1.0)) == (218_454, 218_453, 218_453)
+    assert max(parts) == 294_912  # the cnn's largest tensor, whole
     assert Job("ps1", 10, 2, 5.0, parts, 0.01, 60.0, "/tmp").world(4) == 5  # the dedicated server
     assert Job("dlcp", 10, 2, 5.0, parts, 0.01, 60.0, "/tmp").world(4) == 4
+
+
+def test_split_tensors_cuts_a_tensor_larger_than_a_partition_as_the_policies_do() -> None:
+    whole = partitions(TailsConfig(model="cnn", partition_mib=0.25))
+    split = partitions(TailsConfig(model="cnn", partition_mib=0.25, split_tensors=True))
+    limit = 2**18 // 4
+    assert sum(split) == sum(whole) == 673_322 and max(split) == limit < max(whole)
+    # the cnn's tensors of 73,728, 147,456, 294,912 and 131,072 elements: whole pieces, then each one's rest starts
+    # the next piece with the small tensors after it (256, 256, 512: 8,192 + 256, 16,384 + 256, 32,768 + 512)
+    assert whole == (19_488, 73_728, 256, 147_456, 256, 294_912, 512, 131_072, 5_642)
+    assert split == (
+        19_488,
+        limit,
+        8_448,
+        limit,
+        limit,
+        16_640,
+        limit,
+        limit,
+        limit,
+        limit,
+        33_280,
+        limit,
+        limit,
+        5_642,
+    )
+    # a tensor exactly as large as the partition leaves no empty piece behind
+    assert 0 not in partitions(TailsConfig(model="cnn", partition_mib=0.0625, split_tensors=True))
 
 
 def test_incast_compares_the_one_server_methods_through_a_shallow_switch_port() -> None:

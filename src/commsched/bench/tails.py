@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -132,10 +133,12 @@ def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:
     link: Any = getattr(transport, "link", None)
     stats = getattr(link, "stats", None)  # a DLCP link's counters
     cpu0, base = 0.0, (0, 0)
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     try:
         for r in range(job.warmup + job.rounds):
             if r == job.warmup:
                 cpu0 = time.process_time()
+                usage0 = resource.getrusage(resource.RUSAGE_SELF)
                 base = (stats.sent, stats.received) if stats is not None else (0, 0)
             starts.append(time.monotonic())
             for flat, grad in zip(flats, grads, strict=True):
@@ -151,11 +154,15 @@ def run_rounds(job: Job, rank: int, world: int) -> dict[str, Any]:
             if exchange is not None:
                 lost.append(sum(loss.lost_numel for loss in exchange.losses.values() if loss.step == r))
         cpu_s = time.process_time() - cpu0
+        usage = resource.getrusage(resource.RUSAGE_SELF)
     finally:
         transport.close()
     out: dict[str, Any] = {
         "rank": rank, "world": world, "server": server, "starts_s": starts, "comm_starts_s": comm_starts,
         "posted_s": posted, "ends_s": ends, "lost_numel": lost, "cpu_s": cpu_s,
+        # the same CPU time in user space and in the kernel, and the threads' context switches (voluntary: waits)
+        "user_s": usage.ru_utime - usage0.ru_utime, "system_s": usage.ru_stime - usage0.ru_stime,
+        "waits": usage.ru_nvcsw - usage0.ru_nvcsw, "preempted": usage.ru_nivcsw - usage0.ru_nivcsw,
     }  # fmt: skip
     if stats is not None:  # whole-run counters, and the datagrams of the timed rounds
         keep = ("sent", "resent", "received", "written", "ecn_capable", "ce_marked", "duplicate", "late",

@@ -70,6 +70,7 @@ class TailsConfig:
     compute_ms: float | None = None  # None: the model's forward + backward, profiled here
     grad_mib: float | None = None  # None: the model's gradient
     partition_mib: float = 1.0
+    split_tensors: bool = False  # cut a tensor larger than a partition into pieces, as the ps and dlcp policies do
     loss_bound: float = 0.01
     rate_bps: int = 300 * 10**6
     loss_pct: float = 1.0
@@ -159,8 +160,12 @@ def profiled_compute_ms(model: str, batch: int = 8, iters: int = 10, seed: int =
 
 
 def partitions(config: TailsConfig) -> tuple[int, ...]:
-    """Element counts of the partitions, front first: the model's parameters in order, cut into pieces of
-    about ``partition_mib`` (tensors are not split), or ``grad_mib`` split evenly into such pieces."""
+    """Element counts of the partitions, front first: the model's parameters in order, consecutive ones merged
+    into pieces of about ``partition_mib``, or ``grad_mib`` split evenly into such pieces.
+
+    A tensor larger than a partition stays whole unless ``split_tensors``; then it is cut, as the ``ps`` and
+    ``dlcp`` policies cut it (:func:`commsched.schedule.fusion.partition`), into pieces of ``partition_mib``
+    front first, and its rest starts the next piece."""
     limit = max(1, round(config.partition_mib * 2**20 / 4))
     if config.grad_mib is not None:
         total = max(1, round(config.grad_mib * 2**20 / 4))
@@ -170,11 +175,15 @@ def partitions(config: TailsConfig) -> tuple[int, ...]:
 
     out, current = [], 0
     for p in build_model(config.model, config.seed).parameters():
-        if current and current + p.numel() > limit:
+        numel = p.numel()
+        if current and current + numel > limit:
             out.append(current)
             current = 0
-        current += p.numel()
-    return (*out, current)
+        if config.split_tensors and numel > limit:
+            whole, numel = divmod(numel, limit)
+            out += [limit] * whole
+        current += numel
+    return (*out, current) if current else tuple(out)
 
 
 def ratio(results: dict[str, Any], scenario: str, baseline: str, method: str, stat: str) -> float | None:
