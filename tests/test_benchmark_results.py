@@ -448,3 +448,39 @@ def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
     assert len(lines) == 1 + configurations  # the header and one row per configuration but the reference
     for line in lines:
         assert line in DOCUMENT, line
+
+
+@pytest.mark.parametrize("run", ["dlcp-cpu-split/run"])
+def test_the_tails_cpu_tables_are_recomputed_from_their_runs(
+    run: str, script_loader: Callable[[str], ModuleType]
+) -> None:
+    """BENCHMARKS.md, "Where DLCP's CPU goes against gloo's and TCP's": every row of each rank's CPU and counters."""
+    rows = script_loader("benchmarks/tails_cpu.py").table(ROOT / "benchmarks" / "results" / run)
+    assert len(rows) == 8  # two scenarios, two methods, two ranks
+    for line in rows:
+        assert line in DOCUMENT, line
+
+
+def test_the_ps_split_tensors_table_is_recomputed_from_its_runs(script_loader: Callable[[str], ModuleType]) -> None:
+    """BENCHMARKS.md, "The parameter server with its tensors cut as the policies cut them": each row's round
+    percentiles, ratio, floor and CPU per round, from the two runs' rounds and ranks."""
+    tails_cpu = script_loader("benchmarks/tails_cpu.py")
+    folder = ROOT / "benchmarks" / "results" / "dlcp-ps-split-tensors"
+    for run, label in (("whole-1mib", "3, whole (1 MiB)"), ("split-025mib", "14, cut (0.25 MiB)")):
+        report = json.loads((folder / run / "tails.json").read_text())
+        assert len(report["meta"]["partitions_numel"]) == int(label.split(",")[0])
+        for scenario, name in (("lossless", "lossless"), ("loss", "1 % loss")):
+            methods = report["scenarios"][scenario]["methods"]
+            ps, dlcp = methods["ps1"]["round"], methods["dlcp_ps"]["round"]
+            cpu = {m: tails_cpu.rank_rows(folder / run / scenario / m) for m in ("ps1", "dlcp_ps")}
+            server = " / ".join(f"{r['cpu_ms']:.1f}" for m in ("ps1", "dlcp_ps") for r in cpu[m] if r["server"])
+            senders = " / ".join(
+                "-".join(f"{v:.1f}" for v in sorted(r["cpu_ms"] for r in cpu[m] if not r["server"]))
+                for m in ("ps1", "dlcp_ps")
+            )
+            row = (
+                f"| {label} | {name} | {ps['p50_ms']:.1f} / {ps['p99_ms']:.1f} | {dlcp['p50_ms']:.1f} / "
+                f"{dlcp['p99_ms']:.1f} | {ps['p50_ms'] / dlcp['p50_ms']:.2f}x | "
+                f"{methods['dlcp_ps']['floor_ms']:.1f} | {server} | {senders} |"
+            )
+            assert row in DOCUMENT, row
