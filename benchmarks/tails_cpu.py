@@ -3,12 +3,12 @@
     python benchmarks/tails_cpu.py RUN [RUN ...]
 
 For every scenario and method of each run, one row per rank: its process's CPU time per timed round
-(``cpu_s`` over the timed rounds: every thread, the transport's included), of it in user space and in the
-kernel, and its threads' voluntary context switches per round (each a wait for a socket, a timer or a lock;
-runs saved before these were recorded leave them blank); and for a DLCP link its
-counters per round over the whole run (warm-up included, as the link counts them): turns of the I/O loop,
-those that found no socket ready, turns that found this host's queue full, send and receive system calls,
-datagrams sent and received. A run's folder is what ``--out`` named.
+(``cpu_s`` over the timed rounds: every thread, the transport's included), how much of it was user space and
+how much kernel, and its threads' voluntary context switches per round (each a wait for a socket, a timer or a
+lock; runs saved before these were recorded leave the three blank); and for a DLCP link its counters per round
+over the whole run (warm-up included, as the link counts them): turns of the I/O loop, those that found no
+socket ready, turns that found this host's queue full, send and receive system calls, datagrams sent and
+received. A run's folder is what ``--out`` named.
 """
 
 from __future__ import annotations
