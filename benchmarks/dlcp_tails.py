@@ -96,12 +96,16 @@ def main(
     plot_path = plot_path or out / "tails.png"
     plot_path.parent.mkdir(parents=True, exist_ok=True)
     plot(report, plot_path)
-    print(f"{'scenario':10} {'method':8} {'p50 ms':>8} {'p99 ms':>8} {'comm p99':>9}  datagrams/CPU-s")
+    print(f"{'scenario':10} {'method':8} {'p50 ms':>8} {'p99 ms':>8} {'comm p99':>9} {'CPU ms/round':>13}  "
+          "datagrams/CPU-s")  # fmt: skip
     for name, entry in report["scenarios"].items():
         for method, m in entry["methods"].items():
             rate_cell = f"{m['datapath']['datagrams_per_cpu_s_median']:,.0f}" if "datapath" in m else ""
+            cpu = m.get("cpu_ms_per_round")  # the busiest rank's process (benchmarks/tails_cpu.py: every rank)
+            cpu_cell = f"{cpu['max']:.1f}" if cpu is not None else ""
             r, c = m["round"], m["comm"]
-            print(f"{name:10} {method:8} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {c['p99_ms']:9.1f}  {rate_cell}")
+            print(f"{name:10} {method:8} {r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {c['p99_ms']:9.1f} {cpu_cell:>13}  "
+                  f"{rate_cell}")  # fmt: skip
     print("\n".join(report["ratios"]))
     print(f"wrote {out / 'tails.json'} and {plot_path}")
 

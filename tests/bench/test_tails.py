@@ -11,6 +11,7 @@ import pytest
 
 from commsched.bench.tails import (
     Job,
+    cpu_ms_per_round,
     datapath_rate,
     posting_ms,
     round_times,
@@ -62,6 +63,9 @@ def test_summaries_are_numpy_percentiles_and_the_datapath_counts_timed_datagrams
     ]
     assert datapath_rate(ranks) == {"datagrams_per_cpu_s_median": 25_000.0, "datagrams_per_cpu_s_max": 30_000.0}
     assert datapath_rate([{"cpu_s": 1.0}]) is None  # no DLCP link: nothing to say
+    # CPU per timed round, every method: the ranks' median and the busiest rank
+    assert cpu_ms_per_round(ranks, 100) == {"median": 15.0, "max": 20.0}  # 2 and 1 CPU-s over 100 rounds
+    assert cpu_ms_per_round(ranks, 0) is None and cpu_ms_per_round([], 10) is None
 
 
 def test_partitions_follow_the_model_front_first_or_split_a_given_size_evenly() -> None:
@@ -210,6 +214,9 @@ def test_a_tiny_jumbo_frame_incast_of_dlcp_ps_measures_rounds_datagrams_and_the_
     assert entry["floor_ms"] > 5.0 and entry["round"]["p50_ms"] >= entry["floor_ms"]
     assert len(entry["ranks"]) == 3 and entry["ranks"][0]["server"]  # two senders and the server, rank 0
     assert entry["datapath"]["datagrams_per_cpu_s_median"] > 0
+    assert 0 < entry["cpu_ms_per_round"]["median"] <= entry["cpu_ms_per_round"]["max"]
+    for rank in entry["ranks"]:  # the CPU split into user space and kernel, and the threads' waits
+        assert rank["user_s"] + rank["system_s"] > 0 and rank["waits"] > 0 and rank["preempted"] >= 0
     assert 0 < entry["posting"]["p50_ms"] <= entry["posting"]["p99_ms"] < entry["comm"]["p99_ms"]
     # jumbo frames: the server wrote the pushes in datagrams of about 9000 bytes, not 1500
     pushes = 2 * (4 + 2) * 0.125 * 2**20  # bytes into the server: 2 senders, 6 rounds

@@ -279,5 +279,14 @@ def datapath_rate(ranks: list[dict[str, Any]]) -> dict[str, float] | None:
     return {"datagrams_per_cpu_s_median": float(np.median(rates)), "datagrams_per_cpu_s_max": float(max(rates))}
 
 
+def cpu_ms_per_round(ranks: list[dict[str, Any]], rounds: int) -> dict[str, float] | None:
+    """CPU time each rank's process used per timed round (every thread: the transport's work included), median
+    and max over ranks (the max: the busiest process, a dedicated server's in PS mode). None without rounds."""
+    if rounds < 1 or not ranks:
+        return None
+    per_round = [1e3 * r["cpu_s"] / rounds for r in ranks]
+    return {"median": float(np.median(per_round)), "max": float(max(per_round))}
+
+
 if __name__ == "__main__":
     main()

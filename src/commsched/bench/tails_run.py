@@ -32,7 +32,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from commsched.bench.tails import METHODS, Job, datapath_rate, posting_ms, round_times, summarise, wire_floor_ms
+from commsched.bench.tails import (
+    METHODS,
+    Job,
+    cpu_ms_per_round,
+    datapath_rate,
+    posting_ms,
+    round_times,
+    summarise,
+    wire_floor_ms,
+)
 from commsched.testbed.commands import LinkShape, format_rate, shaper_burst_bytes
 from commsched.testbed.launch import run_workers
 from commsched.testbed.netns import NetnsTestbed
@@ -272,6 +281,8 @@ def run_tails(
                 "ratio": "baseline / method of a percentile of round_ms (above 1: the method is faster)",
                 "datagrams_per_cpu_s": "DLCP datagrams sent + received by a rank over the timed rounds per CPU "
                 "second its process used in them",
+                "cpu_ms_per_round": "CPU time a rank's process used per timed round (every thread), median and "
+                "max over ranks",
             },
         },
         "scenarios": {},
@@ -347,6 +358,9 @@ def _run_method(
     rate = datapath_rate(ranks)
     if rate is not None:
         entry["datapath"] = rate
+    cpu = cpu_ms_per_round(ranks, job.rounds)
+    if cpu is not None:
+        entry["cpu_ms_per_round"] = cpu
     after = _port_counters(bed, scenario, config.senders)
     if after is not None and before is not None:
         entry["server_port"] = {k: after[k] - before[k] for k in after}
