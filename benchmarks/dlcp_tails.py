@@ -21,7 +21,8 @@ from pathlib import Path
 import click
 
 from commsched.bench.tails import METHODS
-from commsched.bench.tails_run import TailsConfig, plot, run_tails
+from commsched.bench.tails_report import plot
+from commsched.bench.tails_run import TailsConfig, run_tails
 from commsched.testbed import netns_unavailable_reason, parse_rate
 from commsched.testbed.switch import SwitchShape, switch_unavailable_reason
 

@@ -143,7 +143,7 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
 )
 def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) -> None:
     from commsched.bench.tails import round_times, summarise, wire_floor_ms
-    from commsched.bench.tails_run import ratio_lines
+    from commsched.bench.tails_report import ratio_lines
     from commsched.testbed.commands import shaper_burst_bytes
 
     directory = ROOT / "benchmarks" / "results" / run

@@ -19,7 +19,8 @@ from commsched.bench.tails import (
     two_stage_makespan,
     wire_floor_ms,
 )
-from commsched.bench.tails_run import TailsConfig, partitions, plot, ratio, ratio_lines, run_tails, scenarios
+from commsched.bench.tails_report import plot, ratio, ratio_lines
+from commsched.bench.tails_run import TailsConfig, partitions, run_tails, scenarios
 from commsched.testbed import netns_unavailable_reason, project_objects
 from commsched.testbed.switch import SwitchShape, switch_unavailable_reason
 
