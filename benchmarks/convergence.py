@@ -34,7 +34,6 @@ import json
 import math
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -44,6 +43,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from commsched._sockets import free_port
 
 
 @dataclass(frozen=True)
@@ -160,12 +161,6 @@ def worker(rank: int, world: int, port: int, jobs: list[tuple[Config, int]], epo
                   f"({last['seconds']:.0f} s)", flush=True)  # fmt: skip
     Path(out, f"rank{rank}.json").write_text(json.dumps(results))
     dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from commsched._sockets import free_port
+
 PATHS = ("decisions", "tcplink", "socket")
 
 
@@ -134,9 +136,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.messages < 20:
         parser.error(f"--messages must be >= 20, got {args.messages}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out = f"/tmp/decision-latency-{os.getpid()}.json"
     mp.spawn(worker, args=(port, args.messages, args.busy, out), nprocs=2)
     with open(out) as f:

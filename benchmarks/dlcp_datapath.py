@@ -51,6 +51,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from commsched._sockets import free_port
 from commsched.bench.tails import Job, datapath_rate, round_times, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,9 +150,7 @@ def launch_rounds(src: Path, method: str, job: dict[str, Any]) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="dlcp-rounds-") as out:
         spec = Job(**{**job, "method": method, "out": out})
         Path(out, "job.json").write_text(json.dumps(asdict(spec)))
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            master_port = s.getsockname()[1]
+        master_port = free_port()
         procs = []
         for rank in range(2):
             env = _env(src) | {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",

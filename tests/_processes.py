@@ -13,7 +13,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable
@@ -23,6 +22,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import pytest
+
+from commsched._sockets import free_port
 
 #: imported once by the server, so that every worker starts with them
 PRELOAD = ["torch", "torch.distributed", "torch.nn", "torch.optim", "commsched", "commsched.runtime"]
@@ -43,13 +44,6 @@ def _with_environ(environ: dict[str, str], target: Callable[..., Any], args: tup
 def process(target: Callable[..., Any], args: tuple[Any, ...]) -> BaseProcess:
     """A worker that runs ``target(*args)`` with the test process's environment of this moment."""
     return context().Process(target=_with_environ, args=(dict(os.environ), target, args))
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for a rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -12,13 +11,9 @@ from types import ModuleType
 
 import pytest
 
+from commsched._sockets import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_a_tiny_run_times_every_phase_and_counts_every_threads_cpu_and_sleeps_in_both_configurations(
@@ -26,7 +21,7 @@ def test_a_tiny_run_times_every_phase_and_counts_every_threads_cpu_and_sleeps_in
 ) -> None:
     out = tmp_path / "cost.json"
     argv = [sys.executable, str(ROOT / "benchmarks" / "runtime_cost.py"), "--configs", "torch,ddp",
-            "--model", "cnn", "--iters", "3", "--warmup", "3", "--blocks", "2", "--port", str(_free_port()),
+            "--model", "cnn", "--iters", "3", "--warmup", "3", "--blocks", "2", "--port", str(free_port()),
             "--json", str(out)]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

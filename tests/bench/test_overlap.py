@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -14,6 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from commsched import zoo
+from commsched._sockets import free_port
 from commsched.bench.hetero_spec import measured_spec
 from commsched.bench.overlap import MIN_COMM_RATE, OVERLAP_REPEATS, OverlapTimes, time_overlap
 from commsched.errors import SpecError
@@ -139,10 +139,7 @@ def test_a_malformed_overlap_measurement_is_refused_naming_the_rank() -> None:
 
 @pytest.fixture
 def group_of_one() -> Iterator[None]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

@@ -14,9 +14,9 @@ Example::
 from __future__ import annotations
 
 import os
-import socket
 from typing import Literal
 
+from commsched._sockets import free_port
 from commsched.testbed.base import Log, Testbed
 from commsched.testbed.commands import LinkShape
 from commsched.testbed.netns import NetnsTestbed
@@ -44,9 +44,7 @@ class LoopbackTestbed(Testbed):
         }
 
     def master_port(self, launch: int) -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+        return free_port()
 
     def set_shape(self, shape: LinkShape) -> None:
         if shape.shaped:
