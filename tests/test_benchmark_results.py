@@ -139,6 +139,7 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
         *(f"dlcp-tails-1000/{run}" for run in ("collective", "ps", "collective-freeze")),
         *(f"dlcp-gc-ab/{run}" for run in ("base-1", "new-1", "base-2", "new-2")),
         *(f"dlcp-first-send-ab/{run}" for run in ("base-1", "dev-1", "base-2", "dev-2")),
+        "dlcp-fastday-20261202/ps-tails",
     ],
 )
 def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) -> None:
@@ -402,13 +403,14 @@ def test_the_dlcp_training_check_after_the_sends_behind_their_phase_is_recompute
                 "dev-lossless-2",
             )
         ),
+        *(("dlcp-fastday-20261202", run) for run in ("train-loss1-1", "train-loss1-2", "train-lossless")),
     ],
 )
 def test_the_dlcp_training_checks_of_single_runs_are_recomputed_from_them(
     script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], folder: str, run: str
 ) -> None:
-    """BENCHMARKS.md, "DLCP in training with pushes first" and "In training" under "DLCP keeps its own queue
-    short": the training lines and the CPU row of each run."""
+    """BENCHMARKS.md, "DLCP in training with pushes first", "In training" under "DLCP keeps its own queue short"
+    and "DLCP on a fast day of the host": the training lines and the CPU row of each run."""
     path = ROOT / "benchmarks" / "results" / folder / f"{run}.json"
     script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT))])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
@@ -450,13 +452,20 @@ def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
         assert line in DOCUMENT, line
 
 
-@pytest.mark.parametrize("run", ["dlcp-cpu-split/run"])
+@pytest.mark.parametrize(
+    ("run", "count"),
+    [
+        ("dlcp-cpu-split/run", 8),  # two scenarios, two methods, two ranks
+        *((f"dlcp-host-queue-writable-ab/{run}", 4) for run in ("base-a", "new-a", "new-b", "base-b")),  # one scenario
+    ],
+)
 def test_the_tails_cpu_tables_are_recomputed_from_their_runs(
-    run: str, script_loader: Callable[[str], ModuleType]
+    run: str, count: int, script_loader: Callable[[str], ModuleType]
 ) -> None:
-    """BENCHMARKS.md, "Where DLCP's CPU goes against gloo's and TCP's": every row of each rank's CPU and counters."""
+    """BENCHMARKS.md, "Where DLCP's CPU goes against gloo's and TCP's" and "The kernel's wake-up for a full host
+    queue": every row of each rank's CPU and counters."""
     rows = script_loader("benchmarks/tails_cpu.py").table(ROOT / "benchmarks" / "results" / run)
-    assert len(rows) == 8  # two scenarios, two methods, two ranks
+    assert len(rows) == count
     for line in rows:
         assert line in DOCUMENT, line
 
