@@ -112,7 +112,7 @@ def test_the_compute_is_scaled_to_the_lock_step_reference_and_the_update_kept() 
         assert cal.fitted(None, reference).workload is cal.workload
 
 
-def test_the_overlap_rounds_are_recorded_as_the_devices_overlap_costs_and_left_out_of_the_predictions() -> None:
+def test_the_overlap_rounds_are_recorded_as_the_devices_overlap_costs_and_charged_by_the_validation() -> None:
     from dataclasses import asdict
 
     from commsched.bench.overlap import OverlapTimes
@@ -135,19 +135,23 @@ def test_the_overlap_rounds_are_recorded_as_the_devices_overlap_costs_and_left_o
     assert cal.overlap["overlap_ms_per_task"] == pytest.approx(5.0)
     assert cal.overlap["overlap_ms_per_mb"] == pytest.approx(7.0)
     assert cal.overlap["overlap_comm_rate"] == pytest.approx(200.0 / 300.0)
-    cluster = cal.fitted(400.0, 500.0).cluster_with_overlap
+    cluster = cal.fitted(400.0, 500.0).cluster
     assert cluster.worker_overlap_ms_per_mb() == pytest.approx((7.0,) * 4)
     assert cluster.worker_overlap_ms_per_task() == pytest.approx((5.0,) * 4)
+    assert cluster.worker_overlap_comm_rate() == pytest.approx((200.0 / 300.0,) * 4)
     assert cal.summary()["overlap_ms_per_mb"] == pytest.approx(7.0)  # recorded and shown
-    # and charged where asked for: the backward pays for what it overlaps
+    bare = cal.fitted(400.0, 500.0).priced_cluster(overlap=False)
+    assert bare.worker_overlap_ms_per_mb() == (None,) * 4 and bare.worker_overlap_comm_rate() == (None,) * 4
+    # charged: the backward pays for what it overlaps
     w = cal.fitted(400.0, 500.0).workload
     charged = predict(w, cluster, ["ddp"], update_ms=7.0)["ddp"]
-    assert charged > predict(w, cal.fitted(400.0, 500.0).cluster, ["ddp"], update_ms=7.0)["ddp"]
-    # the validation predicts without them (the module docstring says why)
-    assert cal.cluster.worker_overlap_ms_per_mb() == (None,) * 4
+    assert charged > predict(w, bare, ["ddp"], update_ms=7.0)["ddp"]
+    # the validation predicts with them; without them, as a calibration that timed none
     session = _session({"ddp": 900.0, "compute": 500.0, "allreduce": 400.0})
     with_rounds = predict_session(session, cal, ["ddp"], {})["rows"]["ddp"]["predicted_ms"]
-    assert with_rounds == predict_session(session, plain, ["ddp"], {})["rows"]["ddp"]["predicted_ms"]
+    without = predict_session(session, cal, ["ddp"], {}, overlap=False)["rows"]["ddp"]["predicted_ms"]
+    assert without == predict_session(session, plain, ["ddp"], {})["rows"]["ddp"]["predicted_ms"]
+    assert with_rounds == pytest.approx(predict(w, cluster, ["ddp"], update_ms=7.0)["ddp"]) and with_rounds > without
 
 
 def test_the_calibrated_cluster_reproduces_the_probed_all_reduce() -> None:

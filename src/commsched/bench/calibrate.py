@@ -18,19 +18,19 @@ the same ranks sharing the same CPUs:
   and beside the runtime's tasks in three bucket layouts
   (:mod:`commsched.bench.overlap`, :mod:`commsched.bench.task_overlap`), for
   the devices' ``overlap_ms_per_mb``, ``overlap_ms_per_task`` and
-  ``overlap_comm_rate`` (:func:`commsched.bench.hetero_spec.overlap_fields`).
-  These are recorded and shown in the summary but the validation does not
-  predict with them: in the first session that measured them (resnet5m, 2
-  workers, BENCHMARKS.md "Charging the measured overlap costs") they moved
-  the median |error| from 7.8 to 13.2 % unshaped and from 6.2 to 6.4 % at
-  300 Mbit/s, because the per-task cost they give (0.62 ms) is below the
-  probe's CPU per all-reduce (1.65 ms), which the simulator charges
-  otherwise, and the policies of many small messages came out faster still.
-  Tried again over every saved report, with a reduce-scatter or all-gather
-  charged per MiB for half its buffer (BENCHMARKS.md, "Where the policies
-  of many messages lose time unshaped"): better in the five sessions of
-  the runtime's own all-reduce connections (11.9 to 6.5 % on resnet5m
-  unshaped), worse over all 263 predictions (median 6.8 to 7.5 %).
+  ``overlap_comm_rate`` (:func:`commsched.bench.hetero_spec.overlap_fields`),
+  which the simulator charges where they are measured instead of the probe's
+  CPU work per task and per MiB (:mod:`commsched.sim.contention`). Twice
+  this was tried and not kept, when most saved sessions ran the runtime's
+  all-reduces over gloo (the first session that measured them: median
+  |error| 7.8 to 13.2 % unshaped; later 27 sessions: better in 11, worse in
+  14). Over the 45 sessions saved since that measured them, most of them of
+  the runtime's own all-reduce connections, it is better in 26 and worse in
+  15, the 272 policy predictions' median |error| 4.58 to 4.36 % (17 sessions
+  of that runtime: 3.47 to 3.04 %), and the one session of today's code
+  that missed the 8 % target, unshaped, goes from 10.6 to 5.0 %
+  (BENCHMARKS.md, "The simulator charges the measured overlap costs";
+  ``benchmarks/overlap_charge.py`` prints both).
 
 :func:`predict_session` then runs :func:`commsched.bench.validate.predict` (the
 simulator with the runtime's gloo options) for every policy of the session
@@ -141,8 +141,7 @@ class Calibration:
         #: before the runtime's all-reduces had connections of their own, its all-reduce was gloo's)
         self.gloo_cpu = fit_cpu(self.samples, GLOO_OP)
         #: what communicating beside compute costs the device (:mod:`commsched.bench.overlap`): the cluster's
-        #: ``overlap_ms_per_mb``, ``overlap_ms_per_task``, ``overlap_comm_rate`` (none where not timed);
-        #: recorded, not predicted with (:attr:`cluster_with_overlap`)
+        #: ``overlap_ms_per_mb``, ``overlap_ms_per_task``, ``overlap_comm_rate`` (none where not timed)
         self.overlap = overlap_fields([data], source, self.cpu, [1.0])[0]
 
         #: the probe's own β (``beta_s_per_byte`` is fitted to the reference all-reduce by :meth:`fitted`)
@@ -153,18 +152,16 @@ class Calibration:
 
     @property
     def cluster(self) -> Cluster:
-        return self._cluster(None)
+        """The measured cluster, its devices with their measured overlap costs (:attr:`overlap`)."""
+        return self.priced_cluster(overlap=True)
 
-    @property
-    def cluster_with_overlap(self) -> Cluster:
-        """:attr:`cluster` with the devices' measured overlap costs (:attr:`overlap`): recorded and shown,
-        not what the validation predicts with (the module docstring says why)."""
-        return self._cluster(self.overlap)
-
-    def _cluster(self, device_fields: dict[str, float] | None) -> Cluster:
+    def priced_cluster(self, *, overlap: bool) -> Cluster:
+        """The measured cluster; ``overlap=False`` leaves the overlap costs out (the simulator then charges
+        the probe's CPU work per task and per MiB), for comparing the two pricings."""
         return measured_cluster(
-            self.alpha_s, self.beta_s_per_byte, self.world_size, name="testbed (measured)", device_fields=device_fields
-        )
+            self.alpha_s, self.beta_s_per_byte, self.world_size, name="testbed (measured)",
+            device_fields=self.overlap if overlap else None,
+        )  # fmt: skip
 
     def as_pytorch_ddp(self) -> Calibration:
         """A copy with the α and the CPU work of the backend's own all-reduce, as PyTorch DDP runs it (this one
@@ -250,8 +247,12 @@ def predict_session(
     calibration: Calibration,
     policies: list[str],
     knobs: dict[str, dict[str, Any]],
+    *,
+    overlap: bool = True,
 ) -> dict[str, Any]:
     """Predicted against measured iteration time for every policy and predictable reference of ``session``.
+
+    ``overlap=False`` predicts without the measured overlap costs (:meth:`Calibration.priced_cluster`).
 
     Returns ``{"rows": {name: {"predicted_ms", "measured_ms", "error_pct", "simulated_as"}},
     "median_abs_error_pct": over the policies (references left out), "calibration": summary}``;
@@ -276,7 +277,7 @@ def predict_session(
         priced = calibration.as_pytorch_ddp() if name in _SIMULATED_AS else calibration  # PyTorch DDP: gloo's
         try:
             predictions = [
-                predict(workload, priced.cluster, [policy], knobs={policy: policy_knobs},
+                predict(workload, priced.priced_cluster(overlap=overlap), [policy], knobs={policy: policy_knobs},
                         update_ms=calibration.update_ms, cpu=priced.cpu, ps_cpu=calibration.ps_cpu)[policy]
                 for policy, policy_knobs in cases
             ]  # fmt: skip
@@ -333,13 +334,15 @@ def _row(predicted: float, measured: float, simulated: str, knobs: dict[str, Any
     }
 
 
-def revalidate(report: dict[str, Any]) -> dict[str, Any]:
-    """Recompute every session's validation of a saved report from its raw calibration (today's simulator and fit)."""
+def revalidate(report: dict[str, Any], *, overlap: bool = True) -> dict[str, Any]:
+    """Recompute every session's validation of a saved report from its raw calibration (today's simulator and
+    fit; ``overlap``: :func:`predict_session`)."""
     config = report["meta"]["config"]
     for session in report["sessions"]:
         raw = session.get("calibration")
         if raw is not None:
+            calibration = Calibration(raw, f"session {session['label']}")
             session["validation"] = predict_session(
-                session, Calibration(raw, f"session {session['label']}"), list(config["policies"]), config["knobs"]
+                session, calibration, list(config["policies"]), config["knobs"], overlap=overlap
             )
     return report
