@@ -495,3 +495,14 @@ def test_the_ps_split_tensors_table_is_recomputed_from_its_runs(script_loader: C
                 f"{methods['dlcp_ps']['floor_ms']:.1f} | {server} | {senders} |"
             )
             assert row in DOCUMENT, row
+
+
+def test_the_overlap_charge_comparison_is_recomputed_from_every_saved_report(
+    script_loader: Callable[[str], ModuleType],
+) -> None:
+    overlap_charge = script_loader("benchmarks/overlap_charge.py")
+    found = overlap_charge.sessions(ROOT / "benchmarks" / "results")
+    own = [s for s in found if s.own_connections]
+    assert own and len(own) < len(found)
+    assert overlap_charge.summary_line("every one that measured the overlap costs", found) in DOCUMENT
+    assert overlap_charge.summary_line("the runtime's own all-reduce connections", own) in DOCUMENT
