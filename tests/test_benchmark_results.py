@@ -438,13 +438,15 @@ def test_the_dlcp_training_checks_of_single_runs_are_recomputed_from_them(
         ("ps-fuse-network/300mbit", 2),
         ("ps-fuse-network/unshaped-2", 2),
         ("unshaped-ps-ddp-fastday-20261202", 3),
+        ("unshaped-ps-ddp-20261203", 3),
     ],
 )
 def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
     run: str, configurations: int, script_loader: Callable[[str], ModuleType]
 ) -> None:
     """BENCHMARKS.md, "Every policy unshaped on the fast day", "The parameter server's sums in place", "Every
-    policy unshaped after these changes", the two on `ps`'s fusion and "`ps` and `ddp` unshaped on the fast day":
+    policy unshaped after these changes", the two on `ps`'s fusion and "`ps` and `ddp` unshaped on the fast day" and on
+    the next day's host:
     every row of the paired ratios of each run."""
     paired_ratios = script_loader("benchmarks/paired_ratios.py")
     (session,) = json.loads((ROOT / "benchmarks" / "results" / run / "bench.json").read_text())["sessions"]
