@@ -24,12 +24,13 @@ the same ranks sharing the same CPUs:
   this was tried and not kept, when most saved sessions ran the runtime's
   all-reduces over gloo (the first session that measured them: median
   |error| 7.8 to 13.2 % unshaped; later 27 sessions: better in 11, worse in
-  14). Over the 47 sessions saved since that measured them it is better in
-  26 and worse in 15, the 290 policy predictions' median |error| 4.32 to
-  3.94 % (the 19 sessions of the runtime's own all-reduce connections:
-  3.21 to 2.91 %), the one session of today's code that
-  missed the 8 % target, unshaped, goes from 10.6 to 5.0 %, and a run made
-  after the change is within 2.3 % unshaped and 2.4 % at 1 Gbit/s
+  14). Over the 49 sessions saved since that measured them it is better in
+  28 and worse in 15, the 308 policy predictions' median |error| 3.93 to
+  3.86 % (the 21 sessions of the runtime's own all-reduce connections:
+  3.14 to 2.85 %), the one session of today's code that missed the 8 %
+  target, unshaped, goes from 10.6 to 5.0 %, and runs made after the
+  change are within 2.3, 2.4, 1.9 and 2.3 % (unshaped, 1 Gbit/s,
+  300 Mbit/s, 150 Mbit/s)
   (BENCHMARKS.md, "The simulator charges the measured overlap costs";
   ``benchmarks/overlap_charge.py`` prints both).
 
