@@ -140,6 +140,7 @@ def test_the_heterogeneous_testbed_tables_in_the_planning_docs_are_the_saved_run
         *(f"dlcp-gc-ab/{run}" for run in ("base-1", "new-1", "base-2", "new-2")),
         *(f"dlcp-first-send-ab/{run}" for run in ("base-1", "dev-1", "base-2", "dev-2")),
         "dlcp-fastday-20261202/ps-tails",
+        "dlcp-tails-20261203",
     ],
 )
 def test_the_dlcp_tails_figures_are_recomputed_from_every_saved_round(run: str) -> None:
