@@ -405,13 +405,15 @@ def test_the_dlcp_training_check_after_the_sends_behind_their_phase_is_recompute
             )
         ),
         *(("dlcp-fastday-20261202", run) for run in ("train-loss1-1", "train-loss1-2", "train-lossless")),
+        ("dlcp-train-20261203", "train-loss1"),
     ],
 )
 def test_the_dlcp_training_checks_of_single_runs_are_recomputed_from_them(
     script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], folder: str, run: str
 ) -> None:
     """BENCHMARKS.md, "DLCP in training with pushes first", "In training" under "DLCP keeps its own queue short"
-    and "DLCP on a fast day of the host": the training lines and the CPU row of each run."""
+    and "DLCP on a fast day of the host" and on the next day's: the training lines and the CPU row
+    of each run."""
     path = ROOT / "benchmarks" / "results" / folder / f"{run}.json"
     script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT))])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
