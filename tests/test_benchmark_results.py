@@ -411,9 +411,9 @@ def test_the_dlcp_training_check_after_the_sends_behind_their_phase_is_recompute
 def test_the_dlcp_training_checks_of_single_runs_are_recomputed_from_them(
     script_loader: Callable[[str], ModuleType], capsys: pytest.CaptureFixture[str], folder: str, run: str
 ) -> None:
-    """BENCHMARKS.md, "DLCP in training with pushes first", "In training" under "DLCP keeps its own queue short"
-    and "DLCP on a fast day of the host" and on the next day's: the training lines and the CPU row
-    of each run."""
+    """BENCHMARKS.md, "DLCP in training with pushes first", "In training" under "DLCP keeps its own queue short",
+    "DLCP on a fast day of the host" and "DLCP in training at 1 % loss on the next day's host": the training lines
+    and the CPU row of each run."""
     path = ROOT / "benchmarks" / "results" / folder / f"{run}.json"
     script_loader("benchmarks/dlcp_training.py").main([str(path.relative_to(ROOT))])
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("300mbit")]
@@ -448,9 +448,8 @@ def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
     run: str, configurations: int, script_loader: Callable[[str], ModuleType]
 ) -> None:
     """BENCHMARKS.md, "Every policy unshaped on the fast day", "The parameter server's sums in place", "Every
-    policy unshaped after these changes", the two on `ps`'s fusion and "`ps` and `ddp` unshaped on the fast day" and on
-    the next day's host:
-    every row of the paired ratios of each run."""
+    policy unshaped after these changes", the two on `ps`'s fusion, "`ps` and `ddp` unshaped on the fast day" and
+    its rerun on the next day's host: every row of the paired ratios of each run."""
     paired_ratios = script_loader("benchmarks/paired_ratios.py")
     (session,) = json.loads((ROOT / "benchmarks" / "results" / run / "bench.json").read_text())["sessions"]
     lines = paired_ratios.rows(session, "torch_ddp")
