@@ -15,6 +15,16 @@ for every such session, and for those of the runtime's own all-reduce
 connections (where the probe also timed the backend's all-reduce apart, the
 runtime since its all-reduces stopped going through gloo). Sessions that did
 not measure the overlap costs predict the same either way and are left out.
+
+Last, whether the overlap costs would make the simulator *choose* better,
+which is what ``policy="auto"`` and ``commsched advise`` ask of it (neither
+charges them: the warm-up runs no overlap rounds): over the sessions that
+measured at least :data:`MIN_RANKED` lossless policies, the policy each
+pricing ranks first and its measured time over the fastest measured
+(the regret; 1 where the simulator's first is the measured first), and
+Kendall's tau between the predicted and the measured order. The policies
+are ranked as they ran, with their knobs; ``auto``'s search of knobs and its
+measured trials are not replayed.
 """
 
 from __future__ import annotations
@@ -31,6 +41,33 @@ from commsched.bench.calibrate import Calibration, revalidate
 
 #: A change of a session's median |error| smaller than this (points) counts as neither better nor worse.
 TIE_POINTS = 0.05
+#: Sessions with fewer lossless policies measured than this take no part in the ranking comparison.
+MIN_RANKED = 4
+#: Left out of the ranking: not a choice of the search (``auto``, PyTorch's own DDP) or not lossless (``dlcp``).
+UNRANKED = frozenset({"auto", "torch_ddp", "dlcp"})
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """How one pricing ranks a session's lossless policies against their measured times."""
+
+    first: str  # the policy it predicts fastest
+    regret: float  # that policy's measured time over the fastest measured
+    tau: float  # Kendall's tau between the predicted and the measured times
+
+    @staticmethod
+    def of(session: dict[str, Any], policies: set[str]) -> Ranking | None:
+        from scipy.stats import kendalltau  # here: the rest of the script needs no scipy
+
+        rows = session["validation"]["rows"]
+        ranked = {p: r for p, r in rows.items() if p in policies - UNRANKED and "error_pct" in r}
+        if len(ranked) < MIN_RANKED:
+            return None
+        measured = {p: r["measured_ms"] for p, r in ranked.items()}
+        predicted = {p: r["predicted_ms"] for p, r in ranked.items()}
+        first = min(predicted, key=predicted.__getitem__)
+        tau = kendalltau([measured[p] for p in ranked], [predicted[p] for p in ranked]).statistic
+        return Ranking(first, measured[first] / min(measured.values()), float(tau))
 
 
 @dataclass(frozen=True)
@@ -41,6 +78,7 @@ class Session:
     overlap: dict[str, float]
     without: list[float]  # |error| % of each policy, probe's CPU work charged
     charged: list[float]  # the same, the overlap costs charged
+    ranked: tuple[Ranking, Ranking] | None = None  # without, charged; None with too few lossless policies
 
 
 def sessions(root: Path) -> list[Session]:
@@ -62,8 +100,10 @@ def sessions(root: Path) -> list[Session]:
             if not calibration.overlap:
                 continue
             name = str(path.relative_to(root).with_suffix(""))
+            first, second = Ranking.of(a, policies), Ranking.of(b, policies)
+            ranked = (first, second) if first is not None and second is not None else None
             out.append(Session(name, raw["label"], calibration.gloo_cpu is not None, calibration.overlap,
-                               _errors(a, policies), _errors(b, policies)))  # fmt: skip
+                               _errors(a, policies), _errors(b, policies), ranked))  # fmt: skip
     return out
 
 
@@ -85,6 +125,21 @@ def summary_line(label: str, chosen: list[Session]) -> str:
             f"{_median(without):.2f} % | {_median(charged):.2f} % |")  # fmt: skip
 
 
+def ranking_line(label: str, chosen: list[Session]) -> str:
+    """Over the sessions with a ranking: how often each pricing's first is the measured first, the median and
+    the mean regret, and the median tau, without the overlap costs and with them."""
+    pairs = [s.ranked for s in chosen if s.ranked is not None]
+    cells = [str(len(pairs))]
+    for pick in (lambda r: r[0], lambda r: r[1]):
+        rankings = [pick(r) for r in pairs]
+        regrets = [r.regret for r in rankings]
+        cells.append(
+            f"{sum(x == 1.0 for x in regrets)} | {_median(regrets):.3f} | {statistics.fmean(regrets):.3f} | "
+            f"{_median([r.tau for r in rankings]):.2f}"
+        )
+    return f"| {label} | {' | '.join(cells)} |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("root", type=Path, nargs="?", default=Path(__file__).parent / "results")
@@ -104,6 +159,23 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|")
     print(summary_line("every one that measured the overlap costs", found))
     print(summary_line("the runtime's own all-reduce connections", [s for s in found if s.own_connections]))
+    print()
+    print(f"Ranking the lossless policies (sessions with at least {MIN_RANKED}); without the overlap costs, then with:")
+    print()
+    print("| sessions | count | first is fastest | median regret | mean regret | median tau "
+          "| first is fastest | median regret | mean regret | median tau |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(ranking_line("every one that measured the overlap costs", found))
+    print(ranking_line("the runtime's own all-reduce connections", [s for s in found if s.own_connections]))
+    print()
+    print("Where the two pricings rank a different policy first (its measured time over the fastest):")
+    print()
+    print("| report | session | without | charged |")
+    print("|---|---|---|---|")
+    for s in found:
+        if s.ranked is not None and s.ranked[0].first != s.ranked[1].first:
+            cells = [f"{r.first} ({r.regret:.3f})" for r in s.ranked]
+            print(f"| {s.report} | {s.label} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

@@ -12,10 +12,12 @@ published numbers behind.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -501,7 +503,7 @@ def test_the_ps_split_tensors_table_is_recomputed_from_its_runs(script_loader: C
             assert row in DOCUMENT, row
 
 
-def test_the_overlap_charge_comparison_is_recomputed_from_every_saved_report(
+def test_the_overlap_charge_comparison_and_the_readme_figures_are_recomputed_from_every_saved_report(
     script_loader: Callable[[str], ModuleType],
 ) -> None:
     overlap_charge = script_loader("benchmarks/overlap_charge.py")
@@ -510,3 +512,25 @@ def test_the_overlap_charge_comparison_is_recomputed_from_every_saved_report(
     assert own and len(own) < len(found)
     assert overlap_charge.summary_line("every one that measured the overlap costs", found) in DOCUMENT
     assert overlap_charge.summary_line("the runtime's own all-reduce connections", own) in DOCUMENT
+    ranked = [s for s in found if s.ranked is not None]
+    assert ranked and all(r.regret >= 1.0 and -1.0 <= r.tau <= 1.0 for s in ranked for r in s.ranked)
+    assert overlap_charge.ranking_line("every one that measured the overlap costs", found) in DOCUMENT
+    assert overlap_charge.ranking_line("the runtime's own all-reduce connections", own) in DOCUMENT
+    _the_readme_quotes_the_validation(found, own)
+
+
+def _the_readme_quotes_the_validation(found: list[Any], own: list[Any]) -> None:
+    """README's simulator sentence: the four-link run's and the out-of-sample runs' median |error| per link, and
+    the range of the medians over every session of today's runtime, as re-validated today (charged)."""
+
+    def medians(*reports: str) -> list[str]:
+        chosen = {s.label: s for s in found if s.report in reports}
+        return [f"{statistics.median(chosen[link].charged):.1f}" for link in ("none", "1gbit", "300mbit", "150mbit")]
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    a, b, c, d = medians("testbed-resnet5m-2w-4links-20261202")
+    assert f"within {a} % unshaped, {b} % at 1 Gbit/s, {c} % at 300 Mbit/s and {d} % at 150 Mbit/s" in readme
+    a, b, c, d = medians("testbed-resnet5m-2w-2links-20261203", "testbed-resnet5m-2w-2shaped-20261203")
+    assert f"within {a}, {b}, {c} and {d} % on the same four links" in readme
+    spread = sorted(statistics.median(s.charged) for s in own)
+    assert f"session of today's runtime within {spread[0]:.1f}–{spread[-1]:.1f} %" in readme
