@@ -78,7 +78,7 @@ class Session:
     overlap: dict[str, float]
     without: list[float]  # |error| % of each policy, probe's CPU work charged
     charged: list[float]  # the same, the overlap costs charged
-    ranked: tuple[Ranking, Ranking] | None = None  # without, charged; None with too few lossless policies
+    ranked: tuple[Ranking, Ranking] | None  # without, charged; None with too few lossless policies
 
 
 def sessions(root: Path) -> list[Session]:
@@ -130,8 +130,8 @@ def ranking_line(label: str, chosen: list[Session]) -> str:
     the mean regret, and the median tau, without the overlap costs and with them."""
     pairs = [s.ranked for s in chosen if s.ranked is not None]
     cells = [str(len(pairs))]
-    for pick in (lambda r: r[0], lambda r: r[1]):
-        rankings = [pick(r) for r in pairs]
+    for side in (0, 1):
+        rankings = [pair[side] for pair in pairs]
         regrets = [r.regret for r in rankings]
         cells.append(
             f"{sum(x == 1.0 for x in regrets)} | {_median(regrets):.3f} | {statistics.fmean(regrets):.3f} | "
@@ -157,8 +157,9 @@ def main() -> None:
     print()
     print("| sessions | count | better charged | worse charged | predictions | median \\|error\\| without | charged |")
     print("|---|---:|---:|---:|---:|---:|---:|")
+    own = [s for s in found if s.own_connections]
     print(summary_line("every one that measured the overlap costs", found))
-    print(summary_line("the runtime's own all-reduce connections", [s for s in found if s.own_connections]))
+    print(summary_line("the runtime's own all-reduce connections", own))
     print()
     print(f"Ranking the lossless policies (sessions with at least {MIN_RANKED}); without the overlap costs, then with:")
     print()
@@ -166,7 +167,7 @@ def main() -> None:
           "| first is fastest | median regret | mean regret | median tau |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     print(ranking_line("every one that measured the overlap costs", found))
-    print(ranking_line("the runtime's own all-reduce connections", [s for s in found if s.own_connections]))
+    print(ranking_line("the runtime's own all-reduce connections", own))
     print()
     print("Where the two pricings rank a different policy first (its measured time over the fastest):")
     print()
