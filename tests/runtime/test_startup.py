@@ -316,21 +316,22 @@ def test_tensors_of_several_dtypes_are_broadcast_in_place_from_the_source_rank(t
 def test_runs_one_after_another_in_a_process_release_their_groups_and_threads(
     tmp_path: Path, hashed_group: bool
 ) -> None:
-    # the ring's group, plain all-reduces, the TCP transport; rank 0 deciding for both over direct all-reduces
+    # direct reduce-scatters and all-gathers, plain all-reduces, the TCP transport; rank 0 deciding for both
     policies = ["dear", "ddp", "ps", "dear", "prophet"]
     res = spawn(S.repeated_runs, 2, tmp_path, policies, hashed_group)
     for rank, r in enumerate(res):
         assert "error" not in r and "missing" not in r, r
         assert max(r["diffs"]) < TOL, r  # every run still trains like DDP, the later ones on new groups
         # each gloo group wakes its loop 100 times a second: the control group (which also syncs and opens the
-        # leader's channel) and the transports' group; the ring's only under a plan that reduce-scatters
-        assert r["loops"] == [3, 2, 2, 3, 2], r
-        # ddp's and prophet's all-reduces go over the direct connections: the training thread keeps them and
-        # completes them itself where their data has come (under prophet rank 0's too, though it decides on
-        # completions: at least the first of each backward; rank 1 keeps those whose orders its training thread
-        # read, which depends on timing); ps's push and pull and dear's reduce-scatters (the ring) have no such
-        # transport: the watcher waits for all of those
-        assert r["here"][1] > 0 and r["here"][2] == 0 and r["here"][0] == r["here"][3] == 0, r
+        # leader's channel) and the transports' group; between 2 ranks dear's reduce-scatters and all-gathers
+        # go over the direct connections, so the ring's group never opens
+        assert r["loops"] == [2, 2, 2, 2, 2], r
+        # ddp's and prophet's all-reduces and dear's reduce-scatters and all-gathers go over the direct
+        # connections: the training thread keeps them and completes them itself where their data has come
+        # (under prophet rank 0's too, though it decides on completions: at least the first of each backward;
+        # rank 1 keeps those whose orders its training thread read, which depends on timing); ps's push and
+        # pull have no such transport: the watcher waits for all of those
+        assert r["here"][1] > 0 and r["here"][2] == 0 and r["here"][0] > 0 and r["here"][3] > 0, r
         assert rank == 1 or r["here"][4] >= 2, r  # two iterations
         threads, groups = r["before"]
         if hashed_group:  # destroying could hand a later group a live name: every run's groups are kept

@@ -212,10 +212,11 @@ CHECKS: dict[str, Callable[[Collectives, int, int], None]] = {
     "in_place_rs_ag": _check_in_place_rs_then_ag_is_all_reduce,
     "bad_sizes": _check_bad_sizes_raise_value_error,
 }
-#: Each mode's ``Collectives`` keywords: the ring (and, by default, small all-reduces over the direct
-#: connections), the backend's own ops only, and the backend's with the direct connections.
+#: Each mode's ``Collectives`` keywords: the ring with the backend's all-reduces, the backend's own ops
+#: only, and the direct connections (between 2 ranks every op; among 4 the small all-reduces, the rest
+#: the backend's).
 MODES: dict[str, dict[str, bool]] = {
-    "ring": {"ring": True},
+    "ring": {"ring": True, "direct": False},
     "backend": {"ring": False, "direct": False},
     "direct": {"ring": False, "direct": True},
 }
@@ -242,7 +243,7 @@ def _check_subgroups(rank: int, world: int) -> None:
 
 def _check_ring_opened_later(rank: int, world: int) -> None:
     """A ring left closed at construction refuses a reduce-scatter at issue, naming why; opened, it runs."""
-    c = Collectives(dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=True, open_ring=False)
+    c = Collectives(dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=True, direct=False, open_ring=False)
     flat = torch.arange(2.0 * world) + rank
     shard = torch.empty(2)
     with pytest.raises(RuntimeCommError, match="the ring is not open"):
@@ -302,8 +303,8 @@ def _outcome(fn: Callable[[], None]) -> dict[str, Any]:
 
 def _fault_scenario(rank: int, world: int) -> dict[str, Any]:
     """Rank 1 first hangs (never issues), then issues a large op and exits in the middle of it."""
-    hung = Collectives(timeout_s=2.0, ring=True)
-    dying = Collectives(timeout_s=GROUP_TIMEOUT_S, ring=True)
+    hung = Collectives(timeout_s=2.0, ring=True, direct=False)
+    dying = Collectives(timeout_s=GROUP_TIMEOUT_S, ring=True, direct=False)
     dist.barrier()
     flat, shard = torch.ones(2**24), torch.empty(2**24 // world)  # 64 MiB: far from done when the peer exits
     if rank == 1:

@@ -1,8 +1,11 @@
-"""All-reduces over the direct connections (``commsched.transport.direct``), on real gloo ranks.
+"""Collectives over the direct connections (``commsched.transport.direct``), on real gloo ranks.
 
 What is checked, each in its own spawned world (every spawn bounded by the harness of
 test_collectives): the sum is the rank-order sum, bit for bit the same on every rank; the size
-rule routes above ``DIRECT_MAX_BYTES`` to gloo among 3 ranks, and nothing between 2; strangers
+rule routes above ``DIRECT_MAX_BYTES`` to gloo among 3 ranks, and nothing between 2; a
+reduce-scatter's shard is the rank-order sum of the ranks' chunks and an all-gather every rank's
+shard, bit for bit, in place or not, interleaved with all-reduces (between 2 ranks through
+``Collectives``, the ring left closed; among 3 on the connections themselves); strangers
 that reach the listener while the mesh opens are rejected and the mesh still opens; connections
 bind where told; starting never waits for the peer to read; an op completes without waiting once
 its peers' frames are in, and not before; a frame out of sequence, a hung
@@ -75,6 +78,60 @@ def test_small_all_reduces_give_the_rank_order_sum_bit_for_bit_on_every_rank(wor
         assert set(res["direct"]) == {"DirectHandle"}, res["direct"]
         assert res["rank_order"], f"rank {rank}: a sum differs from b_0 + b_1 + ... in rank order"
         assert res["big_to_gloo"] == (world > 2) and res["big_sum"], res
+    assert len({tuple(res["digests"]) for res in results.values()}) == 1, "ranks hold different bits"
+
+
+def _shards_scenario(rank: int, world: int) -> dict[str, Any]:
+    """Reduce-scatters and all-gathers on the direct connections, interleaved with all-reduces: through
+    ``Collectives`` between 2 ranks (the ring never opens), on the connections themselves among 3."""
+    c = Collectives(dist.new_group(), timeout_s=GROUP_TIMEOUT_S, ring=True, open_ring=False)
+    direct = c._direct
+    assert direct is not None
+    out: dict[str, Any] = {"routed": [], "rank_order": True, "gathered": True, "digests": []}
+    gen = torch.Generator().manual_seed(rank)
+    for i, n in enumerate((1, 7, 1000, 40_000)):
+        flat = torch.randn(world * n, generator=gen) * 10.0 ** float(rank)
+        before = flat.clone()
+        in_place = i % 2 == 1  # the shard is this rank's chunk of flat, as the runtime's buffers keep it
+        shard = flat.chunk(world)[rank] if in_place else torch.empty(n)
+        ar = torch.randn(n + 3, generator=gen)
+        ar_in = ar.clone()
+        if world == 2:
+            handles = [c.reduce_scatter(flat, shard), c.all_reduce(ar)]
+        else:
+            handles = [direct.start_reduce_scatter(flat, shard, "rs"), direct.start(ar, "ar")]
+        out["routed"] += [type(h).__name__ for h in handles]
+        handles[-1].wait()  # completes the reduce-scatter before it too
+        parts = _gathered(before, world)
+        expected = parts[0].chunk(world)[rank].clone()
+        for part in parts[1:]:
+            expected += part.chunk(world)[rank]
+        out["rank_order"] &= bool(torch.equal(shard, expected))
+        ar_parts = _gathered(ar_in, world)
+        out["rank_order"] &= bool(torch.equal(ar, sum(ar_parts[1:], ar_parts[0].clone())))
+        if not in_place:
+            out["rank_order"] &= bool(torch.equal(flat, before))  # a reduce-scatter only reads flat
+        gathered = flat if in_place else torch.empty(world * n)
+        handle = c.all_gather(shard, gathered) if world == 2 else direct.start_all_gather(shard, gathered, "ag")
+        out["routed"].append(type(handle).__name__)
+        handle.wait()
+        out["gathered"] &= bool(torch.equal(gathered, torch.cat(_gathered(shard, world))))
+        out["digests"].append(hashlib.sha256(gathered.numpy().tobytes()).hexdigest())
+    out["ring_open"] = c._ring_open
+    c.close()
+    dist.barrier()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_reduce_scatters_and_all_gathers_give_the_rank_order_sum_and_every_shard_bit_for_bit(world: int) -> None:
+    results = _spawn(_shards_scenario, world)
+    for rank, res in results.items():
+        assert "harness" not in res, res.get("harness")
+        assert set(res["routed"]) == {"DirectHandle"}, res["routed"]
+        assert res["rank_order"], f"rank {rank}: a sum differs from b_0 + b_1 + ... in rank order"
+        assert res["gathered"], f"rank {rank}: an all-gather is not every rank's shard in rank order"
+        assert res["ring_open"] is False, res
     assert len({tuple(res["digests"]) for res in results.values()}) == 1, "ranks hold different bits"
 
 

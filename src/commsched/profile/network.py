@@ -9,7 +9,8 @@ process, across local gloo processes.)
 gloo's ``all_reduce`` is a ring (``gloo::allreduce`` with no algorithm set runs
 ``ring``), and the runtime's reduce-scatter and all-gather
 (:class:`commsched.transport.collectives.Collectives` on CPU tensors) are rings of
-point-to-point steps, so every op in :data:`OPS` follows the ring formulas that
+point-to-point steps (between 2 ranks the one step of each, over the direct
+connections, as the runtime runs them), so every op in :data:`OPS` follows the ring formulas that
 :mod:`commsched.profile.probe_fit` fits α and β with. :data:`PS_OP`, asked for
 by name, times the runtime's parameter-server transport instead (a push, then
 the pull of the sum): its CPU work per task is not gloo's

@@ -143,7 +143,7 @@ class CollectiveTransport:
 
     def prepare(self, tasks: list[CommTask]) -> None:
         """Open the ring if any of ``tasks`` reduce-scatters or all-gathers (collective)."""
-        if any(task.kind in ("reduce_scatter", "all_gather") for task in tasks):
+        if self.collectives.shards_need_ring and any(task.kind in ("reduce_scatter", "all_gather") for task in tasks):
             self.collectives.open_ring()
 
     def start(self, task: CommTask, buffer: TaskBuffer) -> Handle:

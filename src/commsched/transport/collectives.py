@@ -57,13 +57,16 @@ How each backend runs them (``ring=None`` picks per backend)
     * CUDA tensors on gloo: gloo's own ops, which stage through host memory
       themselves; a CPU ring would only add copies.  The ring only ever runs on
       CPU tensors, whatever ``ring`` says.
-All-reduces of CPU tensors (gloo)
+Collectives of CPU tensors over the direct connections (gloo)
     Between 2 ranks every all-reduce, among more those where each rank sends
     at most :data:`~commsched.transport.direct.DIRECT_MAX_BYTES`, go over TCP
     connections of their own, written by the thread that starts them and read
     by the one that waits (:mod:`commsched.transport.direct`: a 4 KiB
     all-reduce took 847 µs of CPU through gloo, 23 µs as a plain TCP
     exchange). The others, and every one with ``direct=False``, are gloo's.
+    Between 2 ranks reduce-scatters and all-gathers go there too, whatever
+    ``ring`` says (the ring of 2 is the same one exchange, a thread hand-off
+    later); the ring then never opens.
 
 Threads and process groups
     Ring ops run on one worker thread per :class:`Collectives`, in issue order,
@@ -79,7 +82,7 @@ import torch
 import torch.distributed as dist
 
 from commsched.errors import RuntimeCommError
-from commsched.transport.direct import DirectAllReduce
+from commsched.transport.direct import DirectCollectives
 from commsched.transport.handles import DoneHandle, Handle, WorkHandle
 from commsched.transport.ring import RingWorker
 
@@ -107,15 +110,15 @@ class Collectives:
     are bounded by ``group``'s timeout.  ``ring``: ``True`` runs reduce-scatter and
     all-gather as point-to-point rings on CPU tensors, ``False`` uses the backend's
     own, ``None`` picks per backend (see the module docstring). ``direct``:
-    all-reduces of CPU tensors go over TCP connections of their own
-    (:mod:`commsched.transport.direct`; ``None``: where the backend is gloo), which
-    listen and authenticate as ``options`` say.
+    all-reduces of CPU tensors (and between 2 ranks reduce-scatters and all-gathers)
+    go over TCP connections of their own (:mod:`commsched.transport.direct`;
+    ``None``: where the backend is gloo), which listen and authenticate as ``options`` say.
 
     Construction is collective over ``group`` when the ring or the direct connections
     are in use (it creates the ring's process group, and opens the connections); call it
     on every rank of ``group`` in the same order. ``ring`` then says, after ``None`` was
     resolved, whether CPU tensors use the ring, and ``direct`` whether all-reduces of CPU
-    tensors go over the direct connections (:meth:`~commsched.transport.direct.DirectAllReduce.takes`).
+    tensors go over the direct connections (:meth:`~commsched.transport.direct.DirectCollectives.takes`).
     ``open_ring=False`` leaves the ring's group to :meth:`open_ring` (a gloo group's event
     loop wakes 100 times a second even while nothing uses it): a reduce-scatter or all-gather
     that would take the ring before then fails at issue.
@@ -146,7 +149,7 @@ class Collectives:
         self._seq = 0
         self._closed = False
         self.direct: bool = ("gloo" in self.backend if direct is None else direct) and self.world_size > 1
-        self._direct = DirectAllReduce(self.group, timeout_s, options) if self.direct else None
+        self._direct = DirectCollectives(self.group, timeout_s, options) if self.direct else None
         self._ring_worker = RingWorker(self.rank, self.world_size, timeout_s)
         self._ring_open = False
         if open_ring:
@@ -156,6 +159,11 @@ class Collectives:
                 if self._direct is not None:
                     self._direct.close()
                 raise
+
+    @property
+    def shards_need_ring(self) -> bool:
+        """Whether reduce-scatters and all-gathers of CPU tensors run on the ring (not the direct connections)."""
+        return self.ring and self.world_size > 1 and not (self.direct and self.world_size == 2)
 
     def open_ring(self) -> None:
         """Create the ring's process group and start its thread, where the ring is in use and not yet open
@@ -175,7 +183,7 @@ class Collectives:
         describe = self._describe("all_reduce", flat)
         if self.world_size == 1 or flat.numel() == 0:
             return DoneHandle()
-        if self._direct is not None and DirectAllReduce.takes(flat, self.world_size):
+        if self._direct is not None and DirectCollectives.takes(flat, self.world_size):
             return self._direct.start(flat, describe)
         return self._backend(describe, lambda: dist.all_reduce(flat, group=self.group, async_op=True))
 
@@ -186,6 +194,8 @@ class Collectives:
         if self.world_size == 1 or shard.numel() == 0:
             shard.view(-1).copy_(flat.view(-1))
             return DoneHandle()
+        if self._direct is not None and DirectCollectives.takes_shards(flat, self.world_size):
+            return self._direct.start_reduce_scatter(flat, shard, describe)
         if self.ring and flat.device.type == "cpu":
             return self._enqueue("reduce_scatter", describe, flat, shard)
         return self._backend(
@@ -200,6 +210,8 @@ class Collectives:
         if self.world_size == 1 or shard.numel() == 0:
             flat.view(-1).copy_(shard.view(-1))
             return DoneHandle()
+        if self._direct is not None and DirectCollectives.takes_shards(flat, self.world_size):
+            return self._direct.start_all_gather(shard, flat, describe)
         if self.ring and flat.device.type == "cpu":
             return self._enqueue("all_gather", describe, flat, shard)
         return self._backend(describe, lambda: _all_gather_backend(flat, shard, group=self.group, async_op=True))

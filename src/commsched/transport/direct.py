@@ -1,4 +1,4 @@
-"""All-reduces of CPU tensors straight over TCP, with no collective library's threads between.
+"""Collectives of CPU tensors straight over TCP, with no collective library's threads between.
 
 Why
     On a host whose cores also compute, a message costs the CPU work of
@@ -10,23 +10,32 @@ Why
     thread and every transfer to its device thread; here the thread that
     starts the op writes it and the thread that waits for it reads.
     :class:`~commsched.transport.collectives.Collectives` routes an
-    all-reduce of CPU tensors here (:meth:`DirectAllReduce.takes`): between 2
+    all-reduce of CPU tensors here (:meth:`DirectCollectives.takes`): between 2
     ranks at any size, since each rank then sends its buffer once, as gloo's
     ring of 2 does; among more only where each rank sends at most
     :data:`DIRECT_MAX_BYTES` (``(world - 1) ·`` the buffer's bytes, where the
-    ring sends ``2 (world - 1) / world`` of it).
+    ring sends ``2 (world - 1) / world`` of it). Reduce-scatters and
+    all-gathers of CPU tensors between 2 ranks come here too
+    (:meth:`DirectCollectives.takes_shards`): each rank sends its peer half
+    the buffer, the ring's one step, but the next op's bytes follow on the
+    connection at once, where the ring's thread starts an op only once the
+    one before it has completed, and waits for a core to do so (at 300
+    Mbit/s the link idled 5 ms after a 4 KiB all-gather while the training
+    thread computed: BENCHMARKS.md, "Reduce-scatters and all-gathers over
+    the runtime's own connections").
 
 Connections (collective to open: every rank of the group, same order)
     One TCP connection per pair of ranks, carrying frames both ways
     (:func:`commsched.transport.tcp_mesh.open_mesh`: each rank listens where
     ``TransportOptions.bind`` says, each connection is authenticated both ways
     under the job's key, one that fails is closed and counted in
-    :attr:`DirectAllReduce.rejected`).
+    :attr:`DirectCollectives.rejected`).
 
 An op
-    :meth:`DirectAllReduce.start` writes the buffer to every peer (a frame:
+    :meth:`DirectCollectives.start` writes the buffer to every peer (a frame:
     magic, sequence number, payload bytes, then the payload as it lies in
-    memory) without ever blocking the thread that starts it: one
+    memory; a reduce-scatter writes each peer its chunk, an all-gather the
+    shard) without ever blocking the thread that starts it: one
     non-blocking ``writev`` per peer, and what the socket does not take at
     once that peer's sender thread writes from the buffer, in order
     (:class:`~commsched.transport.tcp_sender.PeerSender`, as a
@@ -37,8 +46,10 @@ An op
     decisions after it starts the ops they name). Ops complete in start
     order: a thread that waits for one reads, for every op not yet complete
     up to it, one frame from each peer into scratch memory and sums the
-    ranks' buffers in rank order, ``b_0 + b_1 + ... + b_(p-1)`` (the same bits
-    on every rank). Every rank starts the same all-reduces in the same order
+    ranks' buffers (a reduce-scatter: their chunks of this rank) in rank order,
+    ``b_0 + b_1 + ... + b_(p-1)`` (the same bits on every rank); an
+    all-gather's frames land straight in their chunks of the buffer. Every
+    rank starts the same collectives in the same order
     and reads each connection's frames in the order they were written.
     :meth:`DirectHandle.try_complete` does the same without ever blocking,
     where every frame up to the op is already in the kernel's buffers
@@ -58,13 +69,10 @@ Failures
 from __future__ import annotations
 
 import contextlib
-import select
 import socket
-import struct
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -72,6 +80,7 @@ import torch.distributed as dist
 
 from commsched._threads import daemon_thread
 from commsched.errors import RuntimeCommError
+from commsched.transport.direct_frames import FRAME, MAGIC, Op, read_into, sum_in_rank_order
 from commsched.transport.tcp_mesh import open_mesh
 from commsched.transport.tcp_sender import PeerSender
 from commsched.transport.wire import bytes_of, default_bind_address, receive_room, unread_bytes
@@ -79,7 +88,7 @@ from commsched.transport.wire import bytes_of, default_bind_address, receive_roo
 if TYPE_CHECKING:  # base imports the collectives, which import this module
     from commsched.transport.base import TransportOptions
 
-__all__ = ["DIRECT_MAX_BYTES", "DirectAllReduce", "DirectHandle"]
+__all__ = ["DIRECT_MAX_BYTES", "DirectCollectives", "DirectHandle"]
 
 #: Among more than 2 ranks, the most bytes one rank sends for an all-reduce that goes over the direct
 #: connections (``(world - 1) ·`` the buffer's bytes): 1 MiB, where the exchange of 2 ranks still took 0.30x
@@ -87,42 +96,17 @@ __all__ = ["DIRECT_MAX_BYTES", "DirectAllReduce", "DirectHandle"]
 DIRECT_MAX_BYTES = 1 << 20
 #: The most scratch memory kept between ops (beyond one op's own, whatever its size).
 SCRATCH_CAP_BYTES = 256 << 20
-#: A frame's header: magic, sequence number of the op, payload bytes (network byte order).
-FRAME = struct.Struct("!4sQQ")
-MAGIC = b"CSA1"
 #: The longest one connection's handshake may take while the mesh opens (a silent stranger delays it this
 #: long at most, not the whole timeout).
 HANDSHAKE_S = 5.0
 
 
-@dataclass(slots=True, eq=False)
-class _Op:
-    seq: int
-    flat: torch.Tensor
-    describe: str
-    done: threading.Event = field(default_factory=threading.Event)
-    error: RuntimeCommError | None = None
-    #: peers whose frame is not yet written whole, plus one while :meth:`DirectAllReduce.start` sends; ``sent``
-    #: is set once none is left: the sum may then overwrite the buffer
-    unsent: int = 1
-    sent: threading.Event = field(default_factory=threading.Event)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def finish(self, error: RuntimeCommError | None = None) -> None:
-        """One frame of this op written whole, or failed (:class:`PeerSender` failed the owner already)."""
-        with self._lock:
-            self.unsent -= 1
-            if self.unsent:
-                return
-        self.sent.set()
-
-
 class DirectHandle:
-    """An all-reduce started on a :class:`DirectAllReduce`; ``wait()`` completes it and every op before it."""
+    """An all-reduce started on a :class:`DirectCollectives`; ``wait()`` completes it and every op before it."""
 
     __slots__ = ("_op", "_owner")
 
-    def __init__(self, owner: DirectAllReduce, op: _Op) -> None:
+    def __init__(self, owner: DirectCollectives, op: Op) -> None:
         self._owner, self._op = owner, op
 
     def wait(self, timeout_s: float | None = None) -> None:
@@ -137,7 +121,7 @@ class DirectHandle:
         """Whether each peer's frame for this op fits half its connection's receive buffer as the kernel
         sizes it now (it grows as reads keep up, to ``net.ipv4.tcp_rmem``'s maximum): then the frame can
         wait there whole, unread, without stopping the peer's sender, until :meth:`try_complete` takes it."""
-        return self._owner.fits_buffers(self._op.flat.nbytes)
+        return self._owner.fits_buffers(self._op.frame_bytes)
 
     def try_complete(self) -> bool:
         """Complete this op (and every op before it) if that needs no waiting: each peer's frames are all
@@ -146,8 +130,9 @@ class DirectHandle:
         return self._owner.try_complete_through(self._op)
 
 
-class DirectAllReduce:
-    """In-place SUM all-reduces of CPU tensors over a mesh of TCP connections (collective to open)."""
+class DirectCollectives:
+    """SUM all-reduces, reduce-scatters and all-gathers of CPU tensors over a mesh of TCP connections
+    (collective to open)."""
 
     __slots__ = (
         "_backlog",
@@ -180,7 +165,7 @@ class DirectAllReduce:
         self._threads: list[threading.Thread] = []
         self._read_lock = threading.Lock()  # one reader at a time: ops complete in start order
         self._state = threading.Lock()  # the queue of ops not yet complete
-        self._pending: deque[_Op] = deque()
+        self._pending: deque[Op] = deque()
         self._next = 0
         self._error: RuntimeCommError | None = None
         self._scratch: dict[tuple[int, torch.dtype, int], torch.Tensor] = {}
@@ -207,24 +192,50 @@ class DirectAllReduce:
         rank sends at most :data:`DIRECT_MAX_BYTES`."""
         return flat.device.type == "cpu" and (world == 2 or (world - 1) * flat.nbytes <= DIRECT_MAX_BYTES)
 
+    @staticmethod
+    def takes_shards(flat: torch.Tensor, world: int) -> bool:
+        """Whether a reduce-scatter or all-gather of ``flat`` among ``world`` ranks goes over the direct
+        connections: a CPU tensor between 2 ranks, where the exchange is the ring's one step. Among more the
+        ring's ``p - 1`` steps keep each rank to one peer at a time, as the simulator prices them."""
+        return flat.device.type == "cpu" and world == 2
+
     def start(self, flat: torch.Tensor, describe: str) -> DirectHandle:
         """Send ``flat`` to every peer and return a handle at once; after its ``wait()``, ``flat`` holds the sum
         (leave it alone until then: what the sockets did not take at once is written from it)."""
         payload = bytes_of(flat.view(-1))
+        return self._start(Op(0, flat, describe, flat.nbytes), dict.fromkeys(self._senders, payload))
+
+    def start_reduce_scatter(self, flat: torch.Tensor, shard: torch.Tensor, describe: str) -> DirectHandle:
+        """Send each peer its chunk of ``flat`` (``flat.numel() == world · shard.numel()``) and return at once;
+        after ``wait()``, ``shard`` holds the rank-order sum of every rank's chunk ``rank`` (``flat`` is read,
+        never written: ``shard`` may be this rank's chunk of it)."""
+        chunks = flat.view(-1).chunk(self.world)
+        payloads = {peer: bytes_of(chunks[peer]) for peer in self._senders}
+        return self._start(Op(0, flat, describe, shard.nbytes, shard, "reduce_scatter"), payloads)
+
+    def start_all_gather(self, shard: torch.Tensor, flat: torch.Tensor, describe: str) -> DirectHandle:
+        """Send ``shard`` to every peer and return at once; after ``wait()``, chunk ``r`` of ``flat`` holds rank
+        ``r``'s shard (each peer's is read straight into its chunk)."""
+        payload = bytes_of(shard.view(-1))
+        return self._start(
+            Op(0, flat, describe, shard.nbytes, shard, "all_gather"), dict.fromkeys(self._senders, payload)
+        )
+
+    def _start(self, op: Op, payloads: dict[int, memoryview]) -> DirectHandle:
         with self._send_lock:
-            op = _Op(self._next, flat, describe)
+            op.seq = self._next
             self._next += 1
             with self._state:
                 self._pending.append(op)
             if self._error is None:
-                header = FRAME.pack(MAGIC, op.seq, len(payload))
+                header = FRAME.pack(MAGIC, op.seq, op.frame_bytes)
                 op.unsent += len(self._senders)
-                for sender in self._senders.values():
-                    sender.send(header, payload, op)
+                for peer, sender in self._senders.items():
+                    sender.send(header, payloads[peer], op)
         op.finish()  # start's own part
         return DirectHandle(self, op)
 
-    def complete_through(self, op: _Op, timeout_s: float | None = None) -> None:
+    def complete_through(self, op: Op, timeout_s: float | None = None) -> None:
         """Complete every op up to ``op`` in start order (reading the peers' frames); raise its error."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + limit
@@ -241,7 +252,7 @@ class DirectAllReduce:
         if op.error is not None:
             raise op.error
 
-    def try_complete_through(self, op: _Op) -> bool:
+    def try_complete_through(self, op: Op) -> bool:
         """:meth:`complete_through` where every op up to ``op`` has arrived whole and is sent, else nothing
         (also while another thread reads); never blocks. True once ``op`` is complete."""
         if op.done.is_set():
@@ -266,9 +277,9 @@ class DirectAllReduce:
         except OSError:
             return False
 
-    def _arrived(self, op: _Op) -> bool:
+    def _arrived(self, op: Op) -> bool:
         """Whether every peer's frame for ``op`` (the oldest not yet read) is in the kernel's buffers."""
-        need = FRAME.size + op.flat.nbytes
+        need = FRAME.size + op.frame_bytes
         for sock in self.peers.values():
             try:
                 if unread_bytes(sock) < need:
@@ -277,7 +288,7 @@ class DirectAllReduce:
                 return True  # let the read meet the error and report it
         return True
 
-    def _finish(self, op: _Op, deadline: float, limit: float) -> None:
+    def _finish(self, op: Op, deadline: float, limit: float) -> None:
         if self._error is None:
             try:
                 self._reduce(op, deadline, limit)
@@ -289,35 +300,36 @@ class DirectAllReduce:
             self._pending.popleft()
         op.done.set()
 
-    def _reduce(self, op: _Op, deadline: float, limit: float) -> None:
+    def _reduce(self, op: Op, deadline: float, limit: float) -> None:
         flat = op.flat.view(-1)
+        chunks = flat.chunk(self.world) if op.shard is not None else ()
         parts: list[torch.Tensor] = []
         for peer, sock in self.peers.items():
-            scratch = self._scratch_for(peer, flat)
+            # an all-gather's frame lands in its chunk; the others' in scratch memory, summed below
+            mine = flat if op.shard is None else op.shard.view(-1)
+            into = chunks[peer] if op.kind == "all_gather" else self._scratch_for(peer, mine)
             where = f"{op.describe}: rank {peer}"
             header = bytearray(FRAME.size)
-            _read(sock, memoryview(header), deadline, where, limit)
+            read_into(sock, memoryview(header), deadline, where, limit)
             magic, seq, nbytes = FRAME.unpack(header)
-            if magic != MAGIC or seq != op.seq or nbytes != flat.nbytes:
+            if magic != MAGIC or seq != op.seq or nbytes != op.frame_bytes:
                 raise RuntimeCommError(
                     f"{where} sent a frame for another op (magic {bytes(magic)!r}, op {seq}, {nbytes} bytes; "
-                    f"expected op {op.seq}, {flat.nbytes} bytes): the ranks no longer start the same all-reduces"
+                    f"expected op {op.seq}, {op.frame_bytes} bytes): the ranks no longer start the same collectives"
                 )
-            _read(sock, bytes_of(scratch), deadline, where, limit)
-            parts.append(scratch)
-        parts.insert(self.rank, flat)
+            read_into(sock, bytes_of(into), deadline, where, limit)
+            parts.append(into)
         while not op.sent.wait(timeout=min(max(deadline - time.monotonic(), 0.0), 0.5)):
             if self._error is not None:
                 raise self._error
             if time.monotonic() >= deadline:
                 raise RuntimeCommError(f"{op.describe}: its buffer was not sent within {limit:g} s")
-        if self.world == 2:  # one addition, the same bits in either order
-            flat.add_(parts[1 - self.rank])
-            return
-        total = parts[0].clone()
-        for part in parts[1:]:
-            total.add_(part)
-        flat.copy_(total)
+        if op.shard is None:
+            sum_in_rank_order(parts, self.rank, flat, flat)
+        elif op.kind == "reduce_scatter":
+            sum_in_rank_order(parts, self.rank, chunks[self.rank], op.shard.view(-1))
+        elif chunks[self.rank].data_ptr() != op.shard.data_ptr():
+            chunks[self.rank].copy_(op.shard.view(-1))
 
     def _scratch_for(self, peer: int, flat: torch.Tensor) -> torch.Tensor:
         """Memory to read ``peer``'s frame into, kept for the next op of that size (a plan repeats its sizes
@@ -354,19 +366,3 @@ class DirectAllReduce:
             thread.join(timeout=1.0)  # a write in progress ended with the shutdown
         for sock in self.peers.values():
             sock.close()
-
-
-def _read(sock: socket.socket, view: memoryview, deadline: float, where: str, limit: float) -> None:
-    """Fill ``view`` from ``sock`` by ``deadline``; RuntimeCommError naming ``where`` otherwise."""
-    got = 0
-    while got < len(view):
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([sock], [], [], left)[0]:
-            raise RuntimeCommError(f"{where} sent nothing for {limit:g} s")
-        try:
-            n = sock.recv_into(view[got:], len(view) - got)
-        except OSError as exc:
-            raise RuntimeCommError(f"{where}: the connection failed ({exc})") from exc
-        if n == 0:
-            raise RuntimeCommError(f"{where} closed the connection")
-        got += n

@@ -1,5 +1,5 @@
 """The sending side of one TCP connection: of a :class:`~commsched.transport.tcp.TcpLink` or of
-:class:`~commsched.transport.direct.DirectAllReduce`'s mesh.
+:class:`~commsched.transport.direct.DirectCollectives`'s mesh.
 
 Frames go out whole and in the order they were sent. A frame sent while
 nothing is queued before it is written by the calling thread, with one
