@@ -534,3 +534,28 @@ def _the_readme_quotes_the_validation(found: list[Any], own: list[Any]) -> None:
     assert f"within {a}, {b}, {c} and {d} % on the same four links" in readme
     spread = sorted(statistics.median(s.charged) for s in own)
     assert f"session of today's runtime within {spread[0]:.1f}–{spread[-1]:.1f} %" in readme
+
+
+def test_the_direct_reduce_scatter_a_b_tables_are_recomputed_from_their_runs(
+    script_loader: Callable[[str], ModuleType],
+) -> None:
+    """BENCHMARKS.md, "Reduce-scatters and all-gathers over the runtime's own connections": each arm's row
+    (medians over repeats, ratios paired by repeat) and the before/after table."""
+    compare_runs = script_loader("benchmarks/compare_runs.py")
+    where = ROOT / "benchmarks" / "results" / "dear-direct-shards-ab"
+    arms = ["old-1", "new-2", "new-3", "old-4"]
+    for arm in arms:
+        report = json.loads((where / f"{arm}.json").read_text())
+        (session,) = report["sessions"]
+        runs = {name: {r["repeat"]: r["iteration_ms"] for r in reps} for name, reps in session["runs"].items()}
+        dear, default, small, alone = (runs[n] for n in ("dear", "ddp[25MiB]", "ddp[1MiB,find_unused]", "allreduce"))
+        med = statistics.median
+        row = (
+            f"| {arm} | {report['meta']['source']['commit'][:7]} | {med(dear.values()):.0f} | "
+            f"{min(dear.values()):.0f}–{max(dear.values()):.0f} | {med(default.values()):.0f} | "
+            f"{med(small.values()):.0f} | {med(alone.values()):.0f} | {med(default[k] / dear[k] for k in dear):.2f}× | "
+            f"{med(small[k] / dear[k] for k in dear):.2f}× | {med(dear.values()) / med(alone.values()):.2f} |"
+        )
+        assert row in DOCUMENT, row
+    old, new = [where / f"{a}.json" for a in arms if a.startswith("old")], [where / f"{a}.json" for a in arms[1:3]]
+    assert compare_runs.table(old, new) in DOCUMENT
