@@ -102,7 +102,7 @@ HANDSHAKE_S = 5.0
 
 
 class DirectHandle:
-    """An all-reduce started on a :class:`DirectCollectives`; ``wait()`` completes it and every op before it."""
+    """A collective started on a :class:`DirectCollectives`; ``wait()`` completes it and every op before it."""
 
     __slots__ = ("_op", "_owner")
 
