@@ -41,12 +41,15 @@ def gloo_options(
       waiting for earlier ones. PyTorch DDP's all-reduces go to gloo, whose
       process group serves them on 2 worker threads
       (``ProcessGroupGloo::Options::threads`` defaults to 2), so 2 can be in
-      flight; the runtime's reduce-scatters and all-gathers go to one ring
-      thread (``Collectives``), one at a time. So 2 when the policy's plan is
-      all all-reduces, else 1. The runtime's own all-reduces of CPU tensors
-      (:mod:`commsched.transport.direct`) are all in flight at once, their
-      frames written one after another on each connection; they are modelled
-      as gloo's, which the validation has not yet set apart.
+      flight; the runtime's reduce-scatters and all-gathers among more than 2
+      ranks go to one ring thread (``Collectives``), one at a time. So 2 when
+      the policy's plan is all all-reduces, else 1. The runtime's own
+      all-reduces of CPU tensors (:mod:`commsched.transport.direct`), and
+      between 2 ranks its reduce-scatters and all-gathers, are all in flight
+      at once, their frames written one after another on each connection;
+      they are modelled as gloo's and the ring's, as the saved reports
+      measured them (the first run with the direct reduce-scatters predicted
+      DeAR within 0.3 %: BENCHMARKS.md).
     * ``update_ms``: the optimizer's time per iteration (a profile from
       :func:`commsched.profile.profile_model` has none in it).
     * ``cpu_per_task_ms``, ``cpu_ms_per_mb``: communication's CPU work, which

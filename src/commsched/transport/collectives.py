@@ -117,8 +117,9 @@ class Collectives:
     Construction is collective over ``group`` when the ring or the direct connections
     are in use (it creates the ring's process group, and opens the connections); call it
     on every rank of ``group`` in the same order. ``ring`` then says, after ``None`` was
-    resolved, whether CPU tensors use the ring, and ``direct`` whether all-reduces of CPU
-    tensors go over the direct connections (:meth:`~commsched.transport.direct.DirectCollectives.takes`).
+    resolved, whether CPU tensors use the ring where the direct connections do not take them
+    (:attr:`shards_need_ring`), and ``direct`` whether all-reduces of CPU tensors go over the
+    direct connections (:meth:`~commsched.transport.direct.DirectCollectives.takes`).
     ``open_ring=False`` leaves the ring's group to :meth:`open_ring` (a gloo group's event
     loop wakes 100 times a second even while nothing uses it): a reduce-scatter or all-gather
     that would take the ring before then fails at issue.
