@@ -291,7 +291,7 @@ class DirectCollectives:
     def _finish(self, op: Op, deadline: float, limit: float) -> None:
         if self._error is None:
             try:
-                self._reduce(op, deadline, limit)
+                self._receive(op, deadline, limit)
             except RuntimeCommError as exc:
                 self._fail(exc)
         if self._error is not None:
@@ -300,13 +300,13 @@ class DirectCollectives:
             self._pending.popleft()
         op.done.set()
 
-    def _reduce(self, op: Op, deadline: float, limit: float) -> None:
+    def _receive(self, op: Op, deadline: float, limit: float) -> None:
         flat = op.flat.view(-1)
         chunks = flat.chunk(self.world) if op.shard is not None else ()
+        mine = flat if op.shard is None else op.shard.view(-1)  # what this rank adds: the frames' size
         parts: list[torch.Tensor] = []
         for peer, sock in self.peers.items():
             # an all-gather's frame lands in its chunk; the others' in scratch memory, summed below
-            mine = flat if op.shard is None else op.shard.view(-1)
             into = chunks[peer] if op.kind == "all_gather" else self._scratch_for(peer, mine)
             where = f"{op.describe}: rank {peer}"
             header = bytearray(FRAME.size)
@@ -324,12 +324,12 @@ class DirectCollectives:
                 raise self._error
             if time.monotonic() >= deadline:
                 raise RuntimeCommError(f"{op.describe}: its buffer was not sent within {limit:g} s")
-        if op.shard is None:
+        if op.kind == "all_reduce":
             sum_in_rank_order(parts, self.rank, flat, flat)
         elif op.kind == "reduce_scatter":
-            sum_in_rank_order(parts, self.rank, chunks[self.rank], op.shard.view(-1))
-        elif chunks[self.rank].data_ptr() != op.shard.data_ptr():
-            chunks[self.rank].copy_(op.shard.view(-1))
+            sum_in_rank_order(parts, self.rank, chunks[self.rank], mine)
+        elif chunks[self.rank].data_ptr() != mine.data_ptr():
+            chunks[self.rank].copy_(mine)
 
     def _scratch_for(self, peer: int, flat: torch.Tensor) -> torch.Tensor:
         """Memory to read ``peer``'s frame into, kept for the next op of that size (a plan repeats its sizes
