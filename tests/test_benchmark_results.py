@@ -444,6 +444,7 @@ def test_the_dlcp_training_checks_of_single_runs_are_recomputed_from_them(
         ("ps-fuse-network/unshaped-2", 2),
         ("unshaped-ps-ddp-fastday-20261202", 3),
         ("unshaped-ps-ddp-20261203", 3),
+        ("unshaped-every-policy-slowday-20261203", 10),
     ],
 )
 def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
@@ -456,6 +457,19 @@ def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
     (session,) = json.loads((ROOT / "benchmarks" / "results" / run / "bench.json").read_text())["sessions"]
     lines = paired_ratios.rows(session, "torch_ddp")
     assert len(lines) == 1 + configurations  # the header and one row per configuration but the reference
+    for line in lines:
+        assert line in DOCUMENT, line
+
+
+def test_the_slow_day_every_policy_run_against_default_ddp_is_recomputed_from_its_run(
+    script_loader: Callable[[str], ModuleType],
+) -> None:
+    """BENCHMARKS.md, "Every policy unshaped on today's code, on the slow host": the table against default DDP."""
+    paired_ratios = script_loader("benchmarks/paired_ratios.py")
+    path = ROOT / "benchmarks" / "results" / "unshaped-every-policy-slowday-20261203" / "bench.json"
+    (session,) = json.loads(path.read_text())["sessions"]
+    lines = paired_ratios.rows(session, "ddp[25MiB]")
+    assert len(lines) == 1 + 10
     for line in lines:
         assert line in DOCUMENT, line
 
