@@ -195,3 +195,44 @@ def test_pushes_and_pulls_count_the_bytes_a_reduce_scatter_or_all_gather_would_s
     r.transfer_done("pull", 4000, 1.0)
     r.transfer_done("reduce_scatter", 4000, 1.0)
     assert r.monitor.transfer_bytes == pytest.approx(3 * 3000) and r.monitor.transfer_s == 3.0
+
+
+def test_auto_measures_the_reference_where_the_search_ranks_the_warm_ups_plan_first() -> None:
+    """The warm-up's plan (no-overlap) ranked first by the search is a candidate's trial, not the last resort
+    that ends the trials: the reference (DDP's schedule at its defaults) is still measured after it."""
+    from types import SimpleNamespace
+
+    from commsched import zoo
+    from commsched.runtime.replan import Replanner
+    from commsched.runtime.switching import AutoPlanner, _next_trial
+    from commsched.schedule import CommPlan, NetworkEstimate, build_plan, provisional_plan, reference_plan
+
+    workload, network = zoo.load("resnet18"), NetworkEstimate(2, 1.25e8)
+    warmup_plan = provisional_plan(workload, network)
+    runner_up = build_plan("dear", workload, network)
+
+    class Ranked(AutoPlanner):  # the search's answers, fixed: no-overlap first, DeAR the runner-up, no near-tie
+        def __call__(self, workload: object, network: object, exclude: frozenset[str]) -> CommPlan:
+            return runner_up if warmup_plan.policy in exclude else warmup_plan
+
+        def near_tie(self, workload: object, network: object, measured: frozenset[str]) -> CommPlan | None:
+            return None
+
+        def reference(self, workload: object, network: object) -> CommPlan | None:
+            return reference_plan(workload, network)
+
+    engine = SimpleNamespace(planner=Ranked(5.0, None), _plan_inputs=(workload, network), _baseline_iteration=1)
+    r = Replanner(DriftPolicy(), world=2, measures=True)
+    r.periods = {1: 0.100}
+    warmup_json = warmup_plan.to_json(indent=None)
+    sequence = []
+    current, mean_s = warmup_json, 0.100
+    for _ in range(4):
+        engine.plan = CommPlan.from_json(current, "a trial's plan")
+        plan, measure = _next_trial(engine, r, current, mean_s, warmup_json)
+        if not measure:
+            break
+        sequence.append(CommPlan.from_json(plan, "the next trial").policy)
+        current, mean_s = plan, 0.100
+    assert sequence[:2] == ["dear", reference_plan(workload, network).policy]
+    assert r.reference == 2 and not r.fell_back

@@ -159,6 +159,7 @@ class Replanner:
         "_waited_s",
         "again",
         "again_of",
+        "fell_back",
         "monitor",
         "periods",
         "policy",
@@ -189,6 +190,9 @@ class Replanner:
         self.again_of: int | None = None
         #: the trial measured again and its second reading (None: unmeasured); None where none was
         self.again: tuple[int, float | None] | None = None
+        #: the warm-up's plan was sent to be measured as the last resort (:meth:`after_trials`): the trials end
+        #: with it. Not the same as the warm-up's plan having been measured: the search may rank it a candidate
+        self.fell_back = False
 
     def iteration_starts(self, iteration: int) -> None:
         if self._iter_start is None:
@@ -245,6 +249,7 @@ class Replanner:
         if index is None:
             log.info("commsched: trials %s; the last warm-up iteration %s: measuring the warm-up's plan too",
                      shown, _ms(base))  # fmt: skip
+            self.fell_back = True
             return warmup_plan, True
         first = self.again is None and self.again_of is None
         if again and first and index != self.reference and sum(t is not None for t in readings) > 1:

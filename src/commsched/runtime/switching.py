@@ -169,11 +169,12 @@ def _next_trial(
         # that waits for each layer's communication is priced the same way for all of them)
         candidate = engine.planner(workload, network, measured | updating_like(measured))
         runner_up = candidate if candidate.policy not in measured else None  # a planner of one policy: none
-    # then near-ties, before the warm-up's plan is ever measured (after that, the trials end)
-    ties = len(replanner.trials) < PLANNED_TRIALS + TIE_TRIALS and not replanner.measured(warmup_plan)
+    # then near-ties and the reference, unless the warm-up's plan was measured as the last resort (the trials
+    # end with it); where the search ranked the warm-up's plan (no-overlap) a candidate, its trial is no such end
+    ties = len(replanner.trials) < PLANNED_TRIALS + TIE_TRIALS and not replanner.fell_back
     if runner_up is None and ties and isinstance(engine.planner, AutoPlanner):
         runner_up = engine.planner.near_tie(workload, network, measured)
-    if isinstance(engine.planner, AutoPlanner) and not replanner.measured(warmup_plan):
+    if isinstance(engine.planner, AutoPlanner) and not replanner.fell_back:
         reference = engine.planner.reference(workload, network) if REFERENCE_TRIALS > 0 else None
         if reference is not None and replanner.reference is None:
             replanner.reference = measured_as(replanner, reference)
