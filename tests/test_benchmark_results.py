@@ -461,6 +461,15 @@ def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
         assert line in DOCUMENT, line
 
 
+def test_the_kept_plans_table_is_recomputed_from_every_saved_report(script_loader: Callable[[str], ModuleType]) -> None:
+    """BENCHMARKS.md, "`auto` unshaped with the reference measured after a trial of no-overlap": the table of how
+    the plans `auto` kept ran, grouped by what its trials measured."""
+    kept_plans = script_loader("benchmarks/kept_plans.py")
+    lines = kept_plans.table(kept_plans.saved_reports())
+    assert len(lines) > 2 and any(line.startswith("| unshaped | DDP's schedule kept |") for line in lines)
+    assert "\n".join(lines) in DOCUMENT
+
+
 def test_the_slow_day_every_policy_run_against_default_ddp_is_recomputed_from_its_run(
     script_loader: Callable[[str], ModuleType],
 ) -> None:
