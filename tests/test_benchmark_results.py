@@ -425,37 +425,44 @@ def test_the_dlcp_training_checks_of_single_runs_are_recomputed_from_them(
 
 
 @pytest.mark.parametrize(
-    ("run", "configurations"),
+    ("run", "configurations", "against"),
     [
-        ("unshaped-every-policy-fastday", 10),
-        ("unshaped-every-policy-fastday-2", 10),
-        ("unshaped-every-policy-fastday-3", 10),
-        ("unshaped-every-policy-fusenet", 10),
-        ("ps-unshaped-accumulator", 3),
-        ("ps-unshaped-own-slice", 3),
-        ("ps-unshaped-own-slice-2", 3),
-        ("ps-fuse-1024/300mbit-default", 2),
-        ("ps-fuse-1024/300mbit-fuse1024", 2),
-        ("ps-fuse-1024/unshaped-fuse1024", 2),
-        ("ps-fuse-network/unshaped", 2),
-        ("ps-tcp-push-first/new-1", 2),
-        ("ps-tcp-push-first/old-1", 2),
-        ("ps-fuse-network/300mbit", 2),
-        ("ps-fuse-network/unshaped-2", 2),
-        ("unshaped-ps-ddp-fastday-20261202", 3),
-        ("unshaped-ps-ddp-20261203", 3),
-        ("unshaped-every-policy-slowday-20261203", 10),
+        *(
+            (run, configurations, "torch_ddp")
+            for run, configurations in [
+                ("unshaped-every-policy-fastday", 10),
+                ("unshaped-every-policy-fastday-2", 10),
+                ("unshaped-every-policy-fastday-3", 10),
+                ("unshaped-every-policy-fusenet", 10),
+                ("ps-unshaped-accumulator", 3),
+                ("ps-unshaped-own-slice", 3),
+                ("ps-unshaped-own-slice-2", 3),
+                ("ps-fuse-1024/300mbit-default", 2),
+                ("ps-fuse-1024/300mbit-fuse1024", 2),
+                ("ps-fuse-1024/unshaped-fuse1024", 2),
+                ("ps-fuse-network/unshaped", 2),
+                ("ps-tcp-push-first/new-1", 2),
+                ("ps-tcp-push-first/old-1", 2),
+                ("ps-fuse-network/300mbit", 2),
+                ("ps-fuse-network/unshaped-2", 2),
+                ("unshaped-ps-ddp-fastday-20261202", 3),
+                ("unshaped-ps-ddp-20261203", 3),
+                ("unshaped-every-policy-slowday-20261203", 10),
+            ]
+        ),
+        ("unshaped-every-policy-slowday-20261203", 10, "ddp[25MiB]"),
     ],
 )
 def test_the_unshaped_paired_tables_are_recomputed_from_their_runs(
-    run: str, configurations: int, script_loader: Callable[[str], ModuleType]
+    run: str, configurations: int, against: str, script_loader: Callable[[str], ModuleType]
 ) -> None:
     """BENCHMARKS.md, "Every policy unshaped on the fast day", "The parameter server's sums in place", "Every
     policy unshaped after these changes", the two on `ps`'s fusion, "`ps` and `ddp` unshaped on the fast day" and
-    its rerun on the next day's host: every row of the paired ratios of each run."""
+    its rerun on the next day's host, and "Every policy unshaped on today's code, on the slow host" (also against
+    default DDP): every row of the paired ratios of each run against ``against``."""
     paired_ratios = script_loader("benchmarks/paired_ratios.py")
     (session,) = json.loads((ROOT / "benchmarks" / "results" / run / "bench.json").read_text())["sessions"]
-    lines = paired_ratios.rows(session, "torch_ddp")
+    lines = paired_ratios.rows(session, against)
     assert len(lines) == 1 + configurations  # the header and one row per configuration but the reference
     for line in lines:
         assert line in DOCUMENT, line
@@ -468,19 +475,6 @@ def test_the_kept_plans_table_is_recomputed_from_every_saved_report(script_loade
     lines = kept_plans.table(kept_plans.saved_reports())
     assert len(lines) > 2 and any(line.startswith("| unshaped | DDP's schedule kept |") for line in lines)
     assert "\n".join(lines) in DOCUMENT
-
-
-def test_the_slow_day_every_policy_run_against_default_ddp_is_recomputed_from_its_run(
-    script_loader: Callable[[str], ModuleType],
-) -> None:
-    """BENCHMARKS.md, "Every policy unshaped on today's code, on the slow host": the table against default DDP."""
-    paired_ratios = script_loader("benchmarks/paired_ratios.py")
-    path = ROOT / "benchmarks" / "results" / "unshaped-every-policy-slowday-20261203" / "bench.json"
-    (session,) = json.loads(path.read_text())["sessions"]
-    lines = paired_ratios.rows(session, "ddp[25MiB]")
-    assert len(lines) == 1 + 10
-    for line in lines:
-        assert line in DOCUMENT, line
 
 
 @pytest.mark.parametrize(
