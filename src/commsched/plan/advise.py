@@ -110,7 +110,7 @@ def advise(
         model=workload.model,
         cluster=cluster.name,
         candidates=outcome.candidates,
-        ideal=overlap_bound(workload, cluster, sim_options, outcome.candidates),
+        ideal=overlap_bound(workload, cluster, sim_options, [(c.policy, c.knobs) for c in outcome.candidates]),
         seed=seed,
         simulations=outcome.simulations,
         search_s=outcome.search_s,
@@ -123,16 +123,16 @@ def overlap_bound(
     workload: Workload,
     cluster: Cluster,
     sim_options: SimOptions | Mapping[str, Any] | None,
-    candidates: Sequence[Candidate],
+    candidates: Sequence[tuple[str, Mapping[str, Any]]],
 ) -> IdealResult:
-    """The overlap bound of :func:`commsched.sim.ideal.ideal` for every candidate: under the options' collective
-    algorithm, and where a candidate's tasks run on the ``"ps"`` transport (priced by the parameter server's
-    model whatever the algorithm) the lower of that and the bound under ``algorithm="ps"``. At 64 V100s on
-    10 GbE the ring's bound for ResNet-50 (177.9 ms) is above what ``ps`` is simulated to take (176.1 ms with
-    its knobs searched), which the ring's bound alone would call impossible. Plans mixing both transports are
-    not among the candidates."""
+    """The overlap bound of :func:`commsched.sim.ideal.ideal` over the candidates, (policy, knobs) pairs: under
+    the options' collective algorithm, and where a candidate's tasks run on the ``"ps"`` transport (priced by the
+    parameter server's model whatever the algorithm) the lower of that and the bound under ``algorithm="ps"``. At
+    64 V100s on 10 GbE the ring's bound for ResNet-50 (177.9 ms) is above what ``ps`` is simulated to take
+    (176.1 ms with its knobs searched), which the ring's bound alone would call impossible. Plans mixing both
+    transports are not among the candidates."""
     bound = ideal(workload, cluster, sim_options)
-    over_ps = any(PS_TRANSPORT in policy_class(c.policy).transports(make_knobs(c.policy, c.knobs)) for c in candidates)
+    over_ps = any(PS_TRANSPORT in policy_class(p).transports(make_knobs(p, k)) for p, k in candidates)
     if not over_ps:
         return bound
     options = dataclasses.replace(SimOptions.from_mapping(sim_options), algorithm="ps")
