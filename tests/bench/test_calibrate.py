@@ -333,3 +333,25 @@ def test_pytorch_ddp_rows_are_priced_by_the_backends_own_all_reduce_and_the_runt
     assert rows_both["ddp"]["predicted_ms"] == rows_runtime["ddp"]["predicted_ms"]  # the runtime's own
     for name in ("torch_ddp", YARDSTICK):  # PyTorch's DDP pays gloo's α and CPU work: predicted slower
         assert rows_both[name]["predicted_ms"] > rows_runtime[name]["predicted_ms"], name
+
+
+def test_pytorch_ddps_bucket_copies_are_charged_to_its_rows_alone_where_the_calibration_timed_them() -> None:
+    from commsched.bench.copies import BucketCopies, with_bucket_copies
+
+    data = _calibration_data()
+    measured = {"torch_ddp": 900.0, "ddp": 850.0, "ddp[25MiB]": 880.0, "compute": 500.0, "allreduce": 400.0}
+    before = predict_session(_session(measured), Calibration(data, "test"), ["torch_ddp", "ddp"], {})["rows"]
+    copies = BucketCopies(2**20, (0.4,), (0.3,))
+    data["bucket_copies"] = {"nbytes": 2**20, "in_ms": [0.4], "out_ms": [0.3]}
+    cal = Calibration(data, "test")
+    out = predict_session(_session(measured), cal, ["torch_ddp", "ddp"], {})
+    rows = out["rows"]
+    assert rows["ddp"]["predicted_ms"] == before["ddp"]["predicted_ms"]  # the runtime writes into its buckets
+    fitted = cal.fitted(400.0, 500.0)
+    charged, update_ms = with_bucket_copies(fitted.workload, 7.0, copies)
+    default = predict(charged, fitted.cluster, ["ddp"], knobs={"ddp": {"bucket_cap_mb": 25.0}}, update_ms=update_ms)
+    assert rows["ddp[25MiB]"]["predicted_ms"] == default["ddp"] > before["ddp[25MiB]"]["predicted_ms"]
+    assert rows["torch_ddp"]["predicted_ms"] > before["torch_ddp"]["predicted_ms"]
+    assert rows["compute"] == before["compute"]  # the references copy nothing
+    assert out["calibration"]["ddp_copy_in_ms_per_mb"] == pytest.approx(0.4)
+    assert out["calibration"]["ddp_copy_out_ms_per_mb"] == pytest.approx(0.3)

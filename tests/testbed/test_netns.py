@@ -94,6 +94,8 @@ def test_two_policies_train_alike_over_a_shaped_link_and_everything_is_removed(t
     assert all(r["predicted_ms"] > 0 and r["measured_ms"] > 0 for r in validation["rows"].values())
     # (not compared with the 2 Gbit/s shaping: cnn's messages are small enough to pass in tbf's burst)
     assert 0 < validation["calibration"]["bandwidth_mbit_s"] < math.inf
+    # PyTorch DDP's copies into its buckets and back were timed, and its rows charged with them
+    assert validation["calibration"]["ddp_copy_in_ms_per_mb"] > 0 < validation["calibration"]["ddp_copy_out_ms_per_mb"]
     workload = Workload.load(session["calibration_files"]["workload"])
     assert workload.model == "cnn" and workload.batch_size == 4
     cluster = Cluster.load(session["calibration_files"]["cluster"])

@@ -53,7 +53,10 @@ simulator takes it from compute wherever a task starts while its worker
 computes (``SimOptions.cpu_per_task_ms``/``cpu_ms_per_mb``). Reports saved
 before the probe recorded it predict without. The PyTorch DDP rows are
 predicted with the α and the CPU work of the backend's own all-reduce
-(:meth:`Calibration.as_pytorch_ddp`), where the probe timed it.
+(:meth:`Calibration.as_pytorch_ddp`), where the probe timed it, and with
+its gradient copies into and out of its buckets charged where the
+calibration timed them (:mod:`commsched.bench.copies`; reports saved before
+predict without).
 
 The bandwidth is then fitted to the session's ``all-reduce alone``
 reference (:meth:`Calibration.fitted`): the probe's sweep times isolated
@@ -97,6 +100,7 @@ from pathlib import Path
 from typing import Any
 
 from commsched.bench.baselines import DDP_GRID, TORCH_DDP
+from commsched.bench.copies import BucketCopies, with_bucket_copies
 from commsched.bench.hetero_spec import overlap_fields
 from commsched.bench.validate import predict
 from commsched.cluster import Cluster
@@ -144,6 +148,8 @@ class Calibration:
         #: what communicating beside compute costs the device (:mod:`commsched.bench.overlap`): the cluster's
         #: ``overlap_ms_per_mb``, ``overlap_ms_per_task``, ``overlap_comm_rate`` (none where not timed)
         self.overlap = overlap_fields([data], source, self.cpu, [1.0])[0]
+        #: what PyTorch DDP's copies of the gradients into its buckets and back cost (None where not timed)
+        self.copies = BucketCopies.from_dict(data["bucket_copies"], source) if "bucket_copies" in data else None
 
         #: the probe's own β (``beta_s_per_byte`` is fitted to the reference all-reduce by :meth:`fitted`)
         self.probe_beta_s_per_byte = self.beta_s_per_byte
@@ -225,6 +231,8 @@ class Calibration:
             "ps_cpu_ms_per_mb": self.ps_cpu.ms_per_mb if self.ps_cpu is not None else None,
             "gloo_cpu_per_task_ms": self.gloo_cpu.per_op_ms if self.gloo_cpu is not None else None,
             "gloo_cpu_ms_per_mb": self.gloo_cpu.ms_per_mb if self.gloo_cpu is not None else None,
+            "ddp_copy_in_ms_per_mb": self.copies.in_ms_per_mb if self.copies is not None else None,
+            "ddp_copy_out_ms_per_mb": self.copies.out_ms_per_mb if self.copies is not None else None,
             **self.overlap,
         }
 
@@ -276,10 +284,13 @@ def predict_session(
                               "measured_ms": summary[name]["median_ms"]}  # fmt: skip
                 continue
         priced = calibration.as_pytorch_ddp() if name in _SIMULATED_AS else calibration  # PyTorch DDP: gloo's
+        charged, update_ms = workload, calibration.update_ms
+        if name in _SIMULATED_AS and calibration.copies is not None:  # PyTorch DDP: its buckets' copies
+            charged, update_ms = with_bucket_copies(workload, update_ms, calibration.copies)
         try:
             predictions = [
-                predict(workload, priced.priced_cluster(overlap=overlap), [policy], knobs={policy: policy_knobs},
-                        update_ms=calibration.update_ms, cpu=priced.cpu, ps_cpu=calibration.ps_cpu)[policy]
+                predict(charged, priced.priced_cluster(overlap=overlap), [policy], knobs={policy: policy_knobs},
+                        update_ms=update_ms, cpu=priced.cpu, ps_cpu=calibration.ps_cpu)[policy]
                 for policy, policy_knobs in cases
             ]  # fmt: skip
         except CommschedError as exc:  # a prediction that fails must not cost the measurements

@@ -23,7 +23,10 @@ the same CPUs as in the session:
    against the backward beside the runtime's own tasks in three bucket layouts
    (:mod:`commsched.bench.task_overlap`), for its ``overlap_ms_per_task`` and
    (the layouts together) ``overlap_ms_per_mb``;
-5. ``optimizer.step()`` + ``zero_grad()``, timed the same way (``update_ms``).
+5. PyTorch DDP's copies of the gradients into its buckets and back
+   (:mod:`commsched.bench.copies`), which the simulator charges to the
+   PyTorch DDP rows;
+6. ``optimizer.step()`` + ``zero_grad()``, timed the same way (``update_ms``).
 
 Every rank returns its own measurements (rank 0's also hold the probe), which
 the worker writes as ``rank<r>.json``.
@@ -43,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from commsched.bench.batch_curve import batches_around_shares, curve_points, proportional_share, time_batch_curve
+from commsched.bench.copies import time_bucket_copies
 from commsched.bench.job import Job, Progress
 from commsched.bench.overlap import OVERLAP_REPEATS, OVERLAP_VOLUME, time_overlap
 from commsched.bench.task_overlap import TaskOverlap, layouts, time_task_overlap
@@ -115,6 +119,8 @@ def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
                 bucket_cap_mb=cap,
                 first_bucket_mb=first,
             )
+    dist.barrier()
+    copies = time_bucket_copies(model, (x, y), world, lambda i: progress("bucket copies", 0, i))
     step_s = []
     for i in range(job.warmup + job.iters):
         model_loss(model(x), y).backward()
@@ -131,6 +137,7 @@ def calibrate(job: Job, rank: int, world: int) -> dict[str, Any]:
         "samples": [asdict(s) for s in probe.samples],
         "workload": json.loads(workload.to_json()),
         "update_ms": statistics.median(step_s) * 1e3,
+        "bucket_copies": asdict(copies),
         "batch_ms": {str(b): ms for b, ms in curve_points(curve, job.batch).items()},
         "batch_times_ms": {str(b): t for b, t in curve.items()},
         **({"overlap": asdict(overlap)} if overlap is not None else {}),
