@@ -20,11 +20,14 @@ they go, then back, rounds after an untimed one.
 copies of its gradients (every later gradient is ready that much later),
 and the update by the copies back, which run after the last all-reduce.
 
-On resnet5m (20 MiB of gradients; 2 gloo ranks over loopback, a core each;
-``python benchmarks/runtime_cost.py --configs torch,torch_view``) PyTorch
-DDP's training thread took 226.5 ms of CPU per iteration at its defaults
-and 212.0 with ``gradient_as_bucket_view=True``, and its iteration 255.7 ms
-against 239.5.
+On this repository's development host, one core, the gradients of resnet5m
+and of gpt5m (20 MiB each) took 2.3 ms to copy in and 1.6-2.0 ms to copy
+back: about 1.5 % of their iterations there. PyTorch DDP with and without
+``gradient_as_bucket_view`` (``python benchmarks/runtime_cost.py --configs
+torch,torch_view``, 2 gloo ranks over loopback) differed by -7 to +13 ms of
+CPU per iteration over three runs of the two models, a spread that hides
+the copies' 4 ms; BENCHMARKS.md, "PyTorch DDP's gradient copies, timed and
+charged", has the figures.
 """
 
 from __future__ import annotations
