@@ -270,6 +270,10 @@ def predict_session(
     summary = session["summary"]
     calibration = fitted_to(calibration, session)
     workload = calibration.workload
+    # PyTorch DDP: its buckets' copies charged where the calibration timed them (the same for every DDP row)
+    ddp_inputs = (workload, calibration.update_ms)
+    if calibration.copies is not None:
+        ddp_inputs = with_bucket_copies(workload, calibration.update_ms, calibration.copies)
     rows: dict[str, dict[str, Any]] = {}
     for name in [*policies, *(c.name for c in DDP_GRID if c.name not in policies)]:
         if name not in summary:
@@ -284,9 +288,7 @@ def predict_session(
                               "measured_ms": summary[name]["median_ms"]}  # fmt: skip
                 continue
         priced = calibration.as_pytorch_ddp() if name in _SIMULATED_AS else calibration  # PyTorch DDP: gloo's
-        charged, update_ms = workload, calibration.update_ms
-        if name in _SIMULATED_AS and calibration.copies is not None:  # PyTorch DDP: its buckets' copies
-            charged, update_ms = with_bucket_copies(workload, update_ms, calibration.copies)
+        charged, update_ms = ddp_inputs if name in _SIMULATED_AS else (workload, calibration.update_ms)
         try:
             predictions = [
                 predict(charged, priced.priced_cluster(overlap=overlap), [policy], knobs={policy: policy_knobs},
